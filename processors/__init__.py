@@ -1,0 +1,1 @@
+"""Deciders: commands in, events + replies out, in one Kafka transaction."""

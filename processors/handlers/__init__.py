@@ -1,0 +1,82 @@
+"""Command handlers: `decide(ctx, payload) -> Decision`, one per command type.
+
+A handler reads state through `ctx.view` and either returns a `Decision`
+(events to append, the reply's result, follow-up commands for another
+partition, records for the deliveries topic) or raises `ThreadLogError`, which
+becomes a refusal reply. A handler never writes state itself: the engine folds
+the events it returns, so decided state and rebuilt state are the same thing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from threadlog.projections.view import View
+
+
+@dataclass
+class FollowUp:
+    """A command for another partition, sent in the same transaction (saga step)."""
+
+    key: str
+    type: str
+    payload: dict
+
+
+@dataclass
+class DeliveryRecord:
+    """A record for `<ns>.deliveries`, written in the same transaction."""
+
+    run_id: str
+    type: str
+    payload: dict
+
+
+@dataclass
+class Decision:
+    events: list[tuple[str, dict]] = field(default_factory=list)
+    result: Any = None
+    follow_ups: list[FollowUp] = field(default_factory=list)
+    deliveries: list[DeliveryRecord] = field(default_factory=list)
+    # False when a follow-up step will reply to the client instead.
+    reply: bool = True
+
+
+@dataclass
+class Settings:
+    lease_duration_ms: int
+    renew_after_ms: int
+
+
+@dataclass
+class Context:
+    now: float  # decider clock at decision time, epoch ms
+    key: str  # the command's partition key
+    command_id: str
+    partition: int
+    view: View
+    settings: Settings
+    # Waits until facts of *other* partitions acknowledged before this command
+    # are folded; call before reading state another partition owns.
+    sync_global: Callable[[], None]
+
+
+Handler = Callable[[Context, dict], Decision]
+HANDLERS: dict[str, Handler] = {}
+
+
+def handles(type_name: str) -> Callable[[Handler], Handler]:
+    def register(fn: Handler) -> Handler:
+        if type_name in HANDLERS:
+            raise RuntimeError(f"two handlers for {type_name}")
+        HANDLERS[type_name] = fn
+        return fn
+
+    return register
+
+
+def load_all() -> None:
+    """Import every handler module so the registry is complete."""
+    from . import messages  # noqa: F401

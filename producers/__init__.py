@@ -1,0 +1,1 @@
+"""The client side: sending commands, awaiting replies, appending to delivery logs."""

@@ -1,0 +1,1 @@
+"""Read models: folds of `<ns>.events` into RocksDB, with read barriers and rebuild."""

@@ -1,0 +1,108 @@
+"""Read barrier: every read reflects every write acknowledged before it began.
+
+A write is acknowledged once its transaction committed, so it lies below the
+partition's last stable offset (LSO). A read therefore asks the broker for the
+LSO of the partitions it depends on, *after* it began, and waits until the
+follower has folded up to there. The LSO of a transactional topic usually
+points just past a commit marker -- a control record no consumer ever yields
+-- so "folded up to" is the follower's reported position, which moves past
+markers when it reaches the end of the log, never the offset of the last
+event it saw (comparing to that would hang forever: the classic barrier bug).
+
+Concurrent reads share broker round trips: a read joins the next request that
+starts after it began, never one already in flight (that one may predate a
+write the read must see).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from threadlog.errors import unavailable
+
+from .follower import Follower
+
+
+class ReadBarrier:
+    def __init__(self, admin: AdminClient, follower: Follower, timeout: float = 30.0) -> None:
+        self.admin = admin
+        self.follower = follower
+        self.topic = follower.topic
+        self.timeout = timeout
+        self._inflight: asyncio.Future | None = None
+        self._next: asyncio.Future | None = None
+
+    def _request(self) -> dict:
+        req = {TopicPartition(self.topic, p): OffsetSpec.latest() for p in range(self.follower.partitions)}
+        return self.admin.list_offsets(
+            req, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=self.timeout
+        )
+
+    def stable_offsets_sync(self) -> dict[int, int]:
+        try:
+            futures = self._request()
+            return {tp.partition: f.result(timeout=self.timeout).offset for tp, f in futures.items()}
+        except KafkaException as exc:
+            raise unavailable(f"cannot read end offsets of {self.topic}: {exc}") from None
+        except TimeoutError:
+            raise unavailable(f"end offsets of {self.topic} not answered in {self.timeout}s") from None
+
+    async def _round(self) -> dict[int, int]:
+        futures = self._request()
+        out = {}
+        try:
+            for tp, f in futures.items():
+                res = await asyncio.wait_for(asyncio.wrap_future(f), self.timeout)
+                out[tp.partition] = res.offset
+        except KafkaException as exc:
+            raise unavailable(f"cannot read end offsets of {self.topic}: {exc}") from None
+        except TimeoutError:
+            raise unavailable(f"end offsets of {self.topic} not answered in {self.timeout}s") from None
+        return out
+
+    async def _stable_offsets(self) -> dict[int, int]:
+        loop = asyncio.get_running_loop()
+        if self._inflight is None:
+            fut = self._inflight = loop.create_future()
+            loop.create_task(self._run_round(fut))
+            return await fut
+        # A round is in flight and may have been sent before we began: wait for the next.
+        if self._next is None:
+            self._next = loop.create_future()
+        nxt = self._next
+        return await nxt
+
+    async def _run_round(self, fut: asyncio.Future) -> None:
+        try:
+            result = await self._round()
+        except BaseException as exc:
+            if not fut.done():
+                fut.set_exception(exc)
+        else:
+            if not fut.done():
+                fut.set_result(result)
+        finally:
+            self._inflight = None
+            if self._next is not None:
+                nxt, self._next = self._next, None
+                self._inflight = nxt
+                asyncio.get_running_loop().create_task(self._run_round(nxt))
+
+    async def wait(self, partitions: list[int] | None = None) -> None:
+        """Return once every write acknowledged before this call is folded."""
+        start = time.monotonic()
+        offsets = await self._stable_offsets()
+        if partitions is not None:
+            offsets = {p: offsets[p] for p in partitions}
+        left = max(0.1, self.timeout - (time.monotonic() - start))
+        await self.follower.wait(offsets, left)
+
+    def wait_sync(self, partitions: list[int] | None = None) -> None:
+        offsets = self.stable_offsets_sync()
+        if partitions is not None:
+            offsets = {p: offsets[p] for p in partitions}
+        self.follower.wait_sync(offsets, self.timeout)

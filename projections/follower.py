@@ -1,0 +1,214 @@
+"""The follower: folds every partition of `<ns>.events` into this process's store.
+
+It reads committed transactions only, resumes from the positions stored with
+the state, and publishes how far each partition is applied so read barriers
+and the decider can wait on it. A poison event is logged and skipped; the
+follower never dies on input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+from threadlog import kafka_config
+from threadlog.errors import unavailable
+from threadlog.schemas import Codec, CodecError
+
+from .fold import EventMeta, apply_event
+from .store import Store
+from .view import View
+
+log = logging.getLogger("threadlog.follower")
+
+
+class Follower:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        partitions: int,
+        store: Store,
+        codec: Codec,
+        client_id: str,
+        on_event: Callable[[int, int, EventMeta, dict], None] | None = None,
+    ) -> None:
+        self.topic = topic
+        self.partitions = partitions
+        self.store = store
+        self.codec = codec
+        self.on_event = on_event
+        self._cond = threading.Condition()
+        # Next offset known to be folded, per partition: the stored position, or
+        # the end of the log when the consumer reported reaching it (which is
+        # past trailing transaction markers, which are never delivered).
+        self._applied = {p: store.offset(topic, p) for p in range(partitions)}
+        self._async_waiters: list[tuple[dict[int, int], asyncio.Future, asyncio.AbstractEventLoop]] = []
+        self._stop = threading.Event()
+        self.skipped = 0  # poison events seen (for tests and operators)
+        self._consumer = Consumer(
+            kafka_config.consumer(
+                bootstrap,
+                f"{client_id}.follower",
+                **{"enable.partition.eof": True},
+            )
+        )
+        self._consumer.assign(
+            [
+                TopicPartition(topic, p, self._applied[p] if self._applied[p] > 0 else OFFSET_BEGINNING)
+                for p in range(partitions)
+            ]
+        )
+        self._thread = threading.Thread(target=self._run, name=f"follower:{topic}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        try:
+            self._consumer.close()
+        except Exception:  # pragma: no cover
+            pass
+
+    # -- progress ------------------------------------------------------------
+    def applied(self, partition: int) -> int:
+        with self._cond:
+            return self._applied[partition]
+
+    def advance(self, positions: dict[int, int]) -> None:
+        """Record that `partition -> next offset` is folded (by us or the decider)."""
+        with self._cond:
+            changed = False
+            for p, nxt in positions.items():
+                if nxt > self._applied[p]:
+                    self._applied[p] = nxt
+                    changed = True
+            if not changed:
+                return
+            self._cond.notify_all()
+            still = []
+            for targets, fut, loop in self._async_waiters:
+                if self._reached(targets):
+                    loop.call_soon_threadsafe(_resolve, fut)
+                else:
+                    still.append((targets, fut, loop))
+            self._async_waiters = still
+
+    def _reached(self, targets: dict[int, int]) -> bool:
+        return all(self._applied[p] >= t for p, t in targets.items())
+
+    def wait_sync(self, targets: dict[int, int], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not self._reached(targets):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise unavailable(f"projection of {self.topic} did not reach {targets} in {timeout}s")
+                self._cond.wait(left)
+
+    async def wait(self, targets: dict[int, int], timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        with self._cond:
+            if self._reached(targets):
+                return
+            fut = loop.create_future()
+            self._async_waiters.append((targets, fut, loop))
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            with self._cond:
+                self._async_waiters = [w for w in self._async_waiters if w[1] is not fut]
+            raise unavailable(f"projection of {self.topic} did not reach {targets} in {timeout}s") from None
+
+    # -- the loop --------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                msgs = kafka_config.drain(self._consumer, 2000, 0.1)
+            except Exception:  # pragma: no cover - librdkafka hiccup
+                log.exception("follower consume failed")
+                time.sleep(0.1)
+                continue
+            if msgs:
+                try:
+                    self._handle(msgs)
+                except Exception:  # pragma: no cover - a bug must not stop folding
+                    log.exception("follower failed on a batch; retrying from stored positions")
+                    self._rewind()
+
+    def _rewind(self) -> None:
+        for p in range(self.partitions):
+            try:
+                self._consumer.seek(TopicPartition(self.topic, p, self.store.offset(self.topic, p)))
+            except Exception:
+                pass
+        time.sleep(0.1)
+
+    def _handle(self, msgs) -> None:
+        eof: dict[int, int] = {}
+        by_partition: dict[int, list] = {}
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    eof[msg.partition()] = msg.offset()
+                else:
+                    log.warning("events consumer error: %s", err)
+                continue
+            by_partition.setdefault(msg.partition(), []).append(msg)
+        advanced: dict[int, int] = {}
+        with self.store.lock:
+            view = View(self.store)
+            positions: dict[tuple[str, int], int] = {}
+            for p, items in by_partition.items():
+                stored = self.store.offset(self.topic, p)
+                last = None
+                for msg in items:
+                    if msg.offset() < stored:
+                        continue  # already folded (by the decider of this process)
+                    self._fold(view, p, msg)
+                    last = msg.offset()
+                if last is not None:
+                    positions[(self.topic, p)] = last + 1
+                    advanced[p] = last + 1
+            if positions:
+                self.store.apply(view.buffer, positions)
+        for p, items in by_partition.items():
+            advanced[p] = max(advanced.get(p, 0), items[-1].offset() + 1)
+        for p, off in eof.items():
+            advanced[p] = max(advanced.get(p, 0), off)
+        if advanced:
+            self.advance(advanced)
+
+    def _fold(self, view: View, partition: int, msg) -> None:
+        try:
+            _, env = self.codec.decode(msg.value(), expect="threadlog.Event")
+            ptype, payload = self.codec.decode(env["payload"], expect=env["type"])
+        except CodecError as exc:
+            self.skipped += 1
+            log.error("undecodable event at %s[%d]@%d skipped: %s", self.topic, partition, msg.offset(), exc)
+            return
+        meta = EventMeta(env["key"], env["seq"], env["decidedAt"], env["commandId"], env["type"])
+        child = view.child()
+        try:
+            apply_event(child, meta, payload)
+        except Exception:
+            self.skipped += 1
+            log.exception("fold of %s at %s[%d]@%d failed; skipped", meta.type, self.topic, partition, msg.offset())
+            return
+        child.merge()
+        if self.on_event is not None:
+            self.on_event(partition, msg.offset(), meta, payload)
+
+
+def _resolve(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)

@@ -1,0 +1,59 @@
+"""Rebuild a store from offset 0 of `<ns>.events`, with progress."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient
+
+from threadlog import kafka_config
+from threadlog.schemas import default_codec
+from threadlog.topics import Topics, describe
+
+from .barrier import ReadBarrier
+from .fold import load_all
+from .follower import Follower
+from .store import Store
+
+
+def rebuild(
+    bootstrap: str,
+    namespace: str,
+    store_path: str | Path,
+    progress: Callable[[str], None] = print,
+    timeout: float = 600.0,
+) -> dict:
+    """Drop the store at `store_path` and fold every event again. Returns stats."""
+    load_all()
+    topics = Topics(namespace)
+    admin = AdminClient(kafka_config.base(bootstrap, f"{namespace}.rebuild.admin"))
+    layout = describe(admin, topics, time.monotonic() + 30)
+    store = Store(store_path)
+    store.destroy()
+    store = Store(store_path)
+    follower = Follower(bootstrap, topics.events, layout.events, store, default_codec(),
+                        f"{namespace}.rebuild")
+    barrier = ReadBarrier(admin, follower)
+    started = time.monotonic()
+    try:
+        targets = barrier.stable_offsets_sync()
+        total = sum(targets.values())
+        follower.start()
+        deadline = started + timeout
+        while True:
+            done = sum(min(follower.applied(p), t) for p, t in targets.items())
+            progress(f"rebuild {namespace}: {done}/{total} offsets folded")
+            if done >= total:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rebuild did not finish in {timeout}s")
+            try:
+                follower.wait_sync(targets, timeout=1.0)
+            except Exception:
+                pass
+        return {"offsets": total, "seconds": time.monotonic() - started, "skipped": follower.skipped}
+    finally:
+        follower.stop()
+        store.close()

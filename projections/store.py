@@ -1,0 +1,120 @@
+"""The RocksDB store of one process: materialized state plus tracking offsets.
+
+One invariant lives here: **state and the position it reflects are written in
+one atomic batch, and a partition's position only moves forward.** Two writers
+share a store -- the follower folding the events topic, and the decider folding
+the events it has just committed -- and `apply` is where they meet: an event at
+or below the stored position of its partition was already folded and is
+skipped, so nothing is ever folded twice (reference counts depend on it) and a
+crash between a fold and its offset is impossible.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rocksdict import Options, Rdict, WriteBatch
+
+from .keys import key
+
+OFFSET_TAG = b"\x00off"
+DELETED = None  # a mutation value of None deletes the key
+
+
+def _offset_key(topic: str, partition: int) -> bytes:
+    return key(OFFSET_TAG, topic) + struct.pack(">I", partition)
+
+
+def _options() -> Options:
+    opt = Options(raw_mode=True)
+    opt.create_if_missing(True)
+    opt.set_max_background_jobs(2)
+    opt.set_write_buffer_size(16 * 1024 * 1024)
+    return opt
+
+
+class Store:
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = Rdict(str(self.path), _options())
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- reads -------------------------------------------------------------
+    def get(self, k: bytes) -> bytes | None:
+        return self._db.get(k)
+
+    def get_json(self, k: bytes) -> Any:
+        raw = self._db.get(k)
+        return None if raw is None else json.loads(raw)
+
+    def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Keys with `prefix`, ascending by bytes, from `start` (inclusive) if given."""
+        it = self._db.iter()
+        it.seek(start if start is not None and start > prefix else prefix)
+        while it.valid():
+            k = it.key()
+            if not k.startswith(prefix):
+                break
+            yield k, it.value()
+            it.next()
+
+    def offset(self, topic: str, partition: int) -> int:
+        raw = self._db.get(_offset_key(topic, partition))
+        return 0 if raw is None else struct.unpack(">q", raw)[0]
+
+    # -- the one write path --------------------------------------------------
+    def apply(self, mutations: dict[bytes, bytes | None], positions: dict[tuple[str, int], int]) -> None:
+        """Atomically write `mutations` and advance `positions` (topic, partition) -> next offset."""
+        wb = WriteBatch(raw_mode=True)
+        for k, v in mutations.items():
+            if v is None:
+                wb.delete(k)
+            else:
+                wb.put(k, v)
+        for (topic, partition), nxt in positions.items():
+            wb.put(_offset_key(topic, partition), struct.pack(">q", nxt))
+        self._db.write(wb)
+
+    @property
+    def lock(self) -> threading.Lock:
+        """Held by a writer from its position check to its `apply`."""
+        return self._lock
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._db.close()
+
+    def destroy(self) -> None:
+        """Close and delete everything (a rebuild starts from an empty store)."""
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def open_slot(base: str | os.PathLike, max_slots: int = 64) -> Store:
+    """Open the first store under `base` that no other process (or client) holds.
+
+    RocksDB allows one opener per directory (its LOCK file). Each client takes
+    a numbered slot, so a restarted process reuses a store and resumes from its
+    tracking offsets, while concurrent clients of one namespace never collide.
+    """
+    base = Path(base)
+    base.mkdir(parents=True, exist_ok=True)
+    last: Exception | None = None
+    for n in range(max_slots):
+        try:
+            return Store(base / f"slot-{n}")
+        except Exception as exc:  # rocksdict raises a bare Exception on LOCK
+            if "lock" not in str(exc).lower():
+                raise
+            last = exc
+    raise RuntimeError(f"no free state slot under {base}: {last}")

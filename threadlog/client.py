@@ -1,0 +1,139 @@
+"""`threadlog.open(...)`: the entry point (SPEC section 2)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .config import Options
+from .errors import ThreadLogError, unavailable
+from .producers.commands import CommandBus
+from .runtime import Runtime
+from .stores.messages import MessageStore
+
+log = logging.getLogger("threadlog.client")
+
+
+class ThreadLog:
+    """A connected client. Use as `async with threadlog.open(...) as tl:`."""
+
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.runtime = Runtime(opts, with_decider=opts.processors == "embedded")
+        self.bus: CommandBus | None = None
+        self.messages = MessageStore(self)
+        self._closed = False
+
+    # -- lifecycle ---------------------------------------------------------------
+    async def start(self) -> ThreadLog:
+        try:
+            await asyncio.to_thread(self._start_sync)
+        except ThreadLogError:
+            await asyncio.to_thread(self._stop_sync)
+            raise
+        except Exception as exc:
+            await asyncio.to_thread(self._stop_sync)
+            raise unavailable(f"cannot open namespace {self.opts.namespace!r}: {exc}") from exc
+        return self
+
+    def _start_sync(self) -> None:
+        self.runtime.start()
+        assert self.runtime.layout is not None
+        self.bus = CommandBus(
+            bootstrap=self.opts.bootstrap_servers,
+            topics=self.runtime.topics,
+            layout=self.runtime.layout,
+            codec=self.runtime.codec,
+            client_id=self.runtime.client_id,
+            timeout=self.opts.request_timeout,
+        )
+        # Not required for correctness (commands wait in their topic), but the
+        # first call should not pay for the group's first assignment.
+        self.runtime.wait_assigned(timeout=10)
+
+    def _stop_sync(self) -> None:
+        if self.bus is not None:
+            self.bus.close()
+        self.runtime.stop()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.to_thread(self._stop_sync)
+
+    async def __aenter__(self) -> ThreadLog:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    # -- plumbing shared by the stores ---------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise unavailable("this ThreadLog is closed")
+        decider = self.runtime.decider
+        if decider is not None and decider.failure is not None:
+            raise unavailable(f"the embedded decider stopped: {decider.failure}")
+
+    async def send(self, type_name: str, key: str, payload: dict) -> Any:
+        self._check_open()
+        assert self.bus is not None
+        return await self.bus.send(type_name, key, payload)
+
+    async def read_barrier(self, keys: Iterable[str] | None) -> None:
+        self._check_open()
+        barrier = self.runtime.barrier
+        assert barrier is not None
+        partitions = None if keys is None else sorted({self.runtime.partition_of(k) for k in keys})
+        await barrier.wait(partitions)
+
+
+class _Opener:
+    """Both `async with open(...)` and `await open(...)` work."""
+
+    def __init__(self, opts: Options) -> None:
+        self._opts = opts
+        self._tl: ThreadLog | None = None
+
+    def __await__(self):
+        return ThreadLog(self._opts).start().__await__()
+
+    async def __aenter__(self) -> ThreadLog:
+        self._tl = await ThreadLog(self._opts).start()
+        return self._tl
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._tl is not None:
+            await self._tl.close()
+
+
+def open(  # noqa: A001 - the SPEC's name
+    bootstrap_servers: str = "127.0.0.1:9092",
+    namespace: str = "threadlog",
+    processors: str = "embedded",
+    lease_duration_ms: int = 120_000,
+    renew_after_ms: int = 45_000,
+    clock: Callable[[], float] | None = None,
+    first_chunk_wait_ms: int = 5_000,
+    state_dir: str | None = None,
+    *,
+    partitions: int = 4,
+    request_timeout_ms: int = 30_000,
+) -> _Opener:
+    """Open a namespace; bad options raise `ThreadLogError(INVALID_ARGUMENT)` here."""
+    opts = Options(
+        bootstrap_servers=bootstrap_servers,
+        namespace=namespace,
+        processors=processors,
+        lease_duration_ms=lease_duration_ms,
+        renew_after_ms=renew_after_ms,
+        clock=clock,
+        first_chunk_wait_ms=first_chunk_wait_ms,
+        state_dir=state_dir,
+        partitions=partitions,
+        request_timeout_ms=request_timeout_ms,
+    )
+    return _Opener(opts)

@@ -1,0 +1,68 @@
+"""Options of `threadlog.open`, validated in one place (SPEC section 2)."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import invalid_argument
+from .validation import is_int
+
+NAMESPACE = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def default_state_root() -> Path:
+    base = os.environ.get("THREADLOG_STATE_DIR") or os.path.join(
+        os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "threadlog", "state"
+    )
+    return Path(base)
+
+
+@dataclass(frozen=True)
+class Options:
+    bootstrap_servers: str
+    namespace: str = "threadlog"
+    processors: str = "embedded"
+    lease_duration_ms: int = 120_000
+    renew_after_ms: int = 45_000
+    clock: Callable[[], float] | None = None
+    first_chunk_wait_ms: int = 5_000
+    state_dir: str | None = None
+    partitions: int = 4
+    request_timeout_ms: int = 30_000
+    delivery_retention_ms: int = 7 * 24 * 3600 * 1000
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.bootstrap_servers, str) or not self.bootstrap_servers:
+            raise invalid_argument("bootstrap_servers must be a non-empty string")
+        if not isinstance(self.namespace, str) or not NAMESPACE.match(self.namespace):
+            raise invalid_argument(f"namespace must match [A-Za-z0-9._-]+, got {self.namespace!r}")
+        if self.processors not in ("embedded", "external"):
+            raise invalid_argument(f"processors must be 'embedded' or 'external', got {self.processors!r}")
+        for name in ("lease_duration_ms", "renew_after_ms", "first_chunk_wait_ms",
+                     "partitions", "request_timeout_ms", "delivery_retention_ms"):
+            value = getattr(self, name)
+            if not is_int(value) or value <= 0:
+                raise invalid_argument(f"{name} must be a positive int, got {value!r}")
+        if self.renew_after_ms >= self.lease_duration_ms:
+            raise invalid_argument(
+                f"renew_after_ms ({self.renew_after_ms}) must be less than "
+                f"lease_duration_ms ({self.lease_duration_ms})"
+            )
+        if self.clock is not None and not callable(self.clock):
+            raise invalid_argument("clock must be a callable returning epoch ms")
+        if self.state_dir is not None and not isinstance(self.state_dir, (str, os.PathLike)):
+            raise invalid_argument("state_dir must be a path")
+
+    @property
+    def state_root(self) -> Path:
+        if self.state_dir is not None:
+            return Path(self.state_dir)
+        return default_state_root() / self.namespace
+
+    @property
+    def request_timeout(self) -> float:
+        return self.request_timeout_ms / 1000.0

@@ -1,0 +1,70 @@
+"""Errors with stable codes: the codes are a public contract (SPEC section 3)."""
+
+from __future__ import annotations
+
+STALE_HEAD = "SANDBOX_SNAPSHOT_STALE_HEAD"
+PARENT_MISMATCH = "SANDBOX_SNAPSHOT_PARENT_MISMATCH"
+DUPLICATE_ID = "SANDBOX_SNAPSHOT_DUPLICATE_ID"
+NOT_HEAD = "SANDBOX_SNAPSHOT_NOT_HEAD"
+WRITER_CONFLICT = "SANDBOX_SNAPSHOT_WRITER_CONFLICT"
+WRITER_LOST = "SANDBOX_SNAPSHOT_WRITER_LOST"
+INVALID_ID = "SANDBOX_SNAPSHOT_INVALID_ID"
+INVALID_ENTRY = "SANDBOX_SNAPSHOT_INVALID_ENTRY"
+FORK_SOURCE_NOT_FOUND = "SANDBOX_SNAPSHOT_FORK_SOURCE_NOT_FOUND"
+FORK_SOURCE_THREAD_MISMATCH = "SANDBOX_SNAPSHOT_FORK_SOURCE_THREAD_MISMATCH"
+FORK_DESTINATION_NOT_EMPTY = "SANDBOX_SNAPSHOT_FORK_DESTINATION_NOT_EMPTY"
+INVALID_ARGUMENT = "INVALID_ARGUMENT"
+RUN_NOT_FOUND = "RUN_NOT_FOUND"
+RUN_TERMINAL = "RUN_TERMINAL"
+RUN_CLAIM_LOST = "RUN_CLAIM_LOST"
+RUN_LOG_CLOSED = "RUN_LOG_CLOSED"
+INVALID_OFFSET = "INVALID_OFFSET"
+UNAVAILABLE = "UNAVAILABLE"
+
+# Internal: a message on a topic could not be decoded. Never raised to API
+# callers; used in logs and in refusals of undecodable commands.
+INVALID_MESSAGE = "INVALID_MESSAGE"
+
+CODES = frozenset(
+    {
+        STALE_HEAD,
+        PARENT_MISMATCH,
+        DUPLICATE_ID,
+        NOT_HEAD,
+        WRITER_CONFLICT,
+        WRITER_LOST,
+        INVALID_ID,
+        INVALID_ENTRY,
+        FORK_SOURCE_NOT_FOUND,
+        FORK_SOURCE_THREAD_MISMATCH,
+        FORK_DESTINATION_NOT_EMPTY,
+        INVALID_ARGUMENT,
+        RUN_NOT_FOUND,
+        RUN_TERMINAL,
+        RUN_CLAIM_LOST,
+        RUN_LOG_CLOSED,
+        INVALID_OFFSET,
+        UNAVAILABLE,
+        INVALID_MESSAGE,
+    }
+)
+
+
+class ThreadLogError(Exception):
+    """Every error threadlog raises on purpose. `.code` is stable; `.message` explains."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+    def __reduce__(self):  # picklable across processes
+        return (type(self), (self.code, self.message))
+
+
+def invalid_argument(message: str) -> ThreadLogError:
+    return ThreadLogError(INVALID_ARGUMENT, message)
+
+
+def unavailable(message: str) -> ThreadLogError:
+    return ThreadLogError(UNAVAILABLE, message)

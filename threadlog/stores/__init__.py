@@ -1,0 +1,1 @@
+"""The public stores of a `ThreadLog` (SPEC sections 4-11)."""

@@ -1,0 +1,140 @@
+"""The namespace's topics: names, configs, idempotent creation."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from .errors import unavailable
+
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+HOUR_MS = 3600 * 1000
+
+
+@dataclass(frozen=True)
+class Topics:
+    namespace: str
+
+    @property
+    def commands(self) -> str:
+        return f"{self.namespace}.commands"
+
+    @property
+    def events(self) -> str:
+        return f"{self.namespace}.events"
+
+    @property
+    def replies(self) -> str:
+        return f"{self.namespace}.replies"
+
+    @property
+    def deliveries(self) -> str:
+        return f"{self.namespace}.deliveries"
+
+    @property
+    def blobs(self) -> str:
+        return f"{self.namespace}.blobs"
+
+    @property
+    def decider_group(self) -> str:
+        return f"{self.namespace}.decider"
+
+    def all(self) -> list[str]:
+        return [self.commands, self.events, self.replies, self.deliveries, self.blobs]
+
+
+@dataclass(frozen=True)
+class TopicLayout:
+    """Partition counts as they exist on the cluster (the source of truth)."""
+
+    commands: int
+    events: int
+    replies: int
+    deliveries: int
+    blobs: int
+
+
+def specs(topics: Topics, partitions: int, delivery_retention_ms: int) -> list[NewTopic]:
+    big = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
+    return [
+        # Commands are work to do; once decided they are history in `events`.
+        NewTopic(topics.commands, partitions, 1,
+                 config={**big, "retention.ms": str(6 * HOUR_MS)}),
+        # Events are the source of truth: kept forever, never compacted.
+        NewTopic(topics.events, partitions, 1,
+                 config={**big, "retention.ms": "-1", "retention.bytes": "-1"}),
+        NewTopic(topics.replies, max(1, min(partitions, 4)), 1,
+                 config={**big, "retention.ms": str(HOUR_MS)}),
+        NewTopic(topics.deliveries, partitions, 1,
+                 config={**big, "retention.ms": str(delivery_retention_ms)}),
+        # Blob manifests and chunks: the latest record per key wins; tombstones reclaim.
+        NewTopic(topics.blobs, partitions, 1,
+                 config={"max.message.bytes": str(2 * 1024 * 1024), "cleanup.policy": "compact",
+                         "min.cleanable.dirty.ratio": "0.1", "segment.ms": str(HOUR_MS)}),
+    ]
+
+
+def ensure_topics(
+    admin: AdminClient,
+    topics: Topics,
+    partitions: int = 4,
+    delivery_retention_ms: int = 7 * 24 * HOUR_MS,
+    timeout: float = 30.0,
+) -> TopicLayout:
+    """Create missing topics (idempotent) and return the layout the cluster has."""
+    deadline = time.monotonic() + timeout
+    try:
+        futures = admin.create_topics(
+            specs(topics, partitions, delivery_retention_ms), operation_timeout=timeout,
+            request_timeout=timeout,
+        )
+    except KafkaException as exc:
+        raise unavailable(f"cannot create topics: {exc}") from None
+    for name, fut in futures.items():
+        try:
+            fut.result(timeout=max(0.1, deadline - time.monotonic()))
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                continue
+            raise unavailable(f"cannot create topic {name}: {exc}") from None
+        except Exception as exc:
+            raise unavailable(f"cannot create topic {name}: {exc}") from None
+    return describe(admin, topics, deadline)
+
+
+def describe(admin: AdminClient, topics: Topics, deadline: float) -> TopicLayout:
+    while True:
+        try:
+            md = admin.list_topics(timeout=max(0.5, deadline - time.monotonic()))
+        except KafkaException as exc:
+            raise unavailable(f"cluster metadata unavailable: {exc}") from None
+        counts = {}
+        for name in topics.all():
+            t = md.topics.get(name)
+            if t is not None and t.error is None and t.partitions:
+                counts[name] = len(t.partitions)
+        if len(counts) == len(topics.all()):
+            return TopicLayout(
+                commands=counts[topics.commands],
+                events=counts[topics.events],
+                replies=counts[topics.replies],
+                deliveries=counts[topics.deliveries],
+                blobs=counts[topics.blobs],
+            )
+        if time.monotonic() > deadline:
+            missing = sorted(set(topics.all()) - set(counts))
+            raise unavailable(f"topics not visible in metadata: {missing}")
+        time.sleep(0.05)
+
+
+def delete_topics(admin: AdminClient, topics: Topics, timeout: float = 30.0) -> None:
+    futures = admin.delete_topics(topics.all(), operation_timeout=timeout)
+    for fut in futures.values():
+        try:
+            fut.result(timeout=timeout)
+        except Exception:
+            pass

@@ -1,0 +1,100 @@
+"""Input validation shared by every store: ids, numbers, JSON values (SPEC section 1)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from .errors import INVALID_ARGUMENT, ThreadLogError
+
+
+def is_valid_id(value: Any) -> bool:
+    """A non-empty str that encodes to UTF-8 (no lone surrogates)."""
+    if not isinstance(value, str) or not value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def require_id(value: Any, label: str, code: str = INVALID_ARGUMENT) -> str:
+    if not is_valid_id(value):
+        raise ThreadLogError(code, f"{label} must be a non-empty well-formed Unicode string, got {value!r}")
+    return value
+
+
+def is_number(value: Any) -> bool:
+    """int or float, never bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_finite(value: Any) -> bool:
+    return is_number(value) and math.isfinite(value)
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+MAX_SAFE_INT = 2**53 - 1
+
+
+def is_safe_size(value: Any) -> bool:
+    return is_int(value) and 0 <= value <= MAX_SAFE_INT
+
+
+def _check_json(value: Any, path: str) -> None:
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{path}: string is not valid Unicode (lone surrogate)") from None
+        return
+    if isinstance(value, (int, float)):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{path}: {value!r} is not a JSON number")
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_json(item, f"{path}[{i}]")
+        return
+    if isinstance(value, dict):
+        for k, item in value.items():
+            if not isinstance(k, str):
+                raise ValueError(f"{path}: object key {k!r} is not a string")
+            _check_json(k, f"{path}.<key>")
+            _check_json(item, f"{path}.{k}")
+        return
+    raise ValueError(f"{path}: {type(value).__name__} is not a JSON value")
+
+
+def json_problem(value: Any, path: str = "value") -> str | None:
+    """Why `value` is not a JSON value, or None if it is one."""
+    try:
+        _check_json(value, path)
+    except ValueError as exc:
+        return str(exc)
+    except RecursionError:
+        return f"{path}: nested too deeply"
+    return None
+
+
+def dumps(value: Any) -> str:
+    """Canonical compact JSON; floats round-trip exactly (repr)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def loads(text: str) -> Any:
+    return json.loads(text)
+
+
+def require_json(value: Any, label: str, code: str = INVALID_ARGUMENT) -> str:
+    problem = json_problem(value, label)
+    if problem:
+        raise ThreadLogError(code, problem)
+    return dumps(value)
