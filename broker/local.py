@@ -139,6 +139,8 @@ def _answers(bootstrap: str, timeout: float = 2.0) -> bool:
 
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
+        # Like the broker's own listener: TIME_WAIT sockets of a stopped broker do not count.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
             return True
@@ -224,7 +226,7 @@ def start(
         if fmt.returncode != 0:
             raise BrokerError("kafka storage format failed:\n" + (fmt.stdout + fmt.stderr)[-4000:])
     server_log = data_dir / "server.log"
-    out = open(data_dir / "stdout.log", "ab")
+    out = open(data_dir / "stdout.log", "ab")  # noqa: SIM115 - handed to the broker process
     heap = os.environ.get("THREADLOG_BROKER_HEAP", "1G")
     proc = subprocess.Popen(
         [

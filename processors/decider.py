@@ -29,16 +29,16 @@ import time
 from collections.abc import Callable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-
-from threadlog import kafka_config
-from threadlog.errors import INVALID_ARGUMENT, INVALID_MESSAGE, ThreadLogError
-from threadlog.partitioning import partition_for
 from threadlog.projections.barrier import ReadBarrier
 from threadlog.projections.fold import EventMeta, apply_event, current_seq
 from threadlog.projections.follower import Follower
 from threadlog.projections.store import Store
 from threadlog.projections.view import View
 from threadlog.schemas import Codec, CodecError
+
+from threadlog import kafka_config
+from threadlog.errors import INVALID_ARGUMENT, INVALID_MESSAGE, ThreadLogError
+from threadlog.partitioning import partition_for
 from threadlog.topics import TopicLayout, Topics
 from threadlog.validation import dumps
 
@@ -51,6 +51,10 @@ PRODUCER_POOL = 2
 
 class DeciderFenced(RuntimeError):
     """Another instance took over: this decider must stop writing."""
+
+
+class _Postpone(Exception):
+    """The batch cannot be decided now (the cluster did not answer a barrier)."""
 
 
 class _BatchView(View):
@@ -205,6 +209,19 @@ class Decider:
         self.follower.wait_sync({p: o for p, o in targets.items() if p not in mine}, timeout=30)
 
     def _batch(self, msgs) -> None:
+        first_offsets: dict[int, int] = {}
+        for m in msgs:
+            first_offsets.setdefault(m.partition(), m.offset())
+        try:
+            self._decide_batch(msgs, first_offsets)
+        except (ThreadLogError, _Postpone) as exc:
+            # The cluster did not answer a barrier in time: nothing was written,
+            # so decide the same commands again once it does.
+            log.warning("batch postponed: %s", exc)
+            self._rewind(first_offsets)
+            time.sleep(0.2)
+
+    def _decide_batch(self, msgs, first_offsets: dict[int, int]) -> None:
         self._ensure_ready({m.partition() for m in msgs})
         buffers: dict[int, dict] = {}
         out: list[tuple[str, int, bytes, bytes, bool]] = []  # topic, partition, key, value, is_event
@@ -212,7 +229,10 @@ class Decider:
 
         def sync_global() -> None:
             if not synced["done"]:
-                self._sync_global()
+                try:
+                    self._sync_global()
+                except ThreadLogError as exc:
+                    raise _Postpone(exc.message) from None
                 synced["done"] = True
 
         for msg in msgs:
@@ -220,9 +240,6 @@ class Decider:
         self.stats["batches"] += 1
         self.stats["commands"] += len(msgs)
 
-        first_offsets: dict[int, int] = {}
-        for m in msgs:
-            first_offsets.setdefault(m.partition(), m.offset())
         event_offsets: dict[int, list[int]] = {}
         if not self._commit(msgs, out, event_offsets, first_offsets):
             return
@@ -260,6 +277,8 @@ class Decider:
         )
         try:
             decision = handler(ctx, payload)
+        except _Postpone:
+            raise
         except ThreadLogError as exc:
             self.stats["refused"] += 1
             self._reply(out, cmd, False, exc.code, exc.message)

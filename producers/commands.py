@@ -19,11 +19,11 @@ import uuid
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from threadlog.schemas import Codec, CodecError
 
 from threadlog import kafka_config
 from threadlog.errors import ThreadLogError, unavailable
 from threadlog.partitioning import partition_for
-from threadlog.schemas import Codec, CodecError
 from threadlog.topics import TopicLayout, Topics
 from threadlog.validation import loads
 
@@ -72,7 +72,7 @@ class CommandBus:
         self.producer = Producer(kafka_config.producer(bootstrap, f"{client_id}.commands"))
         self._pump = ProducerPump(self.producer, f"commands-pump:{client_id}")
         self._consumer = Consumer(kafka_config.consumer(bootstrap, f"{client_id}.replies",
-                                                        **{"fetch.wait.max.ms": 20}))
+                                                        **{"fetch.wait.max.ms": kafka_config.TXN_READER_WAIT_MS}))
         # Start reading replies at the current end: every reply to a command we
         # send later lies after it, and nothing before it is ours.
         tp = TopicPartition(topics.replies, self.reply_partition)
@@ -131,6 +131,11 @@ class CommandBus:
 
     async def send(self, type_name: str, key: str, payload: dict, timeout: float | None = None) -> Any:
         """Send one command; return the decided result or raise its refusal."""
+        return await self.send_encoded(type_name, key, self.codec.encode(type_name, payload), timeout)
+
+    async def send_encoded(self, type_name: str, key: str, payload: bytes,
+                           timeout: float | None = None) -> Any:
+        """Send a command whose payload is already encoded (tests send broken ones)."""
         timeout = self.timeout if timeout is None else timeout
         loop = asyncio.get_running_loop()
         command_id = uuid.uuid4().hex
@@ -141,7 +146,7 @@ class CommandBus:
             "key": key,
             "type": type_name,
             "sentAt": time.time() * 1000.0,
-            "payload": self.codec.encode(type_name, payload),
+            "payload": payload,
         }
         value = self.codec.encode("threadlog.Command", env)
         fut = loop.create_future()

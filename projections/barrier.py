@@ -35,6 +35,7 @@ class ReadBarrier:
         self.timeout = timeout
         self._inflight: asyncio.Future | None = None
         self._next: asyncio.Future | None = None
+        self._tasks: set[asyncio.Task] = set()
 
     def _request(self) -> dict:
         req = {TopicPartition(self.topic, p): OffsetSpec.latest() for p in range(self.follower.partitions)}
@@ -43,38 +44,52 @@ class ReadBarrier:
         )
 
     def stable_offsets_sync(self) -> dict[int, int]:
-        try:
-            futures = self._request()
-            return {tp.partition: f.result(timeout=self.timeout).offset for tp, f in futures.items()}
-        except KafkaException as exc:
-            raise unavailable(f"cannot read end offsets of {self.topic}: {exc}") from None
-        except TimeoutError:
-            raise unavailable(f"end offsets of {self.topic} not answered in {self.timeout}s") from None
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                futures = self._request()
+                return {tp.partition: f.result(timeout=self.timeout).offset for tp, f in futures.items()}
+            except KafkaException as exc:
+                # Retriable (e.g. a just-created topic without a leader yet) until the deadline.
+                if not _retriable(exc) or time.monotonic() > deadline:
+                    raise unavailable(f"cannot read end offsets of {self.topic}: {exc}") from None
+            except TimeoutError:
+                raise unavailable(f"end offsets of {self.topic} not answered in {self.timeout}s") from None
+            time.sleep(0.05)
 
     async def _round(self) -> dict[int, int]:
-        futures = self._request()
-        out = {}
-        try:
-            for tp, f in futures.items():
-                res = await asyncio.wait_for(asyncio.wrap_future(f), self.timeout)
-                out[tp.partition] = res.offset
-        except KafkaException as exc:
-            raise unavailable(f"cannot read end offsets of {self.topic}: {exc}") from None
-        except TimeoutError:
-            raise unavailable(f"end offsets of {self.topic} not answered in {self.timeout}s") from None
-        return out
+        deadline = time.monotonic() + self.timeout
+        while True:
+            futures = self._request()
+            out = {}
+            try:
+                for tp, f in futures.items():
+                    res = await asyncio.wait_for(asyncio.wrap_future(f), self.timeout)
+                    out[tp.partition] = res.offset
+                return out
+            except KafkaException as exc:
+                if not _retriable(exc) or time.monotonic() > deadline:
+                    raise unavailable(f"cannot read end offsets of {self.topic}: {exc}") from None
+            except TimeoutError:
+                raise unavailable(f"end offsets of {self.topic} not answered in {self.timeout}s") from None
+            await asyncio.sleep(0.05)
 
     async def _stable_offsets(self) -> dict[int, int]:
         loop = asyncio.get_running_loop()
         if self._inflight is None:
             fut = self._inflight = loop.create_future()
-            loop.create_task(self._run_round(fut))
+            self._spawn(fut)
             return await fut
         # A round is in flight and may have been sent before we began: wait for the next.
         if self._next is None:
             self._next = loop.create_future()
         nxt = self._next
         return await nxt
+
+    def _spawn(self, fut: asyncio.Future) -> None:
+        task = asyncio.get_running_loop().create_task(self._run_round(fut))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _run_round(self, fut: asyncio.Future) -> None:
         try:
@@ -90,7 +105,7 @@ class ReadBarrier:
             if self._next is not None:
                 nxt, self._next = self._next, None
                 self._inflight = nxt
-                asyncio.get_running_loop().create_task(self._run_round(nxt))
+                self._spawn(nxt)
 
     async def wait(self, partitions: list[int] | None = None) -> None:
         """Return once every write acknowledged before this call is folded."""
@@ -106,3 +121,8 @@ class ReadBarrier:
         if partitions is not None:
             offsets = {p: offsets[p] for p in partitions}
         self.follower.wait_sync(offsets, self.timeout)
+
+
+def _retriable(exc: KafkaException) -> bool:
+    err = exc.args[0] if exc.args else None
+    return bool(getattr(err, "retriable", lambda: False)()) or "leader" in str(exc).lower()

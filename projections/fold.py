@@ -69,4 +69,6 @@ def apply_event(view: View, meta: EventMeta, payload: dict) -> None:
 
 def load_all() -> None:
     """Import every fold module so the registry is complete."""
-    from . import folds as _folds  # noqa: F401
+    from .folds import load_all as load_fold_modules
+
+    load_fold_modules()

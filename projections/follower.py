@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from threadlog.schemas import Codec, CodecError
 
 from threadlog import kafka_config
 from threadlog.errors import unavailable
-from threadlog.schemas import Codec, CodecError
 
 from .fold import EventMeta, apply_event
 from .store import Store
@@ -55,7 +55,7 @@ class Follower:
             kafka_config.consumer(
                 bootstrap,
                 f"{client_id}.follower",
-                **{"enable.partition.eof": True},
+                **{"enable.partition.eof": True, "fetch.wait.max.ms": kafka_config.TXN_READER_WAIT_MS},
             )
         )
         self._consumer.assign(
@@ -191,7 +191,7 @@ class Follower:
     def _fold(self, view: View, partition: int, msg) -> None:
         try:
             _, env = self.codec.decode(msg.value(), expect="threadlog.Event")
-            ptype, payload = self.codec.decode(env["payload"], expect=env["type"])
+            _, payload = self.codec.decode(env["payload"], expect=env["type"])
         except CodecError as exc:
             self.skipped += 1
             log.error("undecodable event at %s[%d]@%d skipped: %s", self.topic, partition, msg.offset(), exc)

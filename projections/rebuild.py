@@ -7,9 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
+from threadlog.schemas import default_codec
 
 from threadlog import kafka_config
-from threadlog.schemas import default_codec
 from threadlog.topics import Topics, describe
 
 from .barrier import ReadBarrier

@@ -110,7 +110,7 @@ class _Opener:
             await self._tl.close()
 
 
-def open(  # noqa: A001 - the SPEC's name
+def open(
     bootstrap_servers: str = "127.0.0.1:9092",
     namespace: str = "threadlog",
     processors: str = "embedded",

@@ -50,6 +50,13 @@ def transactional_producer(bootstrap: str, client_id: str, transactional_id: str
     )
 
 
+# A read_committed fetch waiting in the broker's purgatory is not woken when a
+# commit marker makes records readable; it returns only at fetch.wait.max.ms
+# (measured: a follower at 100 ms read other hosts' writes ~100 ms late). So
+# the consumers that wait for *transactional* records poll with a short wait.
+TXN_READER_WAIT_MS = 5
+
+
 def consumer(bootstrap: str, client_id: str, **extra) -> dict:
     return {
         **base(bootstrap, client_id),

@@ -78,5 +78,9 @@ def handles(type_name: str) -> Callable[[Handler], Handler]:
 
 
 def load_all() -> None:
-    """Import every handler module so the registry is complete."""
-    from . import messages  # noqa: F401
+    """Import every handler module of this package so the registry is complete."""
+    import importlib
+    import pkgutil
+
+    for mod in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{mod.name}")

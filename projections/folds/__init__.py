@@ -1,3 +1,9 @@
-"""Fold modules, one per domain; importing this package registers them all."""
+"""Fold modules, one per domain; `load_all` imports every module of this package."""
 
-from . import messages  # noqa: F401
+import importlib
+import pkgutil
+
+
+def load_all() -> None:
+    for mod in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{mod.name}")

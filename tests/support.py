@@ -1,0 +1,43 @@
+"""Helpers for tests: bounded waits and raw Kafka access to a namespace's topics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+
+async def within(awaitable, seconds: float = 30.0):
+    """Every wait in a test is bounded: a bug fails instead of hanging."""
+    return await asyncio.wait_for(awaitable, seconds)
+
+
+def read_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 30.0) -> list:
+    """Every committed record of `topic`, read to its end (read_committed)."""
+    c = Consumer({
+        "bootstrap.servers": bootstrap,
+        "group.id": "test-reader",
+        "enable.auto.commit": False,
+        "isolation.level": "read_committed",
+        "enable.partition.eof": True,
+    })
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    out, eof = [], set()
+    deadline = time.monotonic() + timeout
+    try:
+        while len(eof) < partitions:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"did not reach the end of {topic}")
+            msg = c.poll(0.2)
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    eof.add(msg.partition())
+                continue
+            eof.discard(msg.partition())
+            out.append(msg)
+    finally:
+        c.close()
+    return out

@@ -1,0 +1,81 @@
+"""`threadlog.open` options and isolation (SPEC section 2)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from support import within
+
+import threadlog
+from threadlog import ThreadLogError
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"namespace": "has space"},
+        {"namespace": ""},
+        {"namespace": "slash/ns"},
+        {"namespace": "ünïcode"},
+        {"lease_duration_ms": 1000, "renew_after_ms": 1000},
+        {"lease_duration_ms": 1000, "renew_after_ms": 2000},
+        {"lease_duration_ms": 0},
+        {"renew_after_ms": -1},
+        {"lease_duration_ms": True},
+        {"first_chunk_wait_ms": 0},
+        {"processors": "sometimes"},
+        {"clock": "not callable"},
+    ],
+)
+def test_bad_options_are_refused_by_open_itself(kwargs):
+    with pytest.raises(ThreadLogError) as err:
+        threadlog.open("127.0.0.1:1", **kwargs)
+    assert err.value.code == "INVALID_ARGUMENT"
+
+
+async def test_unreachable_cluster_fails_bounded_with_unavailable(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(ThreadLogError) as err:
+        await within(
+            threadlog.open("127.0.0.1:1", namespace="nowhere", state_dir=str(tmp_path),
+                           request_timeout_ms=3000),
+            30,
+        )
+    assert err.value.code == "UNAVAILABLE"
+    assert time.monotonic() - started < 20
+
+
+async def test_namespaces_share_nothing(open_client, namespace):
+    a = await open_client()
+    b = await open_client(namespace=namespace + "-other")
+    try:
+        await within(a.messages.save_thread("t", ["in a"]))
+        assert await within(b.messages.load_thread("t")) == []
+        await within(b.messages.save_thread("t", ["in b"]))
+        assert await within(a.messages.load_thread("t")) == ["in a"]
+    finally:
+        await b.close()
+        from confluent_kafka.admin import AdminClient
+
+        from threadlog.topics import Topics, delete_topics
+
+        delete_topics(AdminClient({"bootstrap.servers": b.opts.bootstrap_servers}), Topics(b.opts.namespace))
+
+
+async def test_open_is_idempotent_on_existing_topics(open_client):
+    a = await open_client()
+    b = await open_client()  # topics exist: creation is a no-op, layout read back
+    assert a.runtime.layout == b.runtime.layout
+
+
+async def test_await_open_without_context_manager(bootstrap, namespace, tmp_path):
+    tl = await within(threadlog.open(bootstrap, namespace=namespace, state_dir=str(tmp_path)))
+    try:
+        await within(tl.messages.save_thread("t", [1]))
+        assert await within(tl.messages.load_thread("t")) == [1]
+    finally:
+        await tl.close()
+    with pytest.raises(ThreadLogError) as err:
+        await tl.messages.load_thread("t")
+    assert err.value.code == "UNAVAILABLE"
