@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..fold import EventMeta, folds
 from ..keys import key
 from ..view import View
+from . import presence
 
 TRANSCRIPT = b"tx"
 
@@ -17,3 +18,4 @@ def transcript_key(thread_id: str) -> bytes:
 def transcript_saved(view: View, meta: EventMeta, ev: dict) -> None:
     # Stored as the JSON text it arrived as: it round-trips exactly.
     view.put(transcript_key(ev["threadId"]), ev["messages"].encode("utf-8"))
+    presence.mark(view, ev["threadId"], presence.TRANSCRIPT)
