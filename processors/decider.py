@@ -128,6 +128,10 @@ class Decider:
             for n in range(PRODUCER_POOL)
         ]
         self._next_producer = 0
+        self._out_topics = {
+            "deliveries": (topics.deliveries, layout.deliveries),
+            "blobs": (topics.blobs, layout.blobs),
+        }
         self._thread = threading.Thread(target=self._run, name=f"decider:{topics.namespace}", daemon=True)
 
     # -- lifecycle -------------------------------------------------------------
@@ -224,7 +228,7 @@ class Decider:
     def _decide_batch(self, msgs, first_offsets: dict[int, int]) -> None:
         self._ensure_ready({m.partition() for m in msgs})
         buffers: dict[int, dict] = {}
-        out: list[tuple[str, int, bytes, bytes, bool]] = []  # topic, partition, key, value, is_event
+        out: list[tuple[str, int, bytes, bytes | None, bool]] = []  # topic, partition, key, value, is_event
         synced = {"done": False}
 
         def sync_global() -> None:
@@ -293,6 +297,10 @@ class Decider:
         except ThreadLogError as exc:
             self._reply(out, cmd, False, exc.code, exc.message)
             return
+        except Exception as exc:  # a handler produced something unencodable: a bug, not a crash
+            log.exception("staging the decision of %s failed", ptype)
+            self._reply(out, cmd, False, INVALID_ARGUMENT, f"could not record {ptype}: {exc!r}")
+            return
         view.merge()
         out.extend(staged)
         if decision.reply:
@@ -328,10 +336,10 @@ class Decider:
             }
             staged.append((self.topics.commands, partition_for(follow.key, self.layout.commands),
                            follow.key.encode(), self.codec.encode("threadlog.Command", env), False))
-        for rec in decision.deliveries:
-            value = self.codec.encode(rec.type, rec.payload)
-            staged.append((self.topics.deliveries, partition_for(rec.run_id, self.layout.deliveries),
-                           rec.run_id.encode(), value, False))
+        for rec in decision.records:
+            topic, partitions = self._out_topics[rec.topic]
+            value = None if rec.payload is None else self.codec.encode(rec.type, rec.payload)
+            staged.append((topic, partition_for(rec.key, partitions), rec.key.encode(), value, False))
         return staged
 
     def _reply(self, out, cmd, ok, code, message, result=None) -> None:

@@ -26,12 +26,18 @@ class FollowUp:
 
 
 @dataclass
-class DeliveryRecord:
-    """A record for `<ns>.deliveries`, written in the same transaction."""
+class OutRecord:
+    """A record for another topic of the namespace, written in the same transaction.
 
-    run_id: str
-    type: str
-    payload: dict
+    `topic` is a role: "deliveries" (claim markers, keyed by run id) or "blobs"
+    (keyed by blob/chunk key). The partition is the key's murmur2 partition of
+    that topic. `payload=None` writes a tombstone (compaction reclaims the key).
+    """
+
+    topic: str
+    key: str
+    type: str | None = None
+    payload: dict | None = None
 
 
 @dataclass
@@ -39,7 +45,7 @@ class Decision:
     events: list[tuple[str, dict]] = field(default_factory=list)
     result: Any = None
     follow_ups: list[FollowUp] = field(default_factory=list)
-    deliveries: list[DeliveryRecord] = field(default_factory=list)
+    records: list[OutRecord] = field(default_factory=list)
     # False when a follow-up step will reply to the client instead.
     reply: bool = True
 

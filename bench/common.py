@@ -1,0 +1,177 @@
+"""Shared pieces of the benchmarks: raw Kafka baselines on the same broker, stats, reports.
+
+Every figure threadlog reports is a ratio against raw confluent-kafka on the
+same broker in the same run, measured the same way:
+- `raw_produce_closed_loop`: C concurrent writers, each awaiting the broker's
+  ack (acks=all, idempotent) before sending its next record -- the baseline
+  for request/response paths (a command awaits its reply);
+- `raw_produce_pipelined`: one writer producing N records back to back, then
+  flushing -- the ceiling for streaming paths (delivery appends, blob chunks);
+- `raw_consume`: read N records of a topic from offset 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+
+def bench_args(description: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--bootstrap", default=os.environ.get("THREADLOG_BOOTSTRAP"),
+                    help="cluster to use (default: start/reuse the local broker)")
+    return ap
+
+
+def bootstrap_or_local(bootstrap: str | None) -> str:
+    if bootstrap:
+        return bootstrap
+    from threadlog import broker
+
+    return broker.start(log=lambda m: print(m)).bootstrap
+
+
+@dataclass
+class Result:
+    name: str
+    count: int
+    seconds: float
+    bytes: int = 0
+    latencies: list[float] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return self.count / self.seconds if self.seconds else 0.0
+
+    @property
+    def mib_s(self) -> float:
+        return self.bytes / self.seconds / 2**20 if self.seconds else 0.0
+
+    def pct(self, q: float) -> float:
+        if not self.latencies:
+            return float("nan")
+        xs = sorted(self.latencies)
+        return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3
+
+
+def report(rows: list[tuple[Result, Result | None]], unit: str = "ops/s") -> str:
+    """Rows of (measured, baseline); prints rate, MiB/s, p50/p99 and the ratio."""
+    lines = [f"{'measurement':<44} {unit:>10} {'MiB/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'ratio':>7}"]
+    for res, base in rows:
+        ratio = f"{res.rate / base.rate:7.3f}" if base is not None and base.rate else "      -"
+        p50 = f"{res.pct(0.5):8.2f}" if res.latencies else "       -"
+        p99 = f"{res.pct(0.99):8.2f}" if res.latencies else "       -"
+        lines.append(f"{res.name:<44} {res.rate:10.0f} {res.mib_s:8.2f} {p50} {p99} {ratio}")
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+def temp_topic(bootstrap: str, partitions: int = 1, prefix: str = "bench") -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.create_topics([NewTopic(name, partitions, 1,
+                                           config={"max.message.bytes": str(16 * 2**20)})]).values():
+        f.result(30)
+    return name
+
+
+def delete_topic(bootstrap: str, name: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.delete_topics([name]).values():
+        try:
+            f.result(30)
+        except Exception:
+            pass
+
+
+def _producer(bootstrap: str, **extra) -> Producer:
+    return Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+                     "linger.ms": 1, "message.max.bytes": 17 * 2**20, **extra})
+
+
+async def raw_produce_closed_loop(bootstrap: str, topic: str, payload: bytes, total: int,
+                                  concurrency: int, partitions: int = 1) -> Result:
+    """`concurrency` writers, each awaiting its ack before the next record."""
+    producer = _producer(bootstrap)
+    stop = threading.Event()
+    pump = threading.Thread(target=lambda: [producer.poll(0.05) for _ in iter(stop.is_set, True)], daemon=True)
+    pump.start()
+    loop = asyncio.get_running_loop()
+    latencies: list[float] = []
+    per = total // concurrency
+
+    async def writer(w: int) -> None:
+        for i in range(per):
+            fut = loop.create_future()
+            t = time.perf_counter()
+            producer.produce(topic, payload, f"k{w}-{i % 64}".encode(), partition=(w + i) % partitions,
+                             on_delivery=lambda e, m, f=fut: loop.call_soon_threadsafe(
+                                 f.set_exception if e else f.set_result, e or m))
+            await fut
+            latencies.append(time.perf_counter() - t)
+
+    # warm up the connection and the idempotent producer id
+    producer.produce(topic, payload, b"warmup", partition=0)
+    producer.flush(30)
+    t0 = time.perf_counter()
+    await asyncio.gather(*[writer(w) for w in range(concurrency)])
+    elapsed = time.perf_counter() - t0
+    stop.set()
+    pump.join()
+    producer.flush(30)
+    n = per * concurrency
+    return Result(f"raw produce, {concurrency} awaiting writers", n, elapsed, n * len(payload), latencies)
+
+
+def raw_produce_pipelined(bootstrap: str, topic: str, payload: bytes, total: int,
+                          partitions: int = 1) -> Result:
+    producer = _producer(bootstrap, **{"linger.ms": 5, "batch.size": 1_000_000})
+    producer.produce(topic, payload, b"warmup", partition=0)
+    producer.flush(30)
+    t0 = time.perf_counter()
+    for i in range(total):
+        while True:
+            try:
+                producer.produce(topic, payload, f"k{i % 64}".encode(), partition=i % partitions)
+                break
+            except BufferError:
+                producer.poll(0.01)
+    producer.flush(60)
+    elapsed = time.perf_counter() - t0
+    return Result("raw produce, pipelined", total, elapsed, total * len(payload))
+
+
+def raw_consume(bootstrap: str, topic: str, partitions: int = 1, expect: int | None = None) -> Result:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}",
+                  "enable.auto.commit": False, "enable.partition.eof": True,
+                  "isolation.level": "read_committed", "fetch.max.bytes": 64 * 2**20,
+                  "max.partition.fetch.bytes": 17 * 2**20})
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    n = nbytes = 0
+    eof: set[int] = set()
+    t0 = time.perf_counter()
+    while len(eof) < partitions or (expect is not None and n < expect):
+        for m in c.consume(10000, 0.5):
+            if m.error():
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    eof.add(m.partition())
+                continue
+            n += 1
+            nbytes += len(m.value() or b"")
+    elapsed = time.perf_counter() - t0
+    c.close()
+    return Result("raw consume from offset 0", n, elapsed, nbytes)
+
+
+def summary(xs: list[float]) -> str:
+    return f"mean {statistics.mean(xs) * 1e3:.2f} ms" if xs else "-"
