@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .config import Options
+from .delivery import DeliveryLog, DeliveryService
 from .errors import ThreadLogError, unavailable
 from .producers.commands import CommandBus
 from .runtime import Runtime
@@ -24,6 +25,7 @@ class ThreadLog:
         self.runtime = Runtime(opts, with_decider=opts.processors == "embedded")
         self.bus: CommandBus | None = None
         self.messages = MessageStore(self)
+        self._delivery: DeliveryService | None = None
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------
@@ -49,11 +51,15 @@ class ThreadLog:
             client_id=self.runtime.client_id,
             timeout=self.opts.request_timeout,
         )
+        self._delivery = DeliveryService(self)
+        self._delivery.start()
         # Not required for correctness (commands wait in their topic), but the
         # first call should not pay for the group's first assignment.
         self.runtime.wait_assigned(timeout=10)
 
     def _stop_sync(self) -> None:
+        if self._delivery is not None:
+            self._delivery.stop()
         if self.bus is not None:
             self.bus.close()
         self.runtime.stop()
@@ -69,6 +75,11 @@ class ThreadLog:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
+
+    # -- delivery logs (SPEC 11) ------------------------------------------------------
+    def delivery(self, run_id: str, epoch: int | None = None) -> DeliveryLog:
+        """The delivery log of `run_id`, written as driver `epoch` (None counts as 0)."""
+        return DeliveryLog(self, run_id, epoch)
 
     # -- plumbing shared by the stores ---------------------------------------------
     def _check_open(self) -> None:

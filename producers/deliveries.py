@@ -1,0 +1,90 @@
+"""Delivery appends: one record per call, straight to `<ns>.deliveries`.
+
+No decider hop: a chunks batch is one Kafka record (so it is all or nothing),
+produced keyed by run id to the run's partition through an idempotent
+producer with acks=all, so a retried send is never duplicated or reordered.
+Whether the record *stands* (fencing, close) is decided afterwards by the run
+index fold, which the caller awaits (`threadlog.delivery`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from confluent_kafka import Producer
+from threadlog.schemas import Codec
+
+from threadlog import kafka_config
+from threadlog.errors import invalid_argument, unavailable
+from threadlog.partitioning import partition_for
+from threadlog.topics import MAX_MESSAGE_BYTES
+
+from .commands import ProducerPump
+
+
+class DeliveryWriter:
+    def __init__(self, *, bootstrap: str, topic: str, partitions: int, codec: Codec, client_id: str,
+                 timeout: float = 30.0) -> None:
+        self.topic = topic
+        self.partitions = partitions
+        self.codec = codec
+        self.timeout = timeout
+        self.producer = Producer(kafka_config.producer(
+            bootstrap, f"{client_id}.deliveries",
+            # librdkafka gives up on a record after this and reports it failed;
+            # the caller waits for that verdict instead of guessing on a timer.
+            **{"message.timeout.ms": int(timeout * 1000)},
+        ))
+        self._pump = ProducerPump(self.producer, f"deliveries-pump:{client_id}")
+
+    def partition_of(self, run_id: str) -> int:
+        return partition_for(run_id, self.partitions)
+
+    def encode(self, record: dict) -> bytes:
+        value = self.codec.encode("threadlog.Delivery", record)
+        if len(value) > MAX_MESSAGE_BYTES:
+            raise invalid_argument(
+                f"the batch encodes to {len(value)} bytes; one append is one Kafka record of at most "
+                f"{MAX_MESSAGE_BYTES} bytes: split it into several appends"
+            )
+        return value
+
+    async def write(self, run_id: str, record: dict) -> int:
+        """Produce one record to the run's partition; return its Kafka offset once durable."""
+        value = self.encode(record)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
+        partition = self.partition_of(run_id)
+
+        def delivered(err, msg) -> None:
+            if err is not None:
+                loop.call_soon_threadsafe(_settle, fut, unavailable(f"delivery record not written: {err}"), None)
+            else:
+                loop.call_soon_threadsafe(_settle, fut, None, msg.offset())
+
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                self.producer.produce(self.topic, value, run_id.encode("utf-8"), partition=partition,
+                                      on_delivery=delivered)
+                break
+            except BufferError:  # local queue full: the pump drains it
+                if time.monotonic() > deadline:
+                    raise unavailable("the delivery producer queue stayed full") from None
+                await asyncio.sleep(0.005)
+        # No asyncio timeout here: librdkafka reports every record within
+        # message.timeout.ms, and only its verdict says whether it was written.
+        return await fut
+
+    def close(self) -> None:
+        self._pump.stop()
+
+
+def _settle(fut: asyncio.Future, exc: BaseException | None, value) -> None:
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(value)
