@@ -1,0 +1,349 @@
+"""tl.delivery end to end on a real broker (SPEC section 11): append, read, snapshot, close, upsert."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from delivery_support import chunk, collect, take
+from support import within
+
+from threadlog import ThreadLogError
+
+
+async def test_append_returns_one_offset_per_chunk_and_read_replays_them(tl):
+    log = tl.delivery("run-1")
+    assert await within(log.append([])) == []
+    first = await within(log.append([chunk(0), chunk(1), chunk(2)]))
+    second = await within(log.append([chunk(3)]))
+    assert len(first) == 3 and len(second) == 1
+    offsets = first + second
+    assert len(set(offsets)) == 4 and all(isinstance(o, str) for o in offsets)
+    await within(log.close())
+    got = await collect(log.read("-1"))
+    assert got == [(o, chunk(i)) for i, o in enumerate(offsets)]
+
+
+async def test_chunks_round_trip_deep_equal_as_fresh_dicts(tl):
+    log = tl.delivery("run-rt")
+    weird = {"type": "X", "text": "héllo — 你好 🌍\n\"q\"", "n": [1, 2.5, -0.0, 2**53 + 1, 5e-324],
+             "nested": {"a": {"b": [None, True, False, {}]}}}
+    [off] = await within(log.append([weird]))
+    await within(log.close())
+    [(o, got)] = await within(log.snapshot())
+    assert o == off and got == weird
+    got["text"] = "mutated"
+    [(_, again)] = await within(log.snapshot())
+    assert again == weird
+
+
+async def test_read_resumes_strictly_after_the_cursor_even_inside_a_batch(tl):
+    log = tl.delivery("run-cursor")
+    offsets = []
+    for b in range(4):
+        offsets += await within(log.append([chunk(b * 3 + k) for k in range(3)]))
+    await within(log.close())
+    for k in (0, 1, 2, 4, 7, 10):
+        got = await collect(log.read(offsets[k]))
+        assert got == [(o, chunk(i)) for i, o in enumerate(offsets) if i > k], f"after chunk {k}"
+    assert await collect(log.read(offsets[-1])) == []
+
+
+async def test_blocked_reader_wakes_on_append_and_ends_on_close(tl):
+    log = tl.delivery("run-live")
+    [o0] = await within(log.append([chunk(0)]))
+    reader = log.read(o0)
+    pending = asyncio.ensure_future(reader.__anext__())
+    await asyncio.sleep(0.3)  # not synchronization: proves the reader is still blocked, not done
+    assert not pending.done()
+    [o1] = await within(log.append([chunk(1)]))
+    assert await within(pending, 10) == (o1, chunk(1))
+    [o2, o3] = await within(log.append([chunk(2), chunk(3)]))
+    assert await take(reader, 2, 10) == [(o2, chunk(2)), (o3, chunk(3))]
+    ending = asyncio.ensure_future(reader.__anext__())
+    await within(log.close())
+    with pytest.raises(StopAsyncIteration):
+        await within(ending, 10)
+
+
+async def test_close_wakes_readers_on_another_client(open_client):
+    a = await open_client()
+    b = await open_client(processors="external")
+    await within(a.delivery("run-x").append([chunk(0)]))
+    readers = [asyncio.ensure_future(collect(b.delivery("run-x").read("-1"), 30)) for _ in range(3)]
+    [o1] = await within(a.delivery("run-x").append([chunk(1)]))
+    await within(a.delivery("run-x").close())
+    for r in readers:
+        got = await within(r, 30)
+        assert [c for _, c in got] == [chunk(0), chunk(1)] and got[-1][0] == o1
+
+
+async def test_read_now_yields_only_what_comes_after_the_iteration_started(tl):
+    log = tl.delivery("run-now")
+    await within(log.append([chunk(-1, old=True)]))
+    reader = log.read("now")
+    first = asyncio.ensure_future(reader.__anext__())
+    appended = []
+    # Append until the reader has seen something: "now" is fixed when its first
+    # iteration starts, which this test cannot observe directly.
+    for i in range(200):
+        appended.append((await within(log.append([chunk(i)])))[0])
+        if first.done():
+            break
+        await asyncio.sleep(0.02)
+    assert first.done()
+    o, c = first.result()
+    k = appended.index(o)
+    assert c == chunk(k)
+    rest_task = asyncio.ensure_future(collect(reader, 30))
+    more = await within(log.append([chunk(1000)]))
+    await within(log.close())
+    rest = await within(rest_task, 30)
+    assert [x for x, _ in rest] == appended[k + 1:] + more
+    # "now" on a closed log ends at once.
+    assert await collect(log.read("now"), 10) == []
+
+
+async def test_appends_after_close_are_refused_and_change_nothing(tl):
+    log = tl.delivery("run-closed")
+    offs = await within(log.append([chunk(0), chunk(1)]))
+    await within(log.close())
+    await within(log.close())  # closing twice is harmless
+    before = await within(log.snapshot())
+    records_before = await within(log.records())
+    with pytest.raises(ThreadLogError) as e:
+        await within(log.append([chunk(2)]))
+    assert e.value.code == "RUN_LOG_CLOSED"
+    with pytest.raises(ThreadLogError) as e:
+        await within(log.upsert([(offs[0], chunk(9))]))
+    assert e.value.code == "RUN_LOG_CLOSED"
+    # Another handle (another driver of the same epoch) learns it too.
+    with pytest.raises(ThreadLogError) as e:
+        await within(tl.delivery("run-closed").append([chunk(3)]))
+    assert e.value.code == "RUN_LOG_CLOSED"
+    assert await within(log.snapshot()) == before
+    assert await within(log.records()) == records_before
+    assert await collect(log.read("-1")) == before
+
+
+async def test_a_close_that_lands_before_an_append_drops_it_and_the_append_raises(open_client, tl):
+    """Two writers: B closes while A's handle still believes the log is open
+    (A's pre-check passed); A's record lands after the close and must raise."""
+    other = await open_client(processors="external")
+    await within(tl.delivery("run-cl2").append([chunk(0)]))
+    await within(other.delivery("run-cl2").close())
+    # Force A past its pre-check: the verdict after writing is what counts.
+    log = tl.delivery("run-cl2")
+    log._precheck = lambda: None
+    with pytest.raises(ThreadLogError) as e:
+        await within(log.append([chunk(1)]))
+    assert e.value.code == "RUN_LOG_CLOSED"
+    assert [c for _, c in await within(tl.delivery("run-cl2").snapshot())] == [chunk(0)]
+    rows = await within(tl.delivery("run-cl2").records())
+    assert [(r["kind"], r.get("dropped")) for r in rows] == [("chunks", None), ("close", None),
+                                                             ("chunks", "RUN_LOG_CLOSED")]
+
+
+async def test_closing_a_run_that_never_produced_ends_its_readers_at_once(tl):
+    log = tl.delivery("run-empty-closed")
+    await within(log.close())
+    assert await collect(log.read("-1"), 10) == []
+    assert await within(log.snapshot()) == []
+
+
+async def test_snapshot_is_point_in_time_and_empty_for_unknown_runs(tl):
+    assert await within(tl.delivery("never-seen").snapshot()) == []
+    log = tl.delivery("run-snap")
+    offs = await within(log.append([chunk(0), chunk(1)]))
+    snap = await within(log.snapshot(), 5)  # an open log: it never waits for more
+    assert snap == [(offs[0], chunk(0)), (offs[1], chunk(1))]
+    more = await within(log.append([chunk(2)]))
+    assert snap == [(offs[0], chunk(0)), (offs[1], chunk(1))]
+    assert await within(log.snapshot(), 5) == [*snap, (more[0], chunk(2))]
+
+
+async def test_read_from_start_of_a_run_that_never_produced_fails_within_the_wait(open_client):
+    tl = await open_client(first_chunk_wait_ms=400)
+    reader = tl.delivery("ghost").read("-1")  # no error until iterated
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    with pytest.raises(ThreadLogError) as e:
+        await within(reader.__anext__(), 10)
+    assert e.value.code == "RUN_NOT_FOUND"
+    assert 0.35 <= loop.time() - t0 < 8
+
+
+async def test_read_from_start_waits_for_a_first_chunk_that_comes_in_time(open_client):
+    tl = await open_client(first_chunk_wait_ms=10_000)
+    reader = tl.delivery("late").read("-1")
+    first = asyncio.ensure_future(reader.__anext__())
+    await asyncio.sleep(0.3)  # the reader is waiting for the run's first chunk
+    assert not first.done()
+    [o] = await within(tl.delivery("late").append([chunk(0)]))
+    assert await within(first, 10) == (o, chunk(0))
+    await within(tl.delivery("late").close())
+    assert await collect(reader, 10) == []
+
+
+@pytest.mark.parametrize("bad", ["", "garbage", "-2", "NOW", "1.2.3", "01.0.0.00000000", "0.0.0.zzzzzzzz",
+                                 " -1", "0.0.0.0000000g"])
+async def test_malformed_offsets_are_refused_at_first_iteration(tl, bad):
+    log = tl.delivery("run-bad")
+    await within(log.append([chunk(0)]))
+    reader = log.read(bad)
+    with pytest.raises(ThreadLogError) as e:
+        await within(reader.__anext__())
+    assert e.value.code == "INVALID_OFFSET"
+
+
+async def test_non_string_offsets_are_refused(tl):
+    for bad in (None, 0, -1, b"-1", ("0", 0)):
+        with pytest.raises(ThreadLogError) as e:
+            await within(tl.delivery("r").read(bad).__anext__())
+        assert e.value.code == "INVALID_OFFSET", bad
+
+
+async def test_offsets_of_another_run_are_refused(tl):
+    a, b = tl.delivery("run-a"), tl.delivery("run-b")
+    [oa] = await within(a.append([chunk(0)]))
+    [ob] = await within(b.append([chunk(0)]))
+    for log, foreign in ((a, ob), (b, oa)):
+        with pytest.raises(ThreadLogError) as e:
+            await within(log.read(foreign).__anext__())
+        assert e.value.code == "INVALID_OFFSET"
+        with pytest.raises(ThreadLogError) as e:
+            await within(log.upsert([(foreign, chunk(1))]))
+        assert e.value.code == "INVALID_OFFSET"
+    # Well-formed, right run, but no such position: beyond the batch, or a record that is not this run's.
+    p, x, _i, tag = oa.split(".")
+    for forged in (f"{p}.{x}.1.{tag}", f"{p}.{int(x) + 50}.0.{tag}"):
+        with pytest.raises(ThreadLogError) as e:
+            await within(a.read(forged).__anext__())
+        assert e.value.code == "INVALID_OFFSET"
+    assert [c for _, c in await within(a.snapshot())] == [chunk(0)]
+
+
+async def test_bad_input_is_refused_and_writes_nothing(tl):
+    for run_id in ("", None, 5, "\ud800"):
+        with pytest.raises(ThreadLogError) as e:
+            tl.delivery(run_id)
+        assert e.value.code == "INVALID_ARGUMENT"
+    for epoch in (-1, True, 1.0, "1"):
+        with pytest.raises(ThreadLogError) as e:
+            tl.delivery("r", epoch=epoch)
+        assert e.value.code == "INVALID_ARGUMENT"
+    log = tl.delivery("run-input")
+    for bad in (None, {"type": "x"}, "abc", [1], [{"x": float("nan")}], [{"x": object()}], [{1: "a"}],
+                [{"ok": 1}, "not a dict"], [{"s": "\ud800"}]):
+        with pytest.raises(ThreadLogError) as e:
+            await within(log.append(bad))
+        assert e.value.code == "INVALID_ARGUMENT", bad
+    assert await within(log.records()) == []
+    assert await within(log.snapshot()) == []
+
+
+async def test_upsert_validates_the_whole_batch_first_and_leaves_the_log_unchanged(tl):
+    log = tl.delivery("run-up")
+    offs = await within(log.append([chunk(0), chunk(1), chunk(2)]))
+    [other] = await within(tl.delivery("run-other").append([chunk(0)]))
+    before = await within(log.snapshot())
+    rows_before = await within(log.records())
+    bad_batches = [
+        [(offs[0], chunk(10)), ("garbage", chunk(11))],
+        [(offs[0], chunk(10)), (offs[0], chunk(11))],  # repeated
+        [(offs[1], chunk(10)), (other, chunk(11))],  # another run's
+        [(offs[1], chunk(10)), (offs[2][:-1] + ("0" if offs[2][-1] != "0" else "1"), chunk(11))],
+    ]
+    for batch in bad_batches:
+        with pytest.raises(ThreadLogError) as e:
+            await within(log.upsert(batch))
+        assert e.value.code == "INVALID_OFFSET", batch
+    for batch in ([(offs[0], "not a dict")], [(offs[0],)], "nope", [(offs[0], {"x": float("inf")})]):
+        with pytest.raises(ThreadLogError) as e:
+            await within(log.upsert(batch))
+        assert e.value.code == "INVALID_ARGUMENT", batch
+    assert await within(log.snapshot()) == before
+    assert await within(log.records()) == rows_before  # nothing was written
+    assert await within(log.upsert([])) == []
+
+
+async def test_upsert_replaces_positions_for_snapshot_and_later_readers_never_re_yields(tl):
+    log = tl.delivery("run-up2")
+    offs = await within(log.append([chunk(0), chunk(1), chunk(2)]))
+    live = log.read("-1")
+    assert await take(live, 3) == [(o, chunk(i)) for i, o in enumerate(offs)]
+    got = await within(log.upsert([(offs[1], chunk(1, fixed=True)), (offs[0], chunk(0, fixed=True))]))
+    assert got == [offs[1], offs[0]]
+    [o3] = await within(log.append([chunk(3)]))
+    # The live reader already had positions 0 and 1: it goes on with 3, nothing twice.
+    assert await take(live, 1) == [(o3, chunk(3))]
+    expected = [(offs[0], chunk(0, fixed=True)), (offs[1], chunk(1, fixed=True)), (offs[2], chunk(2)),
+                (o3, chunk(3))]
+    assert await within(log.snapshot()) == expected
+    await within(log.close())
+    assert await collect(live) == []
+    assert await collect(log.read("-1")) == expected
+    assert await collect(log.read(offs[0])) == expected[1:]
+    # Upserting again: the latest replacement wins.
+    with pytest.raises(ThreadLogError) as e:
+        await within(log.upsert([(offs[2], chunk(2, again=True))]))
+    assert e.value.code == "RUN_LOG_CLOSED"
+
+
+async def test_a_reader_on_another_client_sees_every_acknowledged_append(open_client):
+    a = await open_client()
+    b = await open_client(processors="external")
+    for i in range(5):
+        [o] = await within(a.delivery("run-ryw").append([chunk(i)]))
+        snap = await within(b.delivery("run-ryw").snapshot())
+        assert snap[-1] == (o, chunk(i)) and len(snap) == i + 1
+
+
+async def test_abandoned_readers_release_their_resources(tl):
+    log = tl.delivery("run-abandon")
+    for b in range(20):
+        await within(log.append([chunk(b * 10 + k) for k in range(10)]))
+    svc = tl._delivery
+    for _ in range(30):
+        reader = log.read("-1")
+        await take(reader, 3)
+        await reader.aclose()
+    assert svc.index._subs == {}
+    await within(log.close())
+    got = await collect(log.read("-1"))
+    assert [c["i"] for _, c in got] == list(range(200))
+
+
+async def test_a_reader_that_falls_behind_the_live_feed_catches_up_from_kafka(tl):
+    tl._delivery.index.max_queued = 4  # tiny live queue: overflow at once
+    log = tl.delivery("run-slow")
+    [o0] = await within(log.append([chunk(0)]))
+    reader = log.read("-1")
+    assert await take(reader, 1) == [(o0, chunk(0))]
+    expected = []
+    for i in range(1, 40):
+        expected += await within(log.append([chunk(i)]))
+    await within(log.close())
+    got = await collect(reader)
+    assert [o for o, _ in got] == expected
+    assert [c["i"] for _, c in got] == list(range(1, 40))
+
+
+async def test_ten_thousand_chunks_replay_complete_and_in_order(open_client):
+    writer = await open_client()
+    log = writer.delivery("run-10k")
+    expected = []
+    sizes = [1, 7, 100, 250, 42]
+    n = 0
+    while n < 10_000:
+        size = min(sizes[len(expected) % len(sizes)], 10_000 - n)
+        expected += await within(log.append([chunk(n + k) for k in range(size)]))
+        n += size
+    await within(log.close())
+    reader = await open_client(processors="external")
+    got = await collect(reader.delivery("run-10k").read("-1"), 120)
+    assert len(got) == 10_000
+    assert [o for o, _ in got] == expected
+    assert [c["i"] for _, c in got] == list(range(10_000))
+    snap = await within(reader.delivery("run-10k").snapshot(), 120)
+    assert snap == got

@@ -1,0 +1,140 @@
+"""Fencing of the delivery log by claim markers (SPEC 11, "Fencing").
+
+These tests write claim markers with `ClaimWriter` (the same record
+`tl.runs.claim` writes in the decider's transaction) so they can hold a claim's
+transaction open while an append lands after it, then commit or abort it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+from delivery_support import ClaimWriter, chunk, collect
+from support import within
+
+from threadlog import ThreadLogError
+
+
+async def test_superseded_driver_is_refused_its_close_ignored_and_readers_see_each_chunk_once(
+        bootstrap, open_client):
+    a_host = await open_client()
+    b_host = await open_client(processors="external")
+    claims = ClaimWriter(bootstrap, a_host)
+    run = "run-takeover"
+    a = a_host.delivery(run, epoch=1)
+    a_offs = await within(a.append([chunk(0), chunk(1)]))
+    claims.claim(run, 2)
+    b = b_host.delivery(run, epoch=2)
+    b_offs = await within(b.append([chunk(2)]))
+    with pytest.raises(ThreadLogError) as e:
+        await within(a.append([chunk(99)]))
+    assert e.value.code == "RUN_CLAIM_LOST"
+    with pytest.raises(ThreadLogError) as e:
+        await within(a.upsert([(a_offs[0], chunk(98))]))
+    assert e.value.code == "RUN_CLAIM_LOST"
+    await within(a.close())  # ignored: the log stays open for B
+    b_offs += await within(b.append([chunk(3)]))
+    await within(b.close())
+    # Claim lost is reported before closed.
+    with pytest.raises(ThreadLogError) as e:
+        await within(a.append([chunk(97)]))
+    assert e.value.code == "RUN_CLAIM_LOST"
+    reader = await open_client(processors="external")
+    got = await collect(reader.delivery(run).read("-1"))
+    assert got == [(o, chunk(i)) for i, o in enumerate(a_offs + b_offs)]
+    # The new driver may re-persist the old driver's positions (idempotent replay).
+    with pytest.raises(ThreadLogError) as e:
+        await within(b.upsert([(a_offs[0], chunk(0))]))
+    assert e.value.code == "RUN_LOG_CLOSED"
+
+
+async def test_a_write_that_reached_kafka_after_a_claim_is_dropped_and_the_append_raises(bootstrap, tl):
+    """The driver's own pre-check cannot see the claim yet: only the verdict
+    after the write decides, and readers agree with it."""
+    claims = ClaimWriter(bootstrap, tl)
+    run = "run-late-write"
+    a = tl.delivery(run, epoch=1)
+    await within(a.append([chunk(0)]))
+    claims.claim(run, 2)
+    a._precheck = lambda: None  # as if A had checked just before the claim
+    with pytest.raises(ThreadLogError) as e:
+        await within(a.append([chunk(1), chunk(2)]))
+    assert e.value.code == "RUN_CLAIM_LOST"
+    a._state = lambda: {"fence": 0, "reps": 0}  # A's close too passes its own check
+    await within(a.close())  # written, and dropped: the log is not closed
+    b = tl.delivery(run, epoch=2)
+    [_o] = await within(b.append([chunk(3)]))
+    await within(b.close())
+    assert [c["i"] for _, c in await collect(tl.delivery(run).read("-1"))] == [0, 3]
+    rows = await within(a.records())
+    assert [(r["kind"], r["epoch"], r.get("dropped")) for r in rows] == [
+        ("chunks", 1, None), ("claim", 2, None), ("chunks", 1, "RUN_CLAIM_LOST"),
+        ("close", 1, "RUN_CLAIM_LOST"), ("chunks", 2, None), ("close", 2, None)]
+
+
+@pytest.mark.parametrize("outcome", ["commit", "abort"])
+async def test_an_append_behind_an_open_claim_transaction_waits_for_its_outcome(bootstrap, tl, outcome):
+    claims = ClaimWriter(bootstrap, tl)
+    run = f"run-open-claim-{outcome}"
+    a = tl.delivery(run, epoch=1)
+    [o0] = await within(a.append([chunk(0)]))
+    claims.begin(run, 2)  # the claim marker is in the log, its transaction undecided
+    pending = asyncio.ensure_future(a.append([chunk(1), chunk(2)]))
+    await asyncio.sleep(1.0)  # not synchronization: proves the append does not return meanwhile
+    assert not pending.done()
+    await asyncio.to_thread(claims.commit if outcome == "commit" else claims.abort)
+    if outcome == "commit":
+        with pytest.raises(ThreadLogError) as e:
+            await within(pending)
+        assert e.value.code == "RUN_CLAIM_LOST"
+        expected = [(o0, chunk(0))]
+    else:
+        offs = await within(pending)
+        expected = [(o0, chunk(0)), (offs[0], chunk(1)), (offs[1], chunk(2))]
+    assert await within(tl.delivery(run).snapshot()) == expected
+
+
+async def test_appends_racing_claims_are_never_acknowledged_but_dropped(bootstrap, open_client):
+    driver_host = await open_client()
+    reader_host = await open_client(processors="external")
+    claims = ClaimWriter(bootstrap, driver_host)
+    rng = random.Random(5)
+    outcomes = {"returned": 0, "raised": 0, "dropped_after_write": 0}
+    for trial in range(40):
+        run = f"race-{trial}"
+        a = driver_host.delivery(run, epoch=1)
+        [first] = await within(a.append([chunk(0)]))
+        delay_append, delay_claim = rng.random() * 0.02, rng.random() * 0.004
+
+        async def do_append(a=a, delay_append=delay_append):
+            await asyncio.sleep(delay_append)
+            try:
+                return await a.append([chunk(1), chunk(2), chunk(3)])
+            except ThreadLogError as exc:
+                assert exc.code == "RUN_CLAIM_LOST"
+                return None
+
+        async def do_claim(run=run, delay_claim=delay_claim):
+            await asyncio.sleep(delay_claim)
+            await asyncio.to_thread(claims.claim, run, 2)
+
+        acked, _ = await within(asyncio.gather(do_append(), do_claim()))
+        b = driver_host.delivery(run, epoch=2)
+        [last] = await within(b.append([chunk(4)]))
+        await within(b.close())
+        got = await collect(reader_host.delivery(run).read("-1"))
+        if acked is not None:
+            outcomes["returned"] += 1
+            expected = [(first, chunk(0)), *list(zip(acked, [chunk(1), chunk(2), chunk(3)], strict=True))]
+        else:
+            outcomes["raised"] += 1
+            expected = [(first, chunk(0))]
+            rows = await within(a.records())
+            outcomes["dropped_after_write"] += sum(1 for r in rows if r.get("dropped") == "RUN_CLAIM_LOST")
+        expected.append((last, chunk(4)))
+        assert got == expected, f"trial {trial}: acked={acked is not None}"
+    print("race outcomes", outcomes)
+    # Both sides of the race happened (else the test proved nothing).
+    assert outcomes["returned"] > 0 and outcomes["raised"] > 0, outcomes
