@@ -1,4 +1,4 @@
-"""The `threadlog` command: broker, worker, demo, rebuild, schemas."""
+"""The `threadlog` command: broker, worker, serve, replay, demo, rebuild, schemas."""
 
 from __future__ import annotations
 
@@ -145,6 +145,61 @@ def cmd_schemas(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+async def _serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from threadlog.http import create_app
+
+    app = create_app(bootstrap_servers=args.bootstrap, namespace=args.namespace, path=args.path,
+                     processors=args.processors, state_dir=args.state_dir,
+                     first_chunk_wait_ms=args.first_chunk_wait_ms)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="on",
+                            timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    task = asyncio.ensure_future(server.serve())
+    while not server.started:
+        if task.done():
+            await task  # startup failed: raise its error
+            raise SystemExit("threadlog serve: the server stopped during startup")
+        await asyncio.sleep(0.02)
+    host, port = server.servers[0].sockets[0].getsockname()[:2]
+    print(f"threadlog serving namespace {args.namespace!r} at http://{host}:{port}{args.path}", flush=True)
+    await task
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    asyncio.run(_serve(args))
+    return 0
+
+
+async def _replay(args: argparse.Namespace) -> int:
+    import json
+
+    import threadlog
+
+    async with threadlog.open(args.bootstrap, namespace=args.namespace, processors="external",
+                              state_dir=args.state_dir) as tl:
+        log = tl.delivery(args.run_id)
+        try:
+            if args.records:
+                for row in await log.records(args.after):
+                    print(json.dumps(row, ensure_ascii=False), flush=True)
+                return 0
+            async for offset, chunk in log.read(args.after, follow=args.follow):
+                print(json.dumps({"offset": offset, "chunk": chunk}, ensure_ascii=False), flush=True)
+        except threadlog.ThreadLogError as exc:
+            print(f"threadlog replay: {exc.code}: {exc.message}", file=sys.stderr)
+            return 2
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_replay(args))
+    except KeyboardInterrupt:
+        return 130
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="threadlog", description=__doc__)
     ap.add_argument("-v", "--verbose", action="store_true")
@@ -165,6 +220,29 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--lease-duration-ms", type=int, default=120_000)
     w.add_argument("--renew-after-ms", type=int, default=45_000)
     w.set_defaults(fn=cmd_worker)
+
+    sv = sub.add_parser("serve", help="HTTP: the TanStack durability route, SSE and REST for delivery logs")
+    sv.add_argument("--bootstrap", default=_bootstrap_default())
+    sv.add_argument("--namespace", default="threadlog")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed)")
+    sv.add_argument("--path", default="/api/chat", help="path of the durability route")
+    sv.add_argument("--processors", choices=["external", "embedded"], default="external",
+                    help="the routes only read; 'embedded' also decides commands in this process")
+    sv.add_argument("--state-dir", default=None)
+    sv.add_argument("--first-chunk-wait-ms", type=int, default=5000)
+    sv.set_defaults(fn=cmd_serve)
+
+    rp = sub.add_parser("replay", help="print a run's delivery chunks as JSON lines with their offsets")
+    rp.add_argument("run_id")
+    rp.add_argument("--after", default="-1", help="offset to start strictly after (default: from the start)")
+    rp.add_argument("--follow", action="store_true", help="keep waiting for chunks until the log is closed")
+    rp.add_argument("--records", action="store_true",
+                    help="print every record instead: claims, dropped chunks and why, upserts, the close")
+    rp.add_argument("--bootstrap", default=_bootstrap_default())
+    rp.add_argument("--namespace", default="threadlog")
+    rp.add_argument("--state-dir", default=None)
+    rp.set_defaults(fn=cmd_replay)
 
     d = sub.add_parser("demo", help="start the local broker and round-trip a transcript")
     d.add_argument("--bootstrap", default=None, help="use this cluster instead of the local broker")

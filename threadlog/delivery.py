@@ -400,9 +400,13 @@ class DeliveryLog:
         await svc.index.wait({self.partition: x + 1}, svc.timeout)
 
     # -- reads --------------------------------------------------------------------------
-    def read(self, after: Offset) -> AsyncIterator[tuple[Offset, dict]]:
-        """(offset, chunk) strictly after `after` ("-1", "now" or an offset); waits; ends on close."""
-        return self._iterate(after, follow=True)
+    def read(self, after: Offset, *, follow: bool = True) -> AsyncIterator[tuple[Offset, dict]]:
+        """(offset, chunk) strictly after `after` ("-1", "now" or an offset); waits; ends on close.
+
+        `follow=False` (an extension, for tools) ends at what is stored when the
+        iteration starts instead of waiting, and an unknown run yields nothing.
+        """
+        return self._iterate(after, follow=follow)
 
     async def snapshot(self) -> list[tuple[Offset, dict]]:
         """What is stored now, in order; never waits for new chunks; [] for an unknown run."""

@@ -1,0 +1,162 @@
+"""The HTTP routes over real TCP: hydration JSON, the SSE join/resume route, REST, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import httpx
+import pytest
+from delivery_support import chunk
+from http_support import read_stream, serving
+from support import within
+
+FINISHED = {"type": "RUN_FINISHED", "runId": "r", "threadId": "t"}
+
+
+@pytest.fixture
+async def client():
+    async with httpx.AsyncClient(timeout=30) as c:
+        yield c
+
+
+async def test_hydrate_returns_the_transcript_as_json_never_cached(tl, client):
+    transcript = [{"role": "user", "content": "hi — 你好"}, {"role": "assistant", "content": "hello"}]
+    await within(tl.messages.save_thread("thread-h", transcript))
+    async with serving(tl) as base:
+        r = await client.get(f"{base}/api/chat", params={"threadId": "thread-h"})
+        assert r.status_code == 200
+        assert r.headers["cache-control"] == "no-store"
+        assert r.headers["content-type"].startswith("application/json")
+        assert r.json() == {"messages": transcript, "activeRun": None, "interrupts": None}
+        r = await client.get(f"{base}/threads/thread-h")
+        assert r.status_code == 200 and r.json()["messages"] == transcript
+        r = await client.get(f"{base}/api/chat", params={"threadId": "unknown"})
+        assert r.json() == {"messages": [], "activeRun": None, "interrupts": None}
+
+
+async def test_join_streams_every_chunk_with_its_offset_then_ends(tl, client):
+    log = tl.delivery("run-sse")
+    offs = await within(log.append([chunk(0), chunk(1)]))
+    offs += await within(log.append([FINISHED]))
+    await within(log.close())
+    async with serving(tl) as base:
+        for url in (f"{base}/api/chat?offset=-1&runId=run-sse", f"{base}/runs/run-sse/stream"):
+            r, events = await read_stream(client, url)
+            assert r.status_code == 200
+            assert r.headers["content-type"].startswith("text/event-stream")
+            assert r.headers["cache-control"] == "no-store"
+            assert [(e.id, e.data) for e in events] == list(zip(offs, [chunk(0), chunk(1), FINISHED],
+                                                                 strict=True))
+        # The run may come in the X-Run-Id header instead.
+        _, events = await read_stream(client, f"{base}/api/chat?offset=-1", headers={"X-Run-Id": "run-sse"})
+        assert [e.id for e in events] == offs
+
+
+async def test_a_log_closed_without_a_terminal_chunk_ends_with_a_run_error(tl, client):
+    log = tl.delivery("run-cut")
+    offs = await within(log.append([chunk(0)]))
+    await within(log.close())
+    async with serving(tl) as base:
+        _, events = await read_stream(client, f"{base}/api/chat?runId=run-cut&offset=-1")
+        assert [e.id for e in events] == [offs[0], None]
+        assert events[-1].data["type"] == "RUN_ERROR" and events[-1].data["code"] == "RUN_INCOMPLETE"
+        # Also for a client that already holds the last chunk.
+        _, events = await read_stream(client, f"{base}/api/chat?runId=run-cut",
+                                      headers={"Last-Event-ID": offs[0]})
+        assert [(e.id, e.data["type"]) for e in events] == [(None, "RUN_ERROR")]
+
+
+async def test_browser_refresh_resumes_with_last_event_id_exactly_after_what_it_saw(tl, client):
+    log = tl.delivery("run-refresh")
+    offs = []
+    for i in range(5):
+        offs += await within(log.append([chunk(i)]))
+    async with serving(tl) as base:
+        url = f"{base}/api/chat?offset=-1&runId=run-refresh"
+        # The page reads three events, then the user hits refresh (the connection drops).
+        _, seen = await read_stream(client, url, limit=3)
+        assert [e.id for e in seen] == offs[:3]
+        # The run goes on while nobody is connected.
+        for i in range(5, 9):
+            offs += await within(log.append([chunk(i)]))
+        offs += await within(log.append([FINISHED]))
+        await within(log.close())
+        # The reloaded page reconnects with the last id it saw (the query still says -1: the header wins).
+        _, rest = await read_stream(client, url, headers={"Last-Event-ID": seen[-1].id})
+        assert [(e.id, e.data) for e in rest] == list(zip(offs[3:], [chunk(i) for i in range(3, 9)] + [FINISHED],
+                                                          strict=True))
+
+
+async def test_a_live_stream_delivers_appends_as_they_happen(tl, client):
+    log = tl.delivery("run-tail")
+    async with serving(tl) as base:
+        task = asyncio.ensure_future(read_stream(client, f"{base}/api/chat?runId=run-tail&offset=-1"))
+        offs = []
+        for i in range(10):
+            offs += await within(log.append([chunk(i)]))
+        offs += await within(log.append([FINISHED]))
+        await within(log.close())
+        _, events = await within(task)
+        assert [e.id for e in events] == offs
+
+
+async def test_unknown_runs_and_bad_offsets_answer_with_a_run_error_event(open_client, client):
+    tl = await open_client(first_chunk_wait_ms=300)
+    [foreign] = await within(tl.delivery("run-other").append([chunk(0)]))
+    await within(tl.delivery("run-known").append([chunk(0)]))
+    cases = [
+        ("/api/chat?runId=nope&offset=-1", {}, "RUN_NOT_FOUND"),
+        ("/runs/nope/stream", {}, "RUN_NOT_FOUND"),
+        ("/api/chat?runId=run-known&offset=garbage", {}, "INVALID_OFFSET"),
+        ("/api/chat?runId=run-known&offset=-1", {"Last-Event-ID": "garbage"}, "INVALID_OFFSET"),
+        (f"/api/chat?runId=run-known&offset={foreign}", {}, "INVALID_OFFSET"),
+    ]
+    async with serving(tl) as base:
+        for path, headers, code in cases:
+            r, events = await read_stream(client, base + path, headers=headers, seconds=15)
+            assert r.status_code == 200, path
+            assert r.headers["content-type"].startswith("text/event-stream"), path
+            assert [(e.id, e.data["type"], e.data["code"]) for e in events] == [(None, "RUN_ERROR", code)], path
+
+
+async def test_bad_query_parameters_are_a_400_json(tl, client):
+    async with serving(tl) as base:
+        for params in ({}, {"runId": ""}, {"threadId": ""}, {"threadId": "t", "runId": "r"}, {"offset": "-1"}):
+            r = await client.get(f"{base}/api/chat", params=params)
+            assert r.status_code == 400, params
+            assert r.headers["content-type"].startswith("application/json")
+            assert r.json()["error"]["code"] == "INVALID_ARGUMENT"
+        r = await client.post(f"{base}/api/chat", json={})
+        assert r.status_code == 405 and r.json()["error"]["code"] == "METHOD_NOT_ALLOWED"
+        r = await client.get(f"{base}/nowhere")
+        assert r.status_code == 404 and r.headers["content-type"].startswith("application/json")
+
+
+async def test_many_reconnects_each_get_exactly_the_rest_and_leave_nothing_behind(tl, client):
+    log = tl.delivery("run-flap")
+    offs = []
+    for b in range(10):
+        offs += await within(log.append([chunk(b * 5 + k) for k in range(5)]))
+    rng = random.Random(7)
+    async with serving(tl) as base:
+        url = f"{base}/api/chat?runId=run-flap&offset=-1"
+
+        async def flap(n: int):
+            k = rng.randrange(len(offs) - 1)
+            n_read = min(3, len(offs) - k - 1)
+            _, events = await read_stream(client, url, headers={"Last-Event-ID": offs[k]}, limit=n_read, seconds=30)
+            assert [e.id for e in events] == offs[k + 1:k + 1 + n_read]
+
+        await within(asyncio.gather(*[flap(n) for n in range(60)]), 60)
+        # Open streams of the run: none once every client hung up (checked with a bound).
+        svc = tl._delivery
+        for _ in range(200):
+            if not svc.index._subs:
+                break
+            await asyncio.sleep(0.05)
+        assert svc.index._subs == {}
+        offs += await within(log.append([FINISHED]))
+        await within(log.close())
+        _, events = await read_stream(client, url)
+        assert [e.id for e in events] == offs

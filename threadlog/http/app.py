@@ -1,0 +1,164 @@
+"""HTTP for browsers (`@tanstack/ai-client`'s `fetchServerSentEvents(url)`) and REST clients.
+
+The durability route (default `/api/chat`), GET only:
+- `?threadId=T` -> JSON `{messages, activeRun: {runId} | null,
+  interrupts: {runId, pending: [payload, ...]} | null}` with
+  `Cache-Control: no-store`: what a reloaded page rebuilds itself from
+  (the client's `hydrate(threadId)`);
+- `?runId=R&offset=O` -> `text/event-stream` of the run's chunks strictly after
+  O (`-1` = from the start; the client's `joinRun(runId)`). On reconnect the
+  `Last-Event-ID` header wins over `offset`; the run may also come in the
+  `X-Run-Id` header.
+REST: `GET /runs/{run_id}/stream` (the same event stream) and
+`GET /threads/{thread_id}` (the same JSON).
+
+`create_app(...)` is a complete ASGI app (what `threadlog serve` runs);
+`routes(get_tl, path)` are the same routes to mount inside your own app.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..client import ThreadLog
+from ..client import open as open_threadlog
+from ..errors import INVALID_ARGUMENT, ThreadLogError
+from ..validation import is_valid_id
+from .sse import EventStreamResponse, stream_run
+
+NO_STORE = {"Cache-Control": "no-store"}
+
+
+def _bad_request(message: str) -> JSONResponse:
+    return JSONResponse({"error": {"code": INVALID_ARGUMENT, "message": message}}, status_code=400,
+                        headers=NO_STORE)
+
+
+async def thread_state(tl: ThreadLog, thread_id: str) -> dict:
+    """`{messages, activeRun, interrupts}` of a thread, as `hydrate(threadId)` reads it."""
+    messages = await tl.messages.load_thread(thread_id)
+    active = None
+    runs = getattr(tl, "runs", None)
+    if runs is not None:
+        run = await runs.find_active_run(thread_id)
+        if run is not None:
+            active = {"runId": run["runId"]}
+    interrupts = None
+    store = getattr(tl, "interrupts", None)
+    if store is not None:
+        pending = await store.list_pending(thread_id)
+        if pending:
+            # One run's pending interrupts: the active run's if it has any, else
+            # the run of the most recent request (the list is ascending by time).
+            run_id = active["runId"] if active and any(i["runId"] == active["runId"] for i in pending) \
+                else pending[-1]["runId"]
+            interrupts = {"runId": run_id, "pending": [i["payload"] for i in pending if i["runId"] == run_id]}
+    return {"messages": messages, "activeRun": active, "interrupts": interrupts}
+
+
+def _resume_offset(request: Request) -> str:
+    # An empty Last-Event-ID is the SSE way of saying "no id": fall back to the query.
+    last = request.headers.get("last-event-id")
+    if last:
+        return last
+    return request.query_params.get("offset") or "-1"
+
+
+def routes(get_tl: Callable[[], ThreadLog], path: str = "/api/chat") -> list[Route]:
+    """The durability route at `path` plus the REST routes, reading through `get_tl()`."""
+
+    async def durability(request: Request) -> Response:
+        q = request.query_params
+        thread_id = q.get("threadId")
+        run_id = q.get("runId")
+        if run_id is None and thread_id is None:
+            run_id = request.headers.get("x-run-id")
+        if run_id is not None and thread_id is not None:
+            return _bad_request("give either threadId (hydrate) or runId (join a run), not both")
+        if thread_id is not None:
+            return await _thread(get_tl(), thread_id)
+        if run_id is not None:
+            return _stream(get_tl(), run_id, request)
+        return _bad_request("query must name a threadId (hydrate) or a runId (join a run's stream)")
+
+    async def run_stream(request: Request) -> Response:
+        return _stream(get_tl(), request.path_params["run_id"], request)
+
+    async def thread(request: Request) -> Response:
+        return await _thread(get_tl(), request.path_params["thread_id"])
+
+    return [
+        Route(path, durability, methods=["GET"]),
+        Route("/runs/{run_id:str}/stream", run_stream, methods=["GET"]),
+        Route("/threads/{thread_id:str}", thread, methods=["GET"]),
+    ]
+
+
+async def _thread(tl: ThreadLog, thread_id: str) -> Response:
+    if not is_valid_id(thread_id):
+        return _bad_request(f"threadId must be a non-empty id, got {thread_id!r}")
+    try:
+        body = await thread_state(tl, thread_id)
+    except ThreadLogError as exc:
+        status = 400 if exc.code == INVALID_ARGUMENT else 503
+        return JSONResponse({"error": {"code": exc.code, "message": exc.message}}, status_code=status,
+                            headers=NO_STORE)
+    return JSONResponse(body, headers=NO_STORE)
+
+
+def _stream(tl: ThreadLog, run_id: str, request: Request) -> Response:
+    if not is_valid_id(run_id):
+        return _bad_request(f"runId must be a non-empty id, got {run_id!r}")
+    # From here on every outcome is an event stream: errors are RUN_ERROR events.
+    return EventStreamResponse(stream_run(tl.delivery(run_id), _resume_offset(request)))
+
+
+async def _json_error(request: Request, exc: Exception) -> Response:
+    status = getattr(exc, "status_code", 500)
+    detail = getattr(exc, "detail", "internal error")
+    code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(status, "INTERNAL")
+    return JSONResponse({"error": {"code": code, "message": str(detail)}}, status_code=status, headers=NO_STORE)
+
+
+def create_app(
+    tl: ThreadLog | None = None,
+    *,
+    bootstrap_servers: str | None = None,
+    namespace: str = "threadlog",
+    path: str = "/api/chat",
+    **open_options: Any,
+) -> Starlette:
+    """An ASGI app serving the routes. Pass an open `tl`, or connection options
+    to have the app open (and close) its own client in its lifespan."""
+    if tl is None and bootstrap_servers is None:
+        raise ValueError("create_app needs an open ThreadLog or bootstrap_servers")
+    holder: dict[str, ThreadLog] = {}
+    if tl is not None:
+        holder["tl"] = tl
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        if tl is not None:
+            yield
+            return
+        async with open_threadlog(bootstrap_servers, namespace=namespace, **open_options) as client:
+            holder["tl"] = client
+            app.state.threadlog = client
+            yield
+
+    def get_tl() -> ThreadLog:
+        return holder["tl"]
+
+    app = Starlette(routes=routes(get_tl, path), lifespan=lifespan,
+                    exception_handlers={HTTPException: _json_error, Exception: _json_error})
+    if tl is not None:
+        app.state.threadlog = tl
+    return app

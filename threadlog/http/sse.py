@@ -1,0 +1,129 @@
+"""Server-Sent Events for a run's delivery log, in the shape `@tanstack/ai-client` reads.
+
+One event per chunk: `id: <offset>` (the opaque delivery offset, which the
+client keeps verbatim and sends back as `Last-Event-ID`) and `data: <chunk
+JSON>` on one line. The client reconnects while a stream ends without a
+terminal chunk (`RUN_FINISHED` / `RUN_ERROR`) and gives up once a reconnect
+brings nothing new, so a log closed after a non-terminal chunk gets a final
+synthetic `RUN_ERROR` (no id: it is not in the log), as TanStack's own sink
+writes on abort. Errors (unknown run, bad offset) are a `RUN_ERROR` event on a
+real event stream, never an HTML page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from ..delivery import DeliveryLog
+from ..errors import ThreadLogError
+
+TERMINAL = frozenset({"RUN_FINISHED", "RUN_ERROR"})
+INCOMPLETE = "RUN_INCOMPLETE"  # code of the synthetic error: closed without a terminal chunk
+KEEPALIVE_SECONDS = 15.0
+HEADERS = {
+    "Cache-Control": "no-store",
+    "X-Accel-Buffering": "no",  # nginx: do not buffer an event stream
+}
+
+
+def _json(value: Any) -> str:
+    # One line: json.dumps escapes every newline inside strings.
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def event(chunk: dict, offset: str | None = None) -> bytes:
+    head = f"id: {offset}\n" if offset is not None else ""
+    return f"{head}data: {_json(chunk)}\n\n".encode()
+
+
+def run_error(run_id: str, code: str, message: str) -> bytes:
+    return event({"type": "RUN_ERROR", "runId": run_id, "code": code, "message": message,
+                  "timestamp": int(time.time() * 1000)})
+
+
+def is_terminal(chunk: Any) -> bool:
+    return isinstance(chunk, dict) and chunk.get("type") in TERMINAL
+
+
+async def stream_run(log: DeliveryLog, after: str, keepalive: float = KEEPALIVE_SECONDS) -> AsyncIterator[bytes]:
+    """The SSE body for one connection: chunks strictly after `after` until the log closes."""
+    reader = log.read(after)
+    nxt: asyncio.Future | None = None
+    yielded = 0
+    last: Any = None
+    try:
+        while True:
+            if nxt is None:
+                nxt = asyncio.ensure_future(reader.__anext__())
+            # Wait without cancelling the read: a keepalive must not end the reader.
+            done, _ = await asyncio.wait({nxt}, timeout=keepalive)
+            if not done:
+                yield b": keepalive\n\n"
+                continue
+            fut, nxt = nxt, None
+            try:
+                offset, chunk = fut.result()
+            except StopAsyncIteration:
+                break
+            except ThreadLogError as exc:
+                yield run_error(log.run_id, exc.code, exc.message)
+                return
+            yielded += 1
+            last = chunk
+            yield event(chunk, offset)
+        # The log is closed. Did it end on a terminal chunk?
+        if yielded == 0 and after not in ("-1", "now"):
+            try:
+                last = await log.chunk_at(after)  # nothing after the cursor: it is the last chunk
+            except ThreadLogError:
+                last = None
+        if not is_terminal(last):
+            yield run_error(log.run_id, INCOMPLETE,
+                            "the run's delivery log was closed without a RUN_FINISHED or RUN_ERROR chunk")
+    finally:
+        if nxt is not None and not nxt.done():
+            nxt.cancel()
+            try:
+                await nxt
+            except BaseException:
+                pass
+        await reader.aclose()
+
+
+class EventStreamResponse(StreamingResponse):
+    """A streaming response that ends its body as soon as the client disconnects,
+    whatever the ASGI server's spec version (Starlette only watches for it below
+    2.4): a browser gone mid-wait must not keep a reader subscribed."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content: AsyncIterator[bytes]) -> None:
+        super().__init__(content, media_type="text/event-stream; charset=utf-8", headers=HEADERS)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with anyio.create_task_group() as tg:
+
+            async def body() -> None:
+                try:
+                    await self.stream_response(send)
+                except OSError:
+                    pass  # the client went away mid-send
+                tg.cancel_scope.cancel()
+
+            async def disconnect() -> None:
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        break
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(body)
+            tg.start_soon(disconnect)
