@@ -14,11 +14,15 @@ KIP-447 fencing with one producer per process and the group metadata, a
 commit per poll batch instead of a 2.8 s timer, and no known duplicate bugs on
 kill/restart.
 
-Latency: a transaction costs a few broker round trips. Back-to-back
+Latency: a transaction costs a few broker round trips (~10 ms here), so the
+loop is pipelined two deep. While batch N's offsets and commit are in flight
+(on a committer thread), batch N+1 is decided -- against N's state, buffered
+-- and its records are produced and acknowledged on another transactional
+producer. N+1 is committed only after N committed; if N fails, N+1 is aborted
+too and the consumer rewinds to N. Records of N+1 are produced only after N's
+were acknowledged, so the events log is in decision order. Back-to-back
 transactions on one producer also wait for the previous commit's markers
-(CONCURRENT_TRANSACTIONS retries), so the engine alternates between a small
-pool of transactional producers; each still commits strictly after the
-previous batch, so order and exactly-once are unchanged.
+(CONCURRENT_TRANSACTIONS retries), hence a pool of producers used in turn.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from threadlog.projections.barrier import ReadBarrier
@@ -46,7 +52,16 @@ from .handlers import HANDLERS, Context, Decision, Settings
 
 log = logging.getLogger("threadlog.decider")
 
-PRODUCER_POOL = 2
+PRODUCER_POOL = 3
+
+
+# Errors Kafka gives for one record, whatever the retry: refuse the command.
+_RECORD_ERRORS = {
+    KafkaError.MSG_SIZE_TOO_LARGE,
+    KafkaError.INVALID_MSG_SIZE,
+    KafkaError.INVALID_RECORD,
+    KafkaError.INVALID_MSG,
+}
 
 
 class DeciderFenced(RuntimeError):
@@ -58,11 +73,13 @@ class _Postpone(Exception):
 
 
 class _BatchView(View):
-    """A partition's buffer; reads also see this batch's other partitions."""
+    """A partition's buffer of this batch. Reads see, in order: this buffer,
+    this batch's other partitions, the in-flight (not yet committed) batch,
+    then the store."""
 
-    def __init__(self, store: Store, buffers: dict[int, dict], partition: int) -> None:
+    def __init__(self, store: Store, buffers: dict[int, dict], partition: int, below: list[dict]) -> None:
         super().__init__(store, buffers.setdefault(partition, {}))
-        self._others = [b for p, b in buffers.items() if p != partition]
+        self._others = [b for p, b in buffers.items() if p != partition] + below
 
     def get(self, k: bytes) -> bytes | None:
         if k in self.buffer:
@@ -71,6 +88,33 @@ class _BatchView(View):
             if k in other:
                 return other[k]
         return self.store.get(k)
+
+    def scan(self, prefix: bytes):
+        merged = dict(self.store.scan(prefix))
+        for layer in [*reversed(self._others), self.buffer]:
+            for k, v in layer.items():
+                if k.startswith(prefix):
+                    if v is None:
+                        merged.pop(k, None)
+                    else:
+                        merged[k] = v
+        for k in sorted(merged):
+            yield k, merged[k]
+
+
+@dataclass
+class _Batch:
+    """A decided batch whose records are written; its commit may be in flight."""
+
+    producer: Producer
+    positions: dict[int, int]  # command partition -> next offset to consume
+    first_offsets: dict[int, int]  # command partition -> first offset of the batch
+    buffers: dict[int, dict]  # state changes per partition, applied after the commit
+    # The consumer's group metadata when the batch was polled: a rebalance since
+    # makes the offsets commit fail (KIP-447 generation fencing), never succeed late.
+    group_metadata: object = None
+    event_offsets: dict[int, list[int]] = field(default_factory=dict)
+    commit: Future | None = None
 
 
 class Decider:
@@ -128,6 +172,8 @@ class Decider:
             for n in range(PRODUCER_POOL)
         ]
         self._next_producer = 0
+        self._inflight: _Batch | None = None
+        self._committer = ThreadPoolExecutor(1, thread_name_prefix=f"committer:{topics.namespace}")
         self._out_topics = {
             "deliveries": (topics.deliveries, layout.deliveries),
             "blobs": (topics.blobs, layout.blobs),
@@ -150,6 +196,7 @@ class Decider:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=timeout)
+        self._committer.shutdown(wait=True)
         try:
             self._consumer.close()  # leave the group now: others take over at once
         except Exception:  # pragma: no cover
@@ -171,17 +218,26 @@ class Decider:
         log.info("decider %s assigned %s", self.instance_id, sorted(self.assigned))
 
     def _on_revoke(self, consumer, partitions) -> None:
+        # Still the current generation: let the in-flight batch commit its offsets now.
+        try:
+            self._finish_inflight()
+        except DeciderFenced as exc:  # reported by the loop on its next turn
+            self.failure = exc
         self.assigned -= {tp.partition for tp in partitions}
         self._ready -= {tp.partition for tp in partitions}
 
     # -- the loop ----------------------------------------------------------------
     def _run(self) -> None:
         try:
-            while not self._stop.is_set():
-                msgs = kafka_config.drain(self._consumer, self.max_batch, 0.05)
+            while not self._stop.is_set() and self.failure is None:
+                wait = 0.002 if self._inflight is not None else 0.05
+                msgs = kafka_config.drain(self._consumer, self.max_batch, wait)
                 msgs = [m for m in msgs if self._keep(m)]
                 if msgs:
                     self._batch(msgs)
+                elif self._inflight is not None and self._inflight.commit.done():
+                    self._finish_inflight()
+            self._finish_inflight()
         except DeciderFenced as exc:
             self.failure = exc
             log.error("decider %s fenced; stopping: %s", self.instance_id, exc)
@@ -214,18 +270,68 @@ class Decider:
 
     def _batch(self, msgs) -> None:
         first_offsets: dict[int, int] = {}
+        positions: dict[int, int] = {}
         for m in msgs:
             first_offsets.setdefault(m.partition(), m.offset())
+            positions[m.partition()] = m.offset() + 1
+        below = list(self._inflight.buffers.values()) if self._inflight is not None else []
         try:
-            self._decide_batch(msgs, first_offsets)
+            buffers, out = self._decide_batch(msgs, below)
         except (ThreadLogError, _Postpone) as exc:
             # The cluster did not answer a barrier in time: nothing was written,
             # so decide the same commands again once it does.
             log.warning("batch postponed: %s", exc)
             self._rewind(first_offsets)
             time.sleep(0.2)
+            return
+        # Read on this thread: the consumer is not used from the committer thread
+        # (a call into it there blocked while this thread was inside poll()).
+        batch = _Batch(self._take_producer(), positions, first_offsets, buffers,
+                       self._consumer.consumer_group_metadata())
+        written = self._write(batch, out)
+        # Commits happen strictly in batch order: this one waits for the previous.
+        failed = self._finish_inflight()
+        if failed is not None or written != "ok":
+            if written == "ok":  # the previous batch failed: ours was built on its state
+                self._abort(batch.producer)
+            if failed is None and written == "record":
+                # Kafka refused a record of this batch for good (e.g. too large):
+                # retrying would loop forever. Find the command and refuse it.
+                self._isolate(msgs)
+                return
+            # Rewind to the earliest command not committed (the failed batch's, if any).
+            self._rewind({p: min(o, (failed or {}).get(p, o)) for p, o in first_offsets.items()}
+                         | {p: o for p, o in (failed or {}).items() if p not in first_offsets})
+            return
+        batch.commit = self._committer.submit(self._commit, batch)
+        self._inflight = batch
 
-    def _decide_batch(self, msgs, first_offsets: dict[int, int]) -> None:
+    def _isolate(self, msgs) -> None:
+        """Decide a batch whose records Kafka refused one command per transaction;
+        a single command whose decision cannot be recorded is refused instead."""
+        if len(msgs) > 1:
+            for m in msgs:
+                self._batch([m])
+            return
+        msg = msgs[0]
+        _, cmd = self.codec.decode(msg.value(), expect="threadlog.Command")
+        out: list = []
+        self._reply(out, cmd, False, INVALID_ARGUMENT,
+                    "the decision of this command cannot be recorded in Kafka (e.g. too large)")
+        batch = _Batch(self._take_producer(), {msg.partition(): msg.offset() + 1},
+                       {msg.partition(): msg.offset()}, {}, self._consumer.consumer_group_metadata())
+        if self._write(batch, out) != "ok":
+            self._rewind(batch.first_offsets)
+            return
+        batch.commit = self._committer.submit(self._commit, batch)
+        self._inflight = batch
+
+    def _take_producer(self) -> Producer:
+        producer = self._producers[self._next_producer]
+        self._next_producer = (self._next_producer + 1) % len(self._producers)
+        return producer
+
+    def _decide_batch(self, msgs, below: list[dict]) -> tuple[dict[int, dict], list]:
         self._ensure_ready({m.partition() for m in msgs})
         buffers: dict[int, dict] = {}
         out: list[tuple[str, int, bytes, bytes | None, bool]] = []  # topic, partition, key, value, is_event
@@ -240,16 +346,12 @@ class Decider:
                 synced["done"] = True
 
         for msg in msgs:
-            self._decide_one(msg, buffers, out, sync_global)
+            self._decide_one(msg, buffers, below, out, sync_global)
         self.stats["batches"] += 1
         self.stats["commands"] += len(msgs)
+        return buffers, out
 
-        event_offsets: dict[int, list[int]] = {}
-        if not self._commit(msgs, out, event_offsets, first_offsets):
-            return
-        self._publish(buffers, event_offsets)
-
-    def _decide_one(self, msg, buffers, out, sync_global) -> None:
+    def _decide_one(self, msg, buffers, below, out, sync_global) -> None:
         partition = msg.partition()
         try:
             _, cmd = self.codec.decode(msg.value(), expect="threadlog.Command")
@@ -269,7 +371,7 @@ class Decider:
         if handler is None:
             self._reply(out, cmd, False, INVALID_ARGUMENT, f"unknown command type {ptype}")
             return
-        view = _BatchView(self.store, buffers, partition).child()
+        view = _BatchView(self.store, buffers, partition, below).child()
         ctx = Context(
             now=float(self.clock()),
             key=cmd["key"],
@@ -359,60 +461,85 @@ class Decider:
                     self.codec.encode("threadlog.Reply", rep), False))
 
     # -- the transaction -----------------------------------------------------------
-    def _commit(self, msgs, out, event_offsets, first_offsets) -> bool:
-        producer = self._producers[self._next_producer]
-        self._next_producer = (self._next_producer + 1) % len(self._producers)
+    def _write(self, batch: _Batch, out: list) -> str:
+        """Begin the batch's transaction and get its records acknowledged (in the
+        log, after every earlier batch's). Returns "ok"; "retry" when it was
+        aborted for a transient reason; "record" when Kafka refused a record."""
+        producer = batch.producer
         errors: list = []
 
         def delivered(err, msg, is_event):
             if err is not None:
                 errors.append(err)
             elif is_event:
-                event_offsets.setdefault(msg.partition(), []).append(msg.offset())
+                batch.event_offsets.setdefault(msg.partition(), []).append(msg.offset())
 
-        positions: dict[int, int] = {}
-        for m in msgs:
-            positions[m.partition()] = m.offset() + 1
         try:
             producer.begin_transaction()
-            for topic, partition, key, value, is_event in out:
-                producer.produce(topic, value, key, partition=partition,
-                                 on_delivery=lambda e, m, ev=is_event: delivered(e, m, ev))
-            offsets = [TopicPartition(self.topics.commands, p, o) for p, o in positions.items()]
-            producer.send_offsets_to_transaction(offsets, self._consumer.consumer_group_metadata(), 30)
-            # Commit flushes the records first; a failed record makes it abortable.
-            self._commit_txn(producer)
-            producer.flush(30)  # serve delivery reports: they carry the event offsets
-            if errors:  # pragma: no cover - commit would have failed first
+            try:
+                for topic, partition, key, value, is_event in out:
+                    producer.produce(topic, value, key, partition=partition,
+                                     on_delivery=lambda e, m, ev=is_event: delivered(e, m, ev))
+            except (KafkaException, BufferError) as exc:  # refused locally (size, queue)
+                errors.append(exc.args[0] if exc.args else KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
+            producer.flush(30)
+            if errors:
                 raise KafkaException(errors[0])
-            return True
+            return "ok"
         except KafkaException as exc:
+            self._failed(producer, exc)
             err = exc.args[0] if exc.args else None
-            if isinstance(err, KafkaError) and (err.fatal() or err.code() in (
-                    KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)):
-                raise DeciderFenced(str(exc)) from None
-            log.warning("transaction aborted, batch will be retried: %s", exc)
-            self.stats["aborts"] += 1
-            try:
-                producer.abort_transaction(30)
-            except KafkaException as abort_exc:
-                aerr = abort_exc.args[0] if abort_exc.args else None
-                if isinstance(aerr, KafkaError) and aerr.fatal():
-                    raise DeciderFenced(str(abort_exc)) from None
-            event_offsets.clear()
-            self._rewind(first_offsets)
-            return False
+            permanent = isinstance(err, KafkaError) and err.code() in _RECORD_ERRORS
+            return "record" if permanent else "retry"
 
-    def _commit_txn(self, producer: Producer) -> None:
-        while True:
-            try:
-                producer.commit_transaction(30)
-                return
-            except KafkaException as exc:
-                err = exc.args[0] if exc.args else None
-                if isinstance(err, KafkaError) and err.retriable():
-                    continue
-                raise
+    def _commit(self, batch: _Batch) -> KafkaException | None:
+        """On the committer thread: offsets and commit. Returns the failure, if any."""
+        try:
+            offsets = [TopicPartition(self.topics.commands, p, o) for p, o in batch.positions.items()]
+            batch.producer.send_offsets_to_transaction(offsets, batch.group_metadata, 30)
+            while True:
+                try:
+                    batch.producer.commit_transaction(30)
+                    return None
+                except KafkaException as exc:
+                    err = exc.args[0] if exc.args else None
+                    if isinstance(err, KafkaError) and err.retriable():
+                        continue
+                    raise
+        except KafkaException as exc:
+            return exc
+
+    def _finish_inflight(self) -> dict[int, int] | None:
+        """Wait for the in-flight commit; publish its state, or abort and rewind.
+        Returns None when it committed (or nothing was in flight), else the
+        failed batch's first offsets (the consumer was rewound there)."""
+        batch, self._inflight = self._inflight, None
+        if batch is None:
+            return None
+        failure = batch.commit.result()
+        if failure is None:
+            self._publish(batch.buffers, batch.event_offsets)
+            return None
+        self._failed(batch.producer, failure)
+        self._rewind(batch.first_offsets)
+        return batch.first_offsets
+
+    def _failed(self, producer: Producer, exc: KafkaException) -> None:
+        err = exc.args[0] if exc.args else None
+        if isinstance(err, KafkaError) and (err.fatal() or err.code() in (
+                KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)):
+            raise DeciderFenced(str(exc)) from None
+        log.warning("transaction aborted, batch will be decided again: %s", exc)
+        self.stats["aborts"] += 1
+        self._abort(producer)
+
+    def _abort(self, producer: Producer) -> None:
+        try:
+            producer.abort_transaction(30)
+        except KafkaException as abort_exc:
+            aerr = abort_exc.args[0] if abort_exc.args else None
+            if isinstance(aerr, KafkaError) and aerr.fatal():
+                raise DeciderFenced(str(abort_exc)) from None
 
     def _rewind(self, first_offsets: dict[int, int]) -> None:
         for p, off in first_offsets.items():

@@ -29,6 +29,10 @@ from threadlog.validation import loads
 
 log = logging.getLogger("threadlog.commands")
 
+# A command's events are about as large as the command: keep 1 MiB of headroom
+# under the topics' 16 MiB record limit so an accepted command can be recorded.
+MAX_COMMAND_BYTES = 15 * 1024 * 1024
+
 
 class ProducerPump:
     """Serves delivery callbacks of a producer from a background thread."""
@@ -149,6 +153,9 @@ class CommandBus:
             "payload": payload,
         }
         value = self.codec.encode("threadlog.Command", env)
+        if len(value) > MAX_COMMAND_BYTES:
+            raise ThreadLogError("INVALID_ARGUMENT", f"{type_name} is {len(value)} bytes; the limit is "
+                                 f"{MAX_COMMAND_BYTES} (store large content in tl.blobs)")
         fut = loop.create_future()
         with self._lock:
             self._pending[command_id] = (fut, loop)

@@ -94,3 +94,14 @@ async def test_thread_ids_are_exact_strings(tl):
         await within(tl.messages.save_thread(tid, [n]))
     for n, tid in enumerate(ids):
         assert await within(tl.messages.load_thread(tid)) == [n]
+
+
+async def test_large_transcripts_round_trip_and_oversized_ones_are_refused(tl):
+    big = [{"role": "tool", "content": "é" * (4 * 1024 * 1024)}]  # 8 MiB of UTF-8
+    await within(tl.messages.save_thread("big", big), 60)
+    assert await within(tl.messages.load_thread("big"), 60) == big
+    too_big = [{"content": "x" * (16 * 1024 * 1024)}]
+    with pytest.raises(ThreadLogError) as err:
+        await within(tl.messages.save_thread("big", too_big))
+    assert err.value.code == "INVALID_ARGUMENT"
+    assert await within(tl.messages.load_thread("big"), 60) == big

@@ -3,6 +3,8 @@ stops on bad input; a poison event is skipped by the follower)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from confluent_kafka import Producer
 from support import within
@@ -71,3 +73,33 @@ async def test_poison_events_are_skipped_by_the_follower(tl, open_client, bootst
     assert await within(fresh.messages.load_thread("t")) == ["after"]
     assert fresh.runtime.follower.skipped == len(GARBAGE) + 1
     assert await within(tl.messages.load_thread("t")) == ["after"]
+
+
+async def test_a_decision_kafka_cannot_record_is_refused_not_retried_forever(tl, monkeypatch):
+    # A decision whose event exceeds the events topic's record limit: Kafka
+    # refuses the record for good. The decider must refuse that command and
+    # keep serving the others decided in the same batches -- not retry forever.
+    from threadlog.processors import handlers
+
+    original = handlers.HANDLERS["threadlog.cmd.SaveTranscript"]
+
+    def oversized(ctx, cmd):
+        if cmd["messages"] == '["boom"]':
+            return handlers.Decision(events=[("threadlog.evt.TranscriptSaved", {
+                "threadId": cmd["threadId"], "messages": '["' + "x" * (17 * 1024 * 1024) + '"]'})])
+        return original(ctx, cmd)
+
+    monkeypatch.setitem(handlers.HANDLERS, "threadlog.cmd.SaveTranscript", oversized)
+
+    async def save(tid, msgs):
+        try:
+            await tl.messages.save_thread(tid, msgs)
+            return "ok"
+        except ThreadLogError as exc:
+            return exc.code
+
+    outcomes = await within(asyncio.gather(*[save(f"t{n}", ["boom"] if n == 3 else [n]) for n in range(8)]), 60)
+    assert outcomes == ["ok", "ok", "ok", "INVALID_ARGUMENT", "ok", "ok", "ok", "ok"]
+    for n in range(8):
+        assert await within(tl.messages.load_thread(f"t{n}")) == ([] if n == 3 else [n])
+    assert tl.runtime.decider.alive and tl.runtime.decider.failure is None
