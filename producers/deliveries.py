@@ -34,7 +34,10 @@ class DeliveryWriter:
             bootstrap, f"{client_id}.deliveries",
             # librdkafka gives up on a record after this and reports it failed;
             # the caller waits for that verdict instead of guessing on a timer.
-            **{"message.timeout.ms": int(timeout * 1000)},
+            **{"message.timeout.ms": int(timeout * 1000),
+               # An awaited append is latency-bound: send at once (batches still
+               # form from whatever queues while a request is in flight).
+               "linger.ms": 2},
         ))
         self._pump = ProducerPump(self.producer, f"deliveries-pump:{client_id}")
 

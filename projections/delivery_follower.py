@@ -129,11 +129,6 @@ class DeliveryIndex(Follower):
             self._subs.setdefault(run_id, set()).add(sub)
         return sub
 
-    def dispatched(self, partition: int) -> int:
-        """Every record of `partition` below this offset is folded and was handed to subscribers."""
-        with self._subs_lock:
-            return self._dispatched[partition]
-
     def unsubscribe(self, sub: Subscription) -> None:
         with self._subs_lock:
             subs = self._subs.get(sub.run_id)

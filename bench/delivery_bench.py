@@ -1,0 +1,242 @@
+"""Delivery log benchmark: appends, replay and SSE latency next to raw Kafka, same broker, same run.
+
+    .venv/bin/python bench/delivery_bench.py [--bootstrap B] [--batches N] [--replay-chunks N]
+                                             [--latency-chunks N] [--clients 1,8]
+
+1. Append throughput, chunks/s, batches of 100 chunks x 200 B: C drivers (one
+   run each) awaiting every `append` (one Kafka record + the run index's
+   verdict), as a ratio of C raw writers producing the very same records
+   (acks=all, idempotent) and awaiting each ack.
+2. Replay from "-1" of a closed run (one partition) by a fresh reader, as a
+   ratio of a raw consumer reading the same partition from offset 0 (same
+   records, no decoding).
+3. SSE end to end: the real `@tanstack/ai-client` (Node) joins a run on a
+   separate `threadlog serve` process; latency from just before `append` to the
+   client yielding the chunk, p50/p99; next to raw produce -> consume latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import (
+    Result,
+    bench_args,
+    bootstrap_or_local,
+    delete_topic,
+    raw_produce_closed_loop,
+    raw_produce_pipelined,
+    report,
+    temp_topic,
+)
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+import threadlog
+from threadlog.topics import Topics, delete_topics
+
+ROOT = Path(__file__).resolve().parent.parent
+NODE_DIR = ROOT / "tests" / "node"
+
+
+def make_batch(n: int, size: int, tag: str) -> list[dict]:
+    base = {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m1", "delta": ""}
+    filler = "x" * max(1, size - len(json.dumps(base)) - 12)
+    return [{**base, "delta": filler, "i": f"{tag}{k:04d}"} for k in range(n)]
+
+
+async def appends(tl, drivers: int, batches: int, batch: list[dict]) -> Result:
+    logs = [tl.delivery(f"bench-append-{uuid.uuid4().hex[:8]}") for _ in range(drivers)]
+    for log in logs:  # warm up: producer id, partition leaders, index positions
+        await log.append(batch)
+    latencies: list[float] = []
+
+    async def driver(log) -> None:
+        for _ in range(batches):
+            t = time.perf_counter()
+            await log.append(batch)
+            latencies.append(time.perf_counter() - t)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*[driver(log) for log in logs])
+    elapsed = time.perf_counter() - t0
+    n = drivers * batches * len(batch)
+    return Result(f"append, {drivers} drivers (chunks)", n, elapsed, n * 200, latencies)
+
+
+def as_chunks(res: Result, per_record: int, name: str) -> Result:
+    return Result(name, res.count * per_record, res.seconds, res.bytes, res.latencies)
+
+
+def raw_read_partition(bootstrap: str, topic: str, partition: int) -> tuple[int, float]:
+    """Records of one partition from offset 0 to its end, by a fresh consumer: (records, seconds)."""
+    t0 = time.perf_counter()
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}",
+                  "enable.auto.commit": False, "enable.partition.eof": True,
+                  "isolation.level": "read_committed", "fetch.max.bytes": 64 * 2**20,
+                  "max.partition.fetch.bytes": 17 * 2**20, "fetch.wait.max.ms": 5})
+    c.assign([TopicPartition(topic, partition, 0)])
+    n = 0
+    while True:
+        msgs = c.consume(10000, 0.5)
+        if any(m.error() and m.error().code() == KafkaError._PARTITION_EOF for m in msgs):
+            n += sum(1 for m in msgs if not m.error())
+            break
+        n += sum(1 for m in msgs if not m.error())
+    elapsed = time.perf_counter() - t0
+    c.close()
+    return n, elapsed
+
+
+async def replay(bootstrap: str, ns: str, writer, chunks: int, batch: list[dict]) -> tuple[Result, Result]:
+    run = f"bench-replay-{uuid.uuid4().hex[:8]}"
+    log = writer.delivery(run)
+    for _ in range(chunks // len(batch)):
+        await log.append(batch)
+    await log.close()
+    with tempfile.TemporaryDirectory() as state:
+        async with threadlog.open(bootstrap, namespace=ns, state_dir=state, processors="external") as reader:
+            await reader.delivery(run).snapshot()  # the fresh client's run index is caught up (not timed)
+            best = None
+            for _ in range(3):
+                t0 = time.perf_counter()
+                n = 0
+                async for _ in reader.delivery(run).read("-1"):
+                    n += 1
+                elapsed = time.perf_counter() - t0
+                assert n == chunks, (n, chunks)
+                best = elapsed if best is None else min(best, elapsed)
+    topic = Topics(ns).deliveries
+    partition = writer.delivery(run).partition
+    raw_best = None
+    records = 0
+    for _ in range(3):
+        records, seconds = raw_read_partition(bootstrap, topic, partition)
+        raw_best = seconds if raw_best is None else min(raw_best, seconds)
+    per_record = chunks / max(1, records)
+    return (Result('read("-1") of a closed run, chunks', chunks, best, chunks * 200),
+            Result("raw consume of the same partition, as chunks", int(records * per_record), raw_best,
+                   chunks * 200))
+
+
+def raw_latency(bootstrap: str, count: int) -> Result:
+    """Raw produce -> consume latency on the same broker (one record at a time)."""
+    topic = temp_topic(bootstrap, 1, "bench-lat")
+    try:
+        p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 0})
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}",
+                      "enable.auto.commit": False, "isolation.level": "read_committed", "fetch.wait.max.ms": 5,
+                      "enable.partition.eof": False})
+        c.assign([TopicPartition(topic, 0, 0)])
+        p.produce(topic, b"warm", b"k")
+        p.flush(10)
+        while c.poll(1.0) is None:
+            pass
+        lat = []
+        t0 = time.perf_counter()
+        for _ in range(count):
+            t = time.perf_counter()
+            p.produce(topic, b"x" * 200, b"k")
+            p.poll(0)
+            while True:
+                m = c.poll(5.0)
+                if m is not None and not m.error():
+                    break
+            lat.append(time.perf_counter() - t)
+            p.poll(0)
+            time.sleep(0.005)
+        elapsed = time.perf_counter() - t0
+        p.flush(10)
+        c.close()
+        return Result("raw produce -> consume latency", count, elapsed, 0, lat)
+    finally:
+        delete_topic(bootstrap, topic)
+
+
+async def sse_latency(bootstrap: str, ns: str, tl, count: int) -> Result:
+    if not (NODE_DIR / "node_modules" / "@tanstack" / "ai-client").is_dir():
+        raise SystemExit("run scripts/setup first (npm install in tests/node)")
+    with tempfile.TemporaryDirectory() as state:
+        serve = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "threadlog", "serve", "--bootstrap", bootstrap, "--namespace", ns,
+            "--port", "0", "--state-dir", state, stdout=asyncio.subprocess.PIPE)
+        try:
+            line = (await asyncio.wait_for(serve.stdout.readline(), 60)).decode()
+            base = line.strip().split(" at ", 1)[1].rsplit("/api/chat", 1)[0]
+            run = f"bench-sse-{uuid.uuid4().hex[:8]}"
+            log = tl.delivery(run)
+            await log.append([{"type": "RUN_STARTED", "runId": run, "threadId": "t"}])
+            node = await asyncio.create_subprocess_exec(
+                "node", "sse_latency.mjs", cwd=NODE_DIR, stdout=asyncio.subprocess.PIPE,
+                env={**os.environ, "THREADLOG_URL": base, "RUN_ID": run})
+            assert (await asyncio.wait_for(node.stdout.readline(), 60)).strip() == b"ready"
+            t0 = time.perf_counter()
+            for i in range(count):
+                await log.append([{"type": "TEXT_MESSAGE_CONTENT", "messageId": "m", "delta": "x" * 150,
+                                   "i": i, "t": time.time() * 1000.0}])
+                await asyncio.sleep(0.005)  # a model's pace, not a flood: latency, not throughput
+            elapsed = time.perf_counter() - t0
+            await log.append([{"type": "RUN_FINISHED", "runId": run, "threadId": "t"}])
+            await log.close()
+            out = json.loads((await asyncio.wait_for(node.stdout.readline(), 60)).decode())
+            await node.wait()
+            lat = [x / 1000.0 for x in out["latenciesMs"]]
+            assert len(lat) == count, (len(lat), count)
+            return Result("SSE append -> @tanstack/ai-client latency", count, elapsed, 0, lat)
+        finally:
+            serve.terminate()
+            await serve.wait()
+
+
+async def main() -> None:
+    ap = bench_args(__doc__)
+    ap.add_argument("--batches", type=int, default=300, help="append batches per driver")
+    ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--size", type=int, default=200, help="bytes per chunk (JSON)")
+    ap.add_argument("--clients", default="1,8", help="driver counts to measure")
+    ap.add_argument("--replay-chunks", type=int, default=100_000)
+    ap.add_argument("--latency-chunks", type=int, default=500)
+    ap.add_argument("--partitions", type=int, default=4)
+    args = ap.parse_args()
+    bootstrap = bootstrap_or_local(args.bootstrap)
+    batch = make_batch(args.batch, args.size, "c")
+    ns = f"bench-dlv-{uuid.uuid4().hex[:6]}"
+    topic = temp_topic(bootstrap, args.partitions)
+    rows: list[tuple[Result, Result | None]] = []
+    try:
+        with tempfile.TemporaryDirectory() as state:
+            async with threadlog.open(bootstrap, namespace=ns, state_dir=state, partitions=args.partitions) as tl:
+                record = tl.runtime.codec.encode("threadlog.Delivery", {
+                    "runId": "bench-append-00000000", "kind": "chunks", "epoch": 0,
+                    "chunks": [threadlog.validation.dumps(c) for c in batch], "writtenAt": time.time() * 1000})
+                print(f"one append = one record of {len(record)} B ({args.batch} chunks x ~{args.size} B)")
+                for c in (int(x) for x in args.clients.split(",")):
+                    raw = await raw_produce_closed_loop(bootstrap, topic, record, c * args.batches, c,
+                                                        args.partitions)
+                    ours = await appends(tl, c, args.batches, batch)
+                    rows.append((ours, as_chunks(raw, args.batch, f"raw produce, {c} awaiting writers (chunks)")))
+                pipe = raw_produce_pipelined(bootstrap, topic, record, 2000, args.partitions)
+                rows.append((as_chunks(pipe, args.batch, "raw produce, pipelined (chunks; ceiling)"), None))
+                ours, raw = await replay(bootstrap, ns, tl, args.replay_chunks, batch)
+                rows += [(raw, None), (ours, raw)]
+                rows.append((raw_latency(bootstrap, args.latency_chunks), None))
+                rows.append((await sse_latency(bootstrap, ns, tl, args.latency_chunks), None))
+        print(f"\nbroker {bootstrap}; {args.partitions} partitions\n")
+        report(rows, unit="chunks/s")
+        print("\nratio = threadlog rate / the raw Kafka row below it (same records, same broker, same run)")
+    finally:
+        delete_topic(bootstrap, topic)
+        from confluent_kafka.admin import AdminClient
+
+        delete_topics(AdminClient({"bootstrap.servers": bootstrap}), Topics(ns))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,64 @@
+"""`threadlog replay`: a run's chunks as JSON lines with offsets, for takeover debugging."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+from delivery_support import ClaimWriter, chunk
+from support import within
+
+
+async def replay(bootstrap: str, namespace: str, state_dir: str, *args: str, stdin_lines: int | None = None):
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "threadlog", "replay", *args, "--bootstrap", bootstrap, "--namespace", namespace,
+        "--state-dir", state_dir, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await within(proc.communicate(), 60)
+    return proc.returncode, [json.loads(line) for line in out.decode().splitlines()], err.decode()
+
+
+async def test_replay_prints_chunks_with_offsets_from_the_start_or_after_a_cursor(bootstrap, namespace, tl,
+                                                                                   tmp_path):
+    log = tl.delivery("run-cli")
+    offs = await within(log.append([chunk(0), chunk(1), chunk(2)]))
+    state = str(tmp_path / "cli")
+    code, lines, err = await replay(bootstrap, namespace, state, "run-cli")
+    assert code == 0, err
+    assert lines == [{"offset": o, "chunk": chunk(i)} for i, o in enumerate(offs)]
+    code, lines, _ = await replay(bootstrap, namespace, state, "run-cli", "--after", offs[0])
+    assert [x["offset"] for x in lines] == offs[1:]
+    code, lines, err = await replay(bootstrap, namespace, state, "run-cli", "--after", "bogus")
+    assert code == 2 and lines == [] and "INVALID_OFFSET" in err
+
+
+async def test_replay_follow_waits_until_the_log_closes(bootstrap, namespace, tl, tmp_path):
+    log = tl.delivery("run-follow")
+    offs = await within(log.append([chunk(0)]))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "threadlog", "replay", "run-follow", "--follow", "--bootstrap", bootstrap,
+        "--namespace", namespace, "--state-dir", str(tmp_path / "cli"),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    first = json.loads(await within(proc.stdout.readline(), 60))
+    assert first == {"offset": offs[0], "chunk": chunk(0)}
+    offs += await within(log.append([chunk(1)]))
+    second = json.loads(await within(proc.stdout.readline(), 30))
+    assert second == {"offset": offs[1], "chunk": chunk(1)}
+    await within(log.close())
+    assert await within(proc.wait(), 30) == 0
+
+
+async def test_replay_records_shows_claims_and_dropped_chunks(bootstrap, namespace, tl, tmp_path):
+    run = "run-debug"
+    a = tl.delivery(run, epoch=1)
+    await within(a.append([chunk(0)]))
+    ClaimWriter(bootstrap, tl).claim(run, 2)
+    a._precheck = lambda: None  # A's write lands after the claim and is dropped
+    try:
+        await within(a.append([chunk(1)]))
+    except Exception as exc:
+        assert getattr(exc, "code", None) == "RUN_CLAIM_LOST"
+    code, rows, err = await replay(bootstrap, namespace, str(tmp_path / "cli"), run, "--records")
+    assert code == 0, err
+    assert [(r["kind"], r["epoch"], r.get("stands"), r.get("dropped")) for r in rows] == [
+        ("chunks", 1, True, None), ("claim", 2, None, None), ("chunks", 1, False, "RUN_CLAIM_LOST")]
