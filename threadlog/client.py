@@ -12,6 +12,7 @@ from .errors import ThreadLogError, unavailable
 from .producers.commands import CommandBus
 from .runtime import Runtime
 from .stores.messages import MessageStore
+from .stores.runs import RunStore
 
 log = logging.getLogger("threadlog.client")
 
@@ -24,6 +25,7 @@ class ThreadLog:
         self.runtime = Runtime(opts, with_decider=opts.processors == "embedded")
         self.bus: CommandBus | None = None
         self.messages = MessageStore(self)
+        self.runs = RunStore(self)
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------

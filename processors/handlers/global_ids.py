@@ -1,0 +1,24 @@
+"""Where a global id (run, interrupt, artifact, generation run) lives, seen from a handler.
+
+Ids are indexed id -> thread by folds on the thread's partition; every host
+folds every partition. A handler's view of its OWN partition is current, but
+another partition's facts are current only after `ctx.sync_global()` (a
+ListOffsets round trip, then waiting for the follower). So the lookup syncs
+whenever the answer could depend on another partition: the id is not found
+here, or it lives on another thread (whose record must be read fresh).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from . import Context
+
+
+def locate(ctx: Context, thread_of: Callable[[], str | None]) -> str | None:
+    """The thread owning the id, as of every write acknowledged before this command."""
+    thread = thread_of()
+    if thread == ctx.key:
+        return thread
+    ctx.sync_global()
+    return thread_of()
