@@ -11,6 +11,7 @@ from .config import Options
 from .errors import ThreadLogError, unavailable
 from .producers.commands import CommandBus
 from .runtime import Runtime
+from .stores.interrupts import InterruptStore
 from .stores.messages import MessageStore
 from .stores.runs import RunStore
 
@@ -26,6 +27,7 @@ class ThreadLog:
         self.bus: CommandBus | None = None
         self.messages = MessageStore(self)
         self.runs = RunStore(self)
+        self.interrupts = InterruptStore(self)
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------

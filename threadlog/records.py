@@ -86,6 +86,19 @@ def require_error(value: Any, label: str) -> dict:
     return out
 
 
+def require_json_objects(value: Any, label: str) -> list:
+    """A list of dicts of JSON values (generation run artifacts: PersistedArtifactRef)."""
+    if not isinstance(value, (list, tuple)):
+        raise invalid_argument(f"{label} must be a list, got {type(value).__name__}")
+    return [require_json_object(item, f"{label}[{i}]") for i, item in enumerate(value)]
+
+
+def require_size(value: Any, label: str) -> int:
+    if not is_int(value) or not 0 <= value <= MAX_SAFE_INT:
+        raise invalid_argument(f"{label} must be an int in 0..2**53-1, got {value!r}")
+    return value
+
+
 def require_status(value: Any, label: str, statuses: tuple[str, ...] = RUN_STATUSES) -> str:
     if not isinstance(value, str) or value not in statuses:
         raise invalid_argument(f"{label} must be one of {', '.join(statuses)}; got {value!r}")
@@ -108,6 +121,15 @@ RUN_PATCH: dict[str, FieldCheck] = {
     "detachedSince": require_timestamp,
     "cancelRequested": require_bool,
     "driverEpoch": require_epoch,
+}
+
+GENERATION_RUN_PATCH: dict[str, FieldCheck] = {
+    "status": _status_field,
+    "finishedAt": require_timestamp,
+    "error": require_error,
+    "result": require_json_value,
+    "artifacts": require_json_objects,
+    "usage": require_json_object,
 }
 
 # Fields a patch may set but never clear.
@@ -171,12 +193,101 @@ def is_reclaimable_shape(record: Mapping[str, Any]) -> bool:
     return record.get("status") == "running" and record.get("detachedSince") is not None
 
 
+# -- generation runs ---------------------------------------------------------------------
+def new_generation_run(run_id: Any, thread_id: Any, activity: Any, provider: Any, model: Any,
+                       started_at: Any, status: Any) -> dict:
+    return {
+        "runId": require_id(run_id, "run_id"),
+        "threadId": require_id(thread_id, "thread_id"),
+        "activity": require_text(activity, "activity"),
+        "provider": require_text(provider, "provider"),
+        "model": require_text(model, "model"),
+        "status": "running" if status is None else require_status(status, "status"),
+        "startedAt": require_timestamp(started_at, "started_at"),
+    }
+
+
+def decode_generation_run(raw: bytes | str | None) -> dict | None:
+    return _decode(raw, "generation run", RUN_STATUSES,
+                   ("runId", "threadId", "activity", "provider", "model", "startedAt"))
+
+
+# -- interrupts ------------------------------------------------------------------------------
+INTERRUPT_STATUSES = ("pending", "resolved", "cancelled")
+INTERRUPT_KEYS = ("interruptId", "runId", "threadId", "requestedAt", "payload")
+
+
+def new_interrupt(record: Any) -> dict:
+    """create's record: exactly the five keys (no status, resolvedAt or response)."""
+    if not isinstance(record, Mapping):
+        raise invalid_argument(f"interrupt must be a dict, got {type(record).__name__}")
+    _exact_keys(record, INTERRUPT_KEYS, (), "interrupt")
+    return {
+        "interruptId": require_id(record["interruptId"], "interruptId"),
+        "runId": require_id(record["runId"], "runId"),
+        "threadId": require_id(record["threadId"], "threadId"),
+        "status": "pending",
+        "requestedAt": require_timestamp(record["requestedAt"], "requestedAt"),
+        "payload": require_json_object(record["payload"], "payload"),
+    }
+
+
+def decode_interrupt(raw: bytes | str | None) -> dict | None:
+    return _decode(raw, "interrupt", INTERRUPT_STATUSES,
+                   ("interruptId", "runId", "threadId", "requestedAt", "payload"))
+
+
+# -- artifacts --------------------------------------------------------------------------------
+ARTIFACT_REQUIRED = ("artifactId", "runId", "threadId", "name", "mimeType", "size", "createdAt")
+ARTIFACT_OPTIONAL = ("blobKey", "sourceUrl")
+
+
+def new_artifact(record: Any) -> dict:
+    """save's record: the SPEC 9 fields and no others; optional None = absent."""
+    if not isinstance(record, Mapping):
+        raise invalid_argument(f"artifact must be a dict, got {type(record).__name__}")
+    _exact_keys(record, ARTIFACT_REQUIRED, ARTIFACT_OPTIONAL, "artifact")
+    out = {
+        "artifactId": require_id(record["artifactId"], "artifactId"),
+        "runId": require_id(record["runId"], "runId"),
+        "threadId": require_id(record["threadId"], "threadId"),
+        "name": require_text(record["name"], "name", nonempty=True),
+        "mimeType": require_text(record["mimeType"], "mimeType", nonempty=True),
+        "size": require_size(record["size"], "size"),
+        "createdAt": require_timestamp(record["createdAt"], "createdAt"),
+    }
+    for k in ARTIFACT_OPTIONAL:
+        if record.get(k) is not None:
+            out[k] = require_text(record[k], k, nonempty=True)
+    return out
+
+
+def decode_artifact(raw: bytes | str | None) -> dict | None:
+    record = _load(raw, "artifact")
+    if record is None:
+        return None
+    missing = [k for k in ARTIFACT_REQUIRED if k not in record]
+    if missing:
+        raise corrupt(f"stored artifact record lacks {missing}")
+    return record
+
+
+def _exact_keys(record: Mapping, required: tuple[str, ...], optional: tuple[str, ...], what: str) -> None:
+    extra = [k for k in record if k not in required and k not in optional]
+    if extra:
+        raise invalid_argument(f"{what} has unexpected keys {sorted(map(str, extra))}; "
+                               f"allowed: {', '.join(required + optional)}")
+    missing = [k for k in required if k not in record]
+    if missing:
+        raise invalid_argument(f"{what} lacks {missing}")
+
+
 # -- decoding stored records -----------------------------------------------------------
 def corrupt(message: str) -> ThreadLogError:
     return ThreadLogError(CORRUPT_RECORD, message)
 
 
-def _decode(raw: bytes | str | None, what: str, statuses: tuple[str, ...], required: tuple[str, ...]) -> dict | None:
+def _load(raw: bytes | str | None, what: str) -> dict | None:
     if raw is None:
         return None
     try:
@@ -185,6 +296,13 @@ def _decode(raw: bytes | str | None, what: str, statuses: tuple[str, ...], requi
         raise corrupt(f"stored {what} record is not JSON: {exc}") from None
     if not isinstance(record, dict):
         raise corrupt(f"stored {what} record is not an object: {record!r}")
+    return record
+
+
+def _decode(raw: bytes | str | None, what: str, statuses: tuple[str, ...], required: tuple[str, ...]) -> dict | None:
+    record = _load(raw, what)
+    if record is None:
+        return None
     status = record.get("status")
     # A row's status is only a claim about a storage column: check it against
     # the exact set (never `in` on something with a prototype-like fallback).
