@@ -11,6 +11,7 @@ from .config import Options
 from .errors import ThreadLogError, unavailable
 from .producers.commands import CommandBus
 from .runtime import Runtime
+from .stores.generation_runs import GenerationRunStore
 from .stores.interrupts import InterruptStore
 from .stores.messages import MessageStore
 from .stores.runs import RunStore
@@ -28,6 +29,7 @@ class ThreadLog:
         self.messages = MessageStore(self)
         self.runs = RunStore(self)
         self.interrupts = InterruptStore(self)
+        self.generation_runs = GenerationRunStore(self)
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from threadlog.errors import invalid_argument
+
 from . import Context
 
 
@@ -22,3 +24,11 @@ def locate(ctx: Context, thread_of: Callable[[], str | None]) -> str | None:
         return thread
     ctx.sync_global()
     return thread_of()
+
+
+def own_thread(ctx: Context, thread_id: str) -> str:
+    """The command's thread, which must be its partition key: the partition key
+    decides where a command is decided, so a command naming another thread is forged."""
+    if thread_id != ctx.key:
+        raise invalid_argument(f"command for thread {thread_id!r} sent with key {ctx.key!r}")
+    return thread_id

@@ -15,15 +15,9 @@ from threadlog.records import decode_interrupt, new_interrupt, require_json_valu
 from threadlog.validation import dumps, require_id
 
 from . import Context, Decision, handles
-from .global_ids import locate
+from .global_ids import locate, own_thread
 
 DECISIONS = ("resolved", "cancelled")
-
-
-def _thread(ctx: Context, cmd: dict) -> str:
-    if cmd["threadId"] != ctx.key:
-        raise invalid_argument(f"command for thread {cmd['threadId']!r} sent with key {ctx.key!r}")
-    return ctx.key
 
 
 @handles("threadlog.cmd.CreateInterrupt")
@@ -34,7 +28,7 @@ def create(ctx: Context, cmd: dict) -> Decision:
         raise invalid_argument("interrupt payload is not JSON") from None
     record = new_interrupt({**{k: cmd[k] for k in ("interruptId", "runId", "threadId", "requestedAt")},
                             "payload": payload})
-    _thread(ctx, cmd)
+    own_thread(ctx, cmd["threadId"])
     # Insert-if-absent across every thread: an existing id is never overwritten.
     if locate(ctx, lambda: state.thread_of(ctx.view, record["interruptId"])) is not None:
         return Decision()
@@ -47,7 +41,7 @@ def create(ctx: Context, cmd: dict) -> Decision:
 @handles("threadlog.cmd.DecideInterrupt")
 def decide(ctx: Context, cmd: dict) -> Decision:
     interrupt_id = require_id(cmd["interruptId"], "interruptId")
-    thread_id = _thread(ctx, cmd)
+    thread_id = own_thread(ctx, cmd["threadId"])
     if cmd["status"] not in DECISIONS:
         raise invalid_argument(f"an interrupt is decided as resolved or cancelled, not {cmd['status']!r}")
     response = cmd.get("response")

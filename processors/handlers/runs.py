@@ -15,14 +15,7 @@ from threadlog.records import RUN_PATCH, check_patch, decode_run, is_terminal, n
 from threadlog.validation import dumps, require_id
 
 from . import Context, Decision, OutRecord, handles
-from .global_ids import locate
-
-
-def _thread(ctx: Context, cmd: dict) -> str:
-    # The partition key IS the thread: a command claiming another thread is forged.
-    if cmd["threadId"] != ctx.key:
-        raise invalid_argument(f"command for thread {cmd['threadId']!r} sent with key {ctx.key!r}")
-    return ctx.key
+from .global_ids import locate, own_thread
 
 
 def _load(ctx: Context, thread_id: str, run_id: str) -> dict | None:
@@ -32,7 +25,7 @@ def _load(ctx: Context, thread_id: str, run_id: str) -> dict | None:
 @handles("threadlog.cmd.CreateOrResumeRun")
 def create_or_resume(ctx: Context, cmd: dict) -> Decision:
     record = new_run(cmd["runId"], cmd["threadId"], cmd["startedAt"], cmd.get("status"))
-    _thread(ctx, cmd)
+    own_thread(ctx, cmd["threadId"])
     run_id = record["runId"]
     # A run id is global: if it exists on any thread, return it unchanged and
     # ignore every argument -- resuming must never revive a finished run.
@@ -47,7 +40,7 @@ def create_or_resume(ctx: Context, cmd: dict) -> Decision:
 @handles("threadlog.cmd.UpdateRun")
 def update(ctx: Context, cmd: dict) -> Decision:
     run_id = require_id(cmd["runId"], "runId")
-    thread_id = _thread(ctx, cmd)
+    thread_id = own_thread(ctx, cmd["threadId"])
     try:
         raw = json.loads(cmd["patch"])
     except ValueError:
@@ -62,7 +55,7 @@ def update(ctx: Context, cmd: dict) -> Decision:
 @handles("threadlog.cmd.ClaimRun")
 def claim(ctx: Context, cmd: dict) -> Decision:
     run_id = require_id(cmd["runId"], "runId")
-    thread_id = _thread(ctx, cmd)
+    thread_id = own_thread(ctx, cmd["threadId"])
     record = _load(ctx, thread_id, run_id)
     if record is None:
         raise ThreadLogError(RUN_NOT_FOUND, f"run {run_id!r} does not exist")
