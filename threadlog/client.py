@@ -14,6 +14,7 @@ from .runtime import Runtime
 from .stores.generation_runs import GenerationRunStore
 from .stores.interrupts import InterruptStore
 from .stores.messages import MessageStore
+from .stores.metadata import MetadataStore
 from .stores.runs import RunStore
 
 log = logging.getLogger("threadlog.client")
@@ -30,6 +31,7 @@ class ThreadLog:
         self.runs = RunStore(self)
         self.interrupts = InterruptStore(self)
         self.generation_runs = GenerationRunStore(self)
+        self.metadata = MetadataStore(self)
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------
