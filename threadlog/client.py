@@ -11,6 +11,7 @@ from .config import Options
 from .errors import ThreadLogError, unavailable
 from .producers.commands import CommandBus
 from .runtime import Runtime
+from .stores.artifacts import ArtifactStore
 from .stores.generation_runs import GenerationRunStore
 from .stores.interrupts import InterruptStore
 from .stores.messages import MessageStore
@@ -32,6 +33,7 @@ class ThreadLog:
         self.interrupts = InterruptStore(self)
         self.generation_runs = GenerationRunStore(self)
         self.metadata = MetadataStore(self)
+        self.artifacts = ArtifactStore(self)
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------
