@@ -6,6 +6,9 @@ another partition's facts are current only after `ctx.sync_global()` (a
 ListOffsets round trip, then waiting for the follower). So the lookup syncs
 whenever the answer could depend on another partition: the id is not found
 here, or it lives on another thread (whose record must be read fresh).
+
+`own_thread` is the other half: the thread a command names must be its
+partition key, or it is forged.
 """
 
 from __future__ import annotations
