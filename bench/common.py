@@ -72,7 +72,7 @@ def report(rows: list[tuple[Result, Result | None]], unit: str = "ops/s") -> str
         p99 = f"{res.pct(0.99):8.2f}" if res.latencies else "       -"
         lines.append(f"{res.name:<44} {res.rate:10.0f} {res.mib_s:8.2f} {p50} {p99} {ratio}")
     text = "\n".join(lines)
-    print(text)
+    print(text, flush=True)
     return text
 
 

@@ -105,9 +105,11 @@ def main() -> None:
     ours = run_follower(bootstrap, topic, args.events)
 
     def done(from_start: Result, from_first: Result) -> None:
-        report([(ours, None), (from_start, ours), (from_first, ours)], unit="events/s")
-        print("ratio = faust rate / follower rate (same events, same broker, same run)")
+        # faust's worker redirects sys.stdout into its logger: write to the real fd.
+        text = report([(ours, None), (from_start, ours), (from_first, ours)], unit="events/s")
+        os.write(1, (text + "\nratio = faust rate / follower rate (same events, same broker, same run)\n").encode())
         delete_topic(bootstrap, topic)
+        sys.stdout.flush()
         os._exit(0)  # faust's worker does not stop cleanly from inside an agent
 
     run_faust(bootstrap, topic, args.events, done)

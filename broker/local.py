@@ -256,12 +256,44 @@ def start(
         if proc.poll() is not None:
             break
         if _answers(state.bootstrap, timeout=1.0):
+            _warm_up(state.bootstrap, deadline)
             return state
         time.sleep(0.2)
     if proc.poll() is None:
         proc.kill()
     tail = _tail(server_log) or _tail(data_dir / "stdout.log")
     raise BrokerError(f"broker did not start within {timeout:.0f}s; last log lines:\n{tail}")
+
+
+def _warm_up(bootstrap: str, deadline: float) -> None:
+    """Create and load the broker's internal topics now, not on a client's first call.
+
+    `__transaction_state` and `__consumer_offsets` are created on first use and
+    their coordinators then load for seconds ("Coordinator load in progress"):
+    one transaction that also commits consumer offsets triggers both here.
+    """
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = "__threadlog_warmup"
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    for f in admin.create_topics([NewTopic(topic, 1, 1)]).values():
+        try:
+            f.result(30)
+        except Exception:
+            pass  # exists already
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "threadlog-warmup", "log_level": 0})
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": "threadlog-warmup", "log_level": 0})
+    try:
+        producer.init_transactions(max(1.0, deadline - time.monotonic()))
+        producer.begin_transaction()
+        producer.produce(topic, b"warm-up", partition=0)
+        producer.send_offsets_to_transaction([TopicPartition(topic, 0, 0)], consumer.consumer_group_metadata(),
+                                             max(1.0, deadline - time.monotonic()))
+        producer.commit_transaction(max(1.0, deadline - time.monotonic()))
+    finally:
+        consumer.close()
+        producer.flush(1)
 
 
 def _tail(path: Path, lines: int = 30) -> str:

@@ -12,7 +12,12 @@ from .delivery import DeliveryLog, DeliveryService
 from .errors import ThreadLogError, unavailable
 from .producers.commands import CommandBus
 from .runtime import Runtime
+from .stores.artifacts import ArtifactStore
+from .stores.generation_runs import GenerationRunStore
+from .stores.interrupts import InterruptStore
 from .stores.messages import MessageStore
+from .stores.metadata import MetadataStore
+from .stores.runs import RunStore
 
 log = logging.getLogger("threadlog.client")
 
@@ -25,6 +30,11 @@ class ThreadLog:
         self.runtime = Runtime(opts, with_decider=opts.processors == "embedded")
         self.bus: CommandBus | None = None
         self.messages = MessageStore(self)
+        self.runs = RunStore(self)
+        self.interrupts = InterruptStore(self)
+        self.generation_runs = GenerationRunStore(self)
+        self.metadata = MetadataStore(self)
+        self.artifacts = ArtifactStore(self)
         self._delivery: DeliveryService | None = None
         self._closed = False
 

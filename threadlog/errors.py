@@ -25,6 +25,11 @@ UNAVAILABLE = "UNAVAILABLE"
 # callers; used in logs and in refusals of undecodable commands.
 INVALID_MESSAGE = "INVALID_MESSAGE"
 
+# A record read back from storage is malformed (e.g. a run status outside the
+# five): raised instead of guessing, because readers act destructively on what
+# a record says (a "terminal" run gets its journal swept).
+CORRUPT_RECORD = "CORRUPT_RECORD"
+
 CODES = frozenset(
     {
         STALE_HEAD,
@@ -46,6 +51,7 @@ CODES = frozenset(
         INVALID_OFFSET,
         UNAVAILABLE,
         INVALID_MESSAGE,
+        CORRUPT_RECORD,
     }
 )
 

@@ -1,0 +1,130 @@
+"""Run-record updates through the decider, beside raw Kafka on the same broker, same run.
+
+    .venv/bin/python bench/runs_bench.py [--bootstrap B] [--count N] [--clients C] [--runs R]
+
+`tl.runs.update(run_id, patch)` is a global read barrier (to resolve the run's
+thread through the run index: one ListOffsets round trip, shared by concurrent
+calls) followed by a command whose reply arrives once the update is committed
+in a Kafka transaction. The baseline is raw confluent-kafka producing the very
+bytes of that command (an encoded threadlog.Command carrying an UpdateRun) with
+acks=all, each writer awaiting its ack, at the same concurrency. `claim` is
+reported too (same path plus a delivery-topic marker in the transaction).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import (
+    Result,
+    bench_args,
+    bootstrap_or_local,
+    delete_topic,
+    raw_produce_closed_loop,
+    report,
+    temp_topic,
+)
+from threadlog.schemas import default_codec
+
+import threadlog
+from threadlog.topics import Topics, delete_topics
+from threadlog.validation import dumps
+
+
+def patch_for(i: int) -> dict:
+    return {"detachedSince": 1_700_000_000_000 + i, "sandboxKey": f"sandbox-{i % 97}",
+            "usage": {"promptTokens": i, "completionTokens": 2 * i, "totalTokens": 3 * i}}
+
+
+def command_bytes(run_id: str, thread_id: str) -> bytes:
+    """The exact bytes `update` produces for one patch (the raw baseline's payload)."""
+    codec = default_codec()
+    body = codec.encode("threadlog.cmd.UpdateRun", {"runId": run_id, "threadId": thread_id,
+                                                   "patch": dumps(patch_for(12345))})
+    return codec.encode("threadlog.Command", {
+        "commandId": uuid.uuid4().hex, "clientId": "bench.client-000000000000", "replyPartition": 0,
+        "key": thread_id, "type": "threadlog.cmd.UpdateRun", "sentAt": time.time() * 1000, "payload": body})
+
+
+async def updates(tl, total: int, concurrency: int, runs: list[str]) -> Result:
+    latencies: list[float] = []
+    per = total // concurrency
+
+    async def caller(c: int) -> None:
+        for i in range(per):
+            n = c * per + i
+            t = time.perf_counter()
+            await tl.runs.update(runs[n % len(runs)], patch_for(n))
+            latencies.append(time.perf_counter() - t)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*[caller(c) for c in range(concurrency)])
+    n = per * concurrency
+    return Result(f"runs.update, {concurrency} concurrent callers", n, time.perf_counter() - t0, 0, latencies)
+
+
+async def claims(tl, total: int, concurrency: int, runs: list[str]) -> Result:
+    latencies: list[float] = []
+    per = total // concurrency
+
+    async def caller(c: int) -> None:
+        for i in range(per):
+            t = time.perf_counter()
+            await tl.runs.claim(runs[(c * per + i) % len(runs)])
+            latencies.append(time.perf_counter() - t)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*[caller(c) for c in range(concurrency)])
+    n = per * concurrency
+    return Result(f"runs.claim, {concurrency} concurrent callers", n, time.perf_counter() - t0, 0, latencies)
+
+
+async def main() -> None:
+    ap = bench_args(__doc__)
+    ap.add_argument("--count", type=int, default=2000)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--runs", type=int, default=64, help="distinct runs (over 16 threads)")
+    ap.add_argument("--partitions", type=int, default=4)
+    args = ap.parse_args()
+    bootstrap = bootstrap_or_local(args.bootstrap)
+    run_ids = [f"run-{n}" for n in range(args.runs)]
+    payload = command_bytes(run_ids[0], "thread-0")
+
+    topic = temp_topic(bootstrap, args.partitions)
+    ns = f"bench-{uuid.uuid4().hex[:6]}"
+    try:
+        raw1 = await raw_produce_closed_loop(bootstrap, topic, payload, args.count // 4, 1, args.partitions)
+        rawc = await raw_produce_closed_loop(bootstrap, topic, payload, args.count, args.clients, args.partitions)
+        with tempfile.TemporaryDirectory() as state:
+            async with threadlog.open(bootstrap, namespace=ns, state_dir=state, partitions=args.partitions) as tl:
+                for n, run_id in enumerate(run_ids):
+                    await tl.runs.create_or_resume(run_id=run_id, thread_id=f"thread-{n % 16}", started_at=n)
+                await tl.runs.update(run_ids[0], patch_for(0))  # warm up
+                u1 = await updates(tl, args.count // 4, 1, run_ids)
+                uc = await updates(tl, args.count, args.clients, run_ids)
+                c1 = await claims(tl, args.count // 8, 1, run_ids)
+                cc = await claims(tl, args.count // 2, args.clients, run_ids)
+                stats = dict(tl.runtime.decider.stats)
+                check = await tl.runs.get(run_ids[0])
+                assert check is not None and check["status"] == "running"
+        print(f"\nbroker {bootstrap}; command {len(payload)} B; {args.partitions} partitions; "
+              f"{args.runs} runs on 16 threads\n")
+        report([(raw1, None), (rawc, None), (u1, raw1), (uc, rawc), (c1, raw1), (cc, rawc)])
+        print("\nratio = store rate / raw closed-loop produce rate of the same command bytes at the same concurrency")
+        print(f"decider: {stats['commands']} commands in {stats['batches']} transactions "
+              f"({stats['commands'] / max(1, stats['batches']):.1f} per transaction)")
+    finally:
+        delete_topic(bootstrap, topic)
+        from confluent_kafka.admin import AdminClient
+
+        delete_topics(AdminClient({"bootstrap.servers": bootstrap}), Topics(ns))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,44 @@
+"""Generation runs (SPEC section 8): decided on the run's thread partition, like runs."""
+
+from __future__ import annotations
+
+import json
+
+from threadlog.projections.folds import generation_runs as state
+
+from threadlog.errors import invalid_argument
+from threadlog.records import GENERATION_RUN_PATCH, check_patch, decode_generation_run, new_generation_run
+from threadlog.validation import dumps, require_id
+
+from . import Context, Decision, handles
+from .global_ids import locate, own_thread
+
+
+@handles("threadlog.cmd.CreateOrResumeGenerationRun")
+def create_or_resume(ctx: Context, cmd: dict) -> Decision:
+    record = new_generation_run(cmd["runId"], cmd["threadId"], cmd["activity"], cmd["provider"], cmd["model"],
+                                cmd["startedAt"], cmd.get("status"))
+    own_thread(ctx, cmd["threadId"])
+    run_id = record["runId"]
+    # Idempotent like runs: an existing id (any thread) is returned unchanged.
+    owner = locate(ctx, lambda: state.thread_of(ctx.view, run_id))
+    if owner is not None:
+        existing = decode_generation_run(ctx.view.get(state.record_key(owner, run_id)))
+        if existing is not None:
+            return Decision(result=existing)
+    return Decision(events=[("threadlog.evt.GenerationRunCreated", record)], result=record)
+
+
+@handles("threadlog.cmd.UpdateGenerationRun")
+def update(ctx: Context, cmd: dict) -> Decision:
+    run_id = require_id(cmd["runId"], "runId")
+    thread_id = own_thread(ctx, cmd["threadId"])
+    try:
+        raw = json.loads(cmd["patch"])
+    except ValueError:
+        raise invalid_argument("generation run patch is not JSON") from None
+    patch = check_patch(raw, GENERATION_RUN_PATCH, "generation run")
+    if not patch or decode_generation_run(ctx.view.get(state.record_key(thread_id, run_id))) is None:
+        return Decision()  # an unknown run: a no-op, nothing created
+    return Decision(events=[("threadlog.evt.GenerationRunUpdated",
+                             {"runId": run_id, "threadId": thread_id, "patch": dumps(patch)})])

@@ -1,0 +1,66 @@
+"""Interrupts (SPEC section 7): decided on the interrupt's thread partition.
+
+Both decisions of one interrupt (resolve, cancel) are decided on one partition,
+one after the other, so when they race exactly one lands: the first.
+"""
+
+from __future__ import annotations
+
+import json
+
+from threadlog.projections.folds import interrupts as state
+
+from threadlog.errors import invalid_argument
+from threadlog.records import decode_interrupt, new_interrupt, require_json_value
+from threadlog.validation import dumps, require_id
+
+from . import Context, Decision, handles
+from .global_ids import locate, own_thread
+
+DECISIONS = ("resolved", "cancelled")
+
+
+@handles("threadlog.cmd.CreateInterrupt")
+def create(ctx: Context, cmd: dict) -> Decision:
+    try:
+        payload = json.loads(cmd["payload"])
+    except ValueError:
+        raise invalid_argument("interrupt payload is not JSON") from None
+    record = new_interrupt({**{k: cmd[k] for k in ("interruptId", "runId", "threadId", "requestedAt")},
+                            "payload": payload})
+    own_thread(ctx, cmd["threadId"])
+    # Insert-if-absent across every thread: an existing id is never overwritten.
+    if locate(ctx, lambda: state.thread_of(ctx.view, record["interruptId"])) is not None:
+        return Decision()
+    return Decision(events=[("threadlog.evt.InterruptCreated", {
+        "interruptId": record["interruptId"], "runId": record["runId"], "threadId": record["threadId"],
+        "requestedAt": record["requestedAt"], "payload": dumps(record["payload"]),
+    })])
+
+
+@handles("threadlog.cmd.DecideInterrupt")
+def decide(ctx: Context, cmd: dict) -> Decision:
+    interrupt_id = require_id(cmd["interruptId"], "interruptId")
+    thread_id = own_thread(ctx, cmd["threadId"])
+    if cmd["status"] not in DECISIONS:
+        raise invalid_argument(f"an interrupt is decided as resolved or cancelled, not {cmd['status']!r}")
+    response = cmd.get("response")
+    if response is not None:
+        if cmd["status"] != "resolved":
+            raise invalid_argument("only a resolve carries a response")
+        try:
+            require_json_value(json.loads(response), "response")
+        except ValueError:
+            raise invalid_argument("interrupt response is not JSON") from None
+    record = decode_interrupt(ctx.view.get(state.record_key(thread_id, interrupt_id)))
+    if record is None:
+        return Decision(result=None)  # unknown id: a no-op
+    if record["status"] != "pending":
+        return Decision(result=record)  # the first decision is final
+    event = {"interruptId": interrupt_id, "threadId": thread_id, "status": cmd["status"],
+             # The decider's clock, carried in the event: folds never read one.
+             "resolvedAt": ctx.now, "response": response}
+    decided = {**record, "status": cmd["status"], "resolvedAt": ctx.now}
+    if response is not None:
+        decided["response"] = json.loads(response)
+    return Decision(events=[("threadlog.evt.InterruptDecided", event)], result=decided)

@@ -1,0 +1,41 @@
+"""Metadata (SPEC section 9): decided on the partition of the (namespace, key) entry."""
+
+from __future__ import annotations
+
+import json
+
+from threadlog.projections.folds import metadata as state
+
+from threadlog.errors import invalid_argument
+from threadlog.validation import json_problem, require_id
+
+from . import Context, Decision, handles
+
+
+def _entry(ctx: Context, cmd: dict) -> tuple[str, str]:
+    namespace = require_id(cmd["namespace"], "namespace")
+    name = require_id(cmd["key"], "key")
+    if ctx.key != state.partition_key(namespace, name):
+        raise invalid_argument(f"metadata command for {(namespace, name)!r} sent with key {ctx.key!r}")
+    return namespace, name
+
+
+@handles("threadlog.cmd.SetMetadata")
+def set_value(ctx: Context, cmd: dict) -> Decision:
+    namespace, name = _entry(ctx, cmd)
+    try:
+        problem = json_problem(json.loads(cmd["value"]), "value")
+    except ValueError:
+        problem = "value is not JSON text"
+    if problem:
+        raise invalid_argument(problem)
+    return Decision(events=[("threadlog.evt.MetadataSet", {"namespace": namespace, "key": name,
+                                                           "value": cmd["value"]})])
+
+
+@handles("threadlog.cmd.DeleteMetadata")
+def delete(ctx: Context, cmd: dict) -> Decision:
+    namespace, name = _entry(ctx, cmd)
+    if ctx.view.get(state.value_key(namespace, name)) is None:
+        return Decision()  # deleting an absent entry is silent and writes nothing
+    return Decision(events=[("threadlog.evt.MetadataDeleted", {"namespace": namespace, "key": name})])

@@ -1,0 +1,76 @@
+"""Artifacts: records on their thread's partition, plus global indexes every host folds.
+
+- `artR` (thread, artifact) -> the artifact record (JSON, what `get` returns);
+- `artI` (artifact) -> thread: get/delete by id, and the "one thread per id" check of save;
+- `artB` (run, thread, artifact) -> b"": a run's artifacts (list, delete_for_run).
+"""
+
+from __future__ import annotations
+
+from ..fold import EventMeta, folds
+from ..keys import key, split
+from ..view import View
+from . import presence
+
+ARTIFACT_RECORD = b"artR"
+ARTIFACT_INDEX = b"artI"
+ARTIFACT_BY_RUN = b"artB"
+
+OPTIONAL = ("blobKey", "sourceUrl")
+
+
+def record_key(thread_id: str, artifact_id: str) -> bytes:
+    return key(ARTIFACT_RECORD, thread_id, artifact_id)
+
+
+def thread_prefix(thread_id: str) -> bytes:
+    return key(ARTIFACT_RECORD, thread_id)
+
+
+def index_key(artifact_id: str) -> bytes:
+    return key(ARTIFACT_INDEX, artifact_id)
+
+
+def by_run_key(run_id: str, thread_id: str, artifact_id: str) -> bytes:
+    return key(ARTIFACT_BY_RUN, run_id, thread_id, artifact_id)
+
+
+def run_prefix(run_id: str, thread_id: str | None = None) -> bytes:
+    return key(ARTIFACT_BY_RUN, run_id) if thread_id is None else key(ARTIFACT_BY_RUN, run_id, thread_id)
+
+
+def split_by_run(k: bytes) -> tuple[str, str, str]:
+    run_id, thread_id, artifact_id = split(ARTIFACT_BY_RUN, k, "sss")
+    return run_id, thread_id, artifact_id
+
+
+def thread_of(view: View, artifact_id: str) -> str | None:
+    raw = view.get(index_key(artifact_id))
+    return None if raw is None else raw.decode("utf-8")
+
+
+@folds("threadlog.evt.ArtifactSaved")
+def artifact_saved(view: View, meta: EventMeta, ev: dict) -> None:
+    record = {k: v for k, v in ev["artifact"].items() if not (k in OPTIONAL and v is None)}
+    thread_id, artifact_id = record["threadId"], record["artifactId"]
+    old = view.get_json(record_key(thread_id, artifact_id))
+    if old is None:
+        presence.add(view, thread_id, presence.ARTIFACT)
+    elif old["runId"] != record["runId"]:
+        view.delete(by_run_key(old["runId"], thread_id, artifact_id))
+    view.put_json(record_key(thread_id, artifact_id), record)
+    view.put(index_key(artifact_id), thread_id.encode("utf-8"))
+    view.put(by_run_key(record["runId"], thread_id, artifact_id), b"")
+
+
+@folds("threadlog.evt.ArtifactDeleted")
+def artifact_deleted(view: View, meta: EventMeta, ev: dict) -> None:
+    thread_id, artifact_id = ev["threadId"], ev["artifactId"]
+    old = view.get_json(record_key(thread_id, artifact_id))
+    if old is None:
+        return
+    view.delete(record_key(thread_id, artifact_id))
+    view.delete(by_run_key(old["runId"], thread_id, artifact_id))
+    if thread_of(view, artifact_id) == thread_id:
+        view.delete(index_key(artifact_id))
+    presence.add(view, thread_id, presence.ARTIFACT, -1)

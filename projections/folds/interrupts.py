@@ -1,0 +1,76 @@
+"""Interrupts: records on their thread's partition, plus global indexes every host folds.
+
+- `intR` (thread, interrupt) -> the interrupt record (JSON, what `get` returns);
+- `intI` (interrupt) -> thread: insert-if-absent and resolve/cancel by id;
+- `intB` (run, thread, interrupt) -> b"": a run's interrupts (list_by_run).
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..fold import EventMeta, folds
+from ..keys import key, split
+from ..view import View
+from . import presence
+
+INTERRUPT_RECORD = b"intR"
+INTERRUPT_INDEX = b"intI"
+INTERRUPT_BY_RUN = b"intB"
+
+
+def record_key(thread_id: str, interrupt_id: str) -> bytes:
+    return key(INTERRUPT_RECORD, thread_id, interrupt_id)
+
+
+def thread_prefix(thread_id: str) -> bytes:
+    return key(INTERRUPT_RECORD, thread_id)
+
+
+def index_key(interrupt_id: str) -> bytes:
+    return key(INTERRUPT_INDEX, interrupt_id)
+
+
+def by_run_key(run_id: str, thread_id: str, interrupt_id: str) -> bytes:
+    return key(INTERRUPT_BY_RUN, run_id, thread_id, interrupt_id)
+
+
+def run_prefix(run_id: str) -> bytes:
+    return key(INTERRUPT_BY_RUN, run_id)
+
+
+def split_by_run(k: bytes) -> tuple[str, str, str]:
+    run_id, thread_id, interrupt_id = split(INTERRUPT_BY_RUN, k, "sss")
+    return run_id, thread_id, interrupt_id
+
+
+def thread_of(view: View, interrupt_id: str) -> str | None:
+    raw = view.get(index_key(interrupt_id))
+    return None if raw is None else raw.decode("utf-8")
+
+
+@folds("threadlog.evt.InterruptCreated")
+def interrupt_created(view: View, meta: EventMeta, ev: dict) -> None:
+    thread_id, interrupt_id = ev["threadId"], ev["interruptId"]
+    if view.get(record_key(thread_id, interrupt_id)) is not None:
+        return  # insert-if-absent: never overwritten (the decider never emits this)
+    view.put_json(record_key(thread_id, interrupt_id), {
+        "interruptId": interrupt_id, "runId": ev["runId"], "threadId": thread_id, "status": "pending",
+        "requestedAt": ev["requestedAt"], "payload": json.loads(ev["payload"]),
+    })
+    view.put(index_key(interrupt_id), thread_id.encode("utf-8"))
+    view.put(by_run_key(ev["runId"], thread_id, interrupt_id), b"")
+    presence.add(view, thread_id, presence.INTERRUPT)
+
+
+@folds("threadlog.evt.InterruptDecided")
+def interrupt_decided(view: View, meta: EventMeta, ev: dict) -> None:
+    k = record_key(ev["threadId"], ev["interruptId"])
+    record = view.get_json(k)
+    if record is None or record.get("status") != "pending":
+        return  # the first decision is final
+    record["status"] = ev["status"]
+    record["resolvedAt"] = ev["resolvedAt"]
+    if ev.get("response") is not None:
+        record["response"] = json.loads(ev["response"])
+    view.put_json(k, record)

@@ -1,0 +1,161 @@
+"""tl.artifacts (SPEC section 9): a port of TanStack AI's artifact-store
+conformance behaviours, plus thread ownership, validation and cross-host reads."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from support import within
+
+from threadlog import ThreadLogError
+
+
+async def _positions(tl) -> list[int]:
+    await tl.read_barrier(None)
+    return [tl.runtime.follower.applied(p) for p in range(tl.runtime.layout.events)]
+
+
+def _art(artifact_id="a1", run_id="r1", thread_id="t1", created_at=100, **extra):
+    return {"artifactId": artifact_id, "runId": run_id, "threadId": thread_id, "name": "cat.png",
+            "mimeType": "image/png", "size": 1234, "createdAt": created_at, **extra}
+
+
+def _ids(records):
+    return [r["artifactId"] for r in records]
+
+
+async def test_save_and_get_round_trip(tl):
+    full = _art(blobKey="artifacts/r1/a1", sourceUrl="https://example.com/cat.png", created_at=1.5)
+    await within(tl.artifacts.save(full))
+    assert await within(tl.artifacts.get("a1")) == full
+    bare = _art("a2", blobKey=None, sourceUrl=None)
+    await within(tl.artifacts.save(bare))
+    assert await within(tl.artifacts.get("a2")) == _art("a2")  # None = absent
+    assert await within(tl.artifacts.get("missing")) is None
+
+
+async def test_save_upserts_the_whole_record(tl):
+    await within(tl.artifacts.save(_art(blobKey="k1")))
+    replaced = _art(run_id="r2", name="dog.png", size=0, created_at=50)
+    await within(tl.artifacts.save(replaced))
+    assert await within(tl.artifacts.get("a1")) == replaced  # blobKey gone with the old record
+    assert await within(tl.artifacts.list("r1")) == []
+    assert await within(tl.artifacts.list("r2")) == [replaced]
+    assert await within(tl.artifacts.list_for_thread("t1")) == [replaced]
+
+
+async def test_lists_are_ordered_by_created_at_then_id_bytes(tl):
+    rows = [("c", "r1", "t1", 30), ("b", "r1", "t1", 10), ("é", "r2", "t1", 20), ("z", "r1", "t1", 20),
+            ("a", "r2", "t1", 20), ("Z", "r1", "t1", 20), ("x", "r1", "t2", 5)]
+    for artifact_id, run_id, thread_id, at in rows:
+        await within(tl.artifacts.save(_art(artifact_id, run_id, thread_id, at)))
+    assert _ids(await within(tl.artifacts.list_for_thread("t1"))) == ["b", "Z", "a", "z", "é", "c"]
+    assert _ids(await within(tl.artifacts.list("r1"))) == ["x", "b", "Z", "z", "c"]
+    assert _ids(await within(tl.artifacts.list("r2"))) == ["a", "é"]
+    assert await within(tl.artifacts.list("none")) == []
+    assert await within(tl.artifacts.list_for_thread("none")) == []
+
+
+async def test_delete_and_delete_for_run(tl):
+    for artifact_id, run_id, thread_id in [("a", "r1", "t1"), ("b", "r1", "t2"), ("c", "r1", "t3"),
+                                           ("d", "r2", "t1"), ("e", "r2", "t2")]:
+        await within(tl.artifacts.save(_art(artifact_id, run_id, thread_id)))
+    await within(tl.artifacts.delete("a"))
+    assert await within(tl.artifacts.get("a")) is None
+    await within(tl.artifacts.delete("a"))  # absent: silent
+    await within(tl.artifacts.delete("never-existed"))
+    await within(tl.artifacts.delete_for_run("r1"))  # spans threads t2, t3
+    assert await within(tl.artifacts.list("r1")) == []
+    assert _ids(await within(tl.artifacts.list("r2"))) == ["d", "e"]
+    assert _ids(await within(tl.artifacts.list_for_thread("t2"))) == ["e"]
+    assert await within(tl.artifacts.list_for_thread("t3")) == []
+    await within(tl.artifacts.delete_for_run("r1"))  # nothing left: silent
+    await within(tl.artifacts.delete_for_run("no-such-run"))
+
+
+async def test_a_deleted_id_can_be_saved_again_anywhere(tl):
+    await within(tl.artifacts.save(_art()))
+    await within(tl.artifacts.delete("a1"))
+    moved = _art(thread_id="t9")
+    await within(tl.artifacts.save(moved))
+    assert await within(tl.artifacts.get("a1")) == moved
+    assert await within(tl.artifacts.list_for_thread("t1")) == []
+
+
+async def test_save_on_another_thread_is_refused_and_changes_nothing(tl):
+    original = _art()
+    await within(tl.artifacts.save(original))
+    before = await _positions(tl)
+    with pytest.raises(ThreadLogError) as err:
+        await within(tl.artifacts.save(_art(thread_id="t-other", name="moved.png")))
+    assert err.value.code == "INVALID_ARGUMENT" and "t1" in err.value.message
+    assert await _positions(tl) == before
+    assert await within(tl.artifacts.get("a1")) == original
+    assert await within(tl.artifacts.list_for_thread("t-other")) == []
+    assert await within(tl.artifacts.list("r1")) == [original]
+
+
+BAD = [
+    ({**_art(), "extra": 1}, "unexpected key"),
+    ({**_art(), "status": "ok"}, "unexpected key"),
+    ({k: v for k, v in _art().items() if k != "size"}, "missing size"),
+    ({k: v for k, v in _art().items() if k != "createdAt"}, "missing createdAt"),
+    (_art(artifact_id=""), "empty id"),
+    (_art(run_id="\ud800"), "lone surrogate run id"),
+    (_art(thread_id=5), "int thread id"),
+    ({**_art(), "name": ""}, "empty name"),
+    ({**_art(), "name": None}, "None name"),
+    ({**_art(), "mimeType": 3}, "int mimeType"),
+    ({**_art(), "size": -1}, "negative size"),
+    ({**_art(), "size": 1.0}, "float size"),
+    ({**_art(), "size": True}, "bool size"),
+    ({**_art(), "size": 2**53}, "size past 2**53-1"),
+    (_art(created_at=math.nan), "NaN createdAt"),
+    (_art(created_at="1"), "str createdAt"),
+    (_art(blobKey=5), "int blobKey"),
+    (_art(sourceUrl=""), "empty sourceUrl"),
+    ("a1", "not a dict"),
+]
+
+
+@pytest.mark.parametrize("record, why", BAD)
+async def test_bad_records_are_refused_and_change_nothing(tl, record, why):
+    await within(tl.artifacts.save(_art("keep")))
+    before = await _positions(tl)
+    with pytest.raises(ThreadLogError) as err:
+        await within(tl.artifacts.save(record))
+    assert err.value.code == "INVALID_ARGUMENT", why
+    assert await _positions(tl) == before
+    assert _ids(await within(tl.artifacts.list_for_thread("t1"))) == ["keep"]
+
+
+async def test_bad_ids_are_refused(tl):
+    for bad in ("", "\ud800", None, 1):
+        for method in (tl.artifacts.get, tl.artifacts.list, tl.artifacts.list_for_thread, tl.artifacts.delete,
+                       tl.artifacts.delete_for_run):
+            with pytest.raises(ThreadLogError) as err:
+                await within(method(bad))
+            assert err.value.code == "INVALID_ARGUMENT", (method.__name__, bad)
+
+
+async def test_returned_records_are_fresh_copies(tl):
+    await within(tl.artifacts.save(_art()))
+    got = await within(tl.artifacts.get("a1"))
+    got["name"] = "changed"
+    (await within(tl.artifacts.list("r1")))[0]["size"] = 0
+    assert await within(tl.artifacts.get("a1")) == _art()
+
+
+async def test_a_second_client_reads_every_write_immediately(open_client):
+    a = await open_client()
+    b = await open_client()
+    for n in range(4):
+        await within(a.artifacts.save(_art(f"a{n}", thread_id=f"t{n % 2}", created_at=n)))
+        assert (await within(b.artifacts.get(f"a{n}")))["threadId"] == f"t{n % 2}"
+        assert _ids(await within(b.artifacts.list("r1"))) == [f"a{i}" for i in range(n + 1)]
+    await within(b.artifacts.delete("a0"))
+    assert await within(a.artifacts.get("a0")) is None
+    await within(b.artifacts.delete_for_run("r1"))
+    assert await within(a.artifacts.list("r1")) == []
+    assert await within(a.artifacts.list_for_thread("t1")) == []

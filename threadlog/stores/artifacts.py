@@ -1,0 +1,75 @@
+"""`tl.artifacts`: generated files' records (SPEC section 9).
+
+An artifact lives on its thread's partition; the artifact index (id ->
+thread) and the run index (run -> artifacts) are folded by every host, so
+lookups by id or run id follow a global read barrier. Lists are ascending by
+createdAt, then artifact id bytes. An artifact id belongs to one thread: a
+save naming another thread is refused (delete first; see the handler).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..projections.folds import artifacts as state
+from ..records import decode_artifact, new_artifact
+from ..validation import require_id
+from .base import StoreFacade
+
+
+def _ordered(records: list[dict]) -> list[dict]:
+    return sorted(records, key=lambda r: (r["createdAt"], r["artifactId"].encode("utf-8")))
+
+
+class ArtifactStore(StoreFacade):
+    async def save(self, record: dict[str, Any]) -> None:
+        """Insert or replace the artifact (exactly the SPEC fields; optional None = absent)."""
+        checked = new_artifact(record)
+        await self._send("threadlog.cmd.SaveArtifact", checked["threadId"],
+                         {"artifact": {**{k: None for k in state.OPTIONAL}, **checked}})
+
+    async def get(self, artifact_id: str) -> dict | None:
+        require_id(artifact_id, "artifact_id")
+        thread_id = await self._thread_of(artifact_id)
+        if thread_id is None:
+            return None
+        return decode_artifact(self._store.get(state.record_key(thread_id, artifact_id)))
+
+    async def list(self, run_id: str) -> list[dict]:
+        require_id(run_id, "run_id")
+        await self._read_barrier()
+        out = []
+        for k, _ in self._store.scan(state.run_prefix(run_id)):
+            _, thread_id, artifact_id = state.split_by_run(k)
+            record = decode_artifact(self._store.get(state.record_key(thread_id, artifact_id)))
+            if record is not None and record["runId"] == run_id:
+                out.append(record)
+        return _ordered(out)
+
+    async def list_for_thread(self, thread_id: str) -> list[dict]:
+        require_id(thread_id, "thread_id")
+        await self._read_barrier(thread_id)
+        return _ordered([decode_artifact(v) for _, v in self._store.scan(state.thread_prefix(thread_id))])
+
+    async def delete(self, artifact_id: str) -> None:
+        """Remove the artifact; silent when it is absent."""
+        require_id(artifact_id, "artifact_id")
+        thread_id = await self._thread_of(artifact_id)
+        if thread_id is None:
+            return
+        await self._send("threadlog.cmd.DeleteArtifact", thread_id, {"artifactId": artifact_id, "threadId": thread_id})
+
+    async def delete_for_run(self, run_id: str) -> None:
+        """Remove every artifact of the run, on whichever threads they are (one
+        decision per thread: atomic per thread, not across threads)."""
+        require_id(run_id, "run_id")
+        await self._read_barrier()
+        threads = sorted({state.split_by_run(k)[1] for k, _ in self._store.scan(state.run_prefix(run_id))})
+        await asyncio.gather(*[
+            self._send("threadlog.cmd.DeleteArtifactsForRun", t, {"runId": run_id, "threadId": t}) for t in threads
+        ])
+
+    async def _thread_of(self, artifact_id: str) -> str | None:
+        await self._read_barrier()
+        return state.thread_of(self._store, artifact_id)

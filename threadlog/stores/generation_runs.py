@@ -1,0 +1,56 @@
+"""`tl.generation_runs`: one-shot generation jobs (SPEC section 8).
+
+Same rules as runs: idempotent create_or_resume that never revives a finished
+run, validated patches with explicit clears, unknown run = no-op; the index
+(run id -> thread) resolves the thread after a global read barrier.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..projections.folds import generation_runs as state
+from ..records import GENERATION_RUN_PATCH, check_patch, decode_generation_run, new_generation_run
+from ..validation import dumps, require_id
+from .base import StoreFacade
+
+
+class GenerationRunStore(StoreFacade):
+    async def create_or_resume(self, *, run_id: str, thread_id: str, activity: str, provider: str, model: str,
+                               started_at: float, status: str | None = None) -> dict:
+        record = new_generation_run(run_id, thread_id, activity, provider, model, started_at, status)
+        return await self._send("threadlog.cmd.CreateOrResumeGenerationRun", thread_id, {
+            **{k: record[k] for k in ("runId", "threadId", "activity", "provider", "model", "startedAt")},
+            "status": status,
+        })
+
+    async def update(self, run_id: str, patch: dict[str, Any]) -> None:
+        require_id(run_id, "run_id")
+        normalized = check_patch(patch, GENERATION_RUN_PATCH, "generation run")
+        if not normalized:
+            return
+        thread_id = await self._thread_of(run_id)
+        if thread_id is None:
+            return
+        await self._send("threadlog.cmd.UpdateGenerationRun", thread_id,
+                         {"runId": run_id, "threadId": thread_id, "patch": dumps(normalized)})
+
+    async def get(self, run_id: str) -> dict | None:
+        require_id(run_id, "run_id")
+        thread_id = await self._thread_of(run_id)
+        if thread_id is None:
+            return None
+        return decode_generation_run(self._store.get(state.record_key(thread_id, run_id)))
+
+    async def find_latest_for_thread(self, thread_id: str) -> dict | None:
+        """The generation run with the greatest startedAt (ties: the last by run id bytes)."""
+        require_id(thread_id, "thread_id")
+        await self._read_barrier(thread_id)
+        records = [decode_generation_run(v) for _, v in self._store.scan(state.thread_prefix(thread_id))]
+        if not records:
+            return None
+        return max(records, key=lambda r: (r["startedAt"], r["runId"].encode("utf-8")))
+
+    async def _thread_of(self, run_id: str) -> str | None:
+        await self._read_barrier()
+        return state.thread_of(self._store, run_id)

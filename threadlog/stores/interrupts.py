@@ -1,0 +1,92 @@
+"""`tl.interrupts`: human-in-the-loop pauses (SPEC section 7).
+
+An interrupt lives on its thread's partition; the interrupt index (id ->
+thread) lets resolve/cancel/get find it after a global read barrier. Lists are
+ascending by requestedAt, then interrupt id bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..projections.folds import interrupts as state
+from ..records import decode_interrupt, new_interrupt, require_json_value
+from ..validation import dumps, require_id
+from .base import StoreFacade
+
+
+def _ordered(records: list[dict]) -> list[dict]:
+    return sorted(records, key=lambda r: (r["requestedAt"], r["interruptId"].encode("utf-8")))
+
+
+class InterruptStore(StoreFacade):
+    async def create(self, record: dict[str, Any]) -> None:
+        """Store a pending interrupt; an existing id (on any thread) is left as it is."""
+        checked = new_interrupt(record)
+        await self._send("threadlog.cmd.CreateInterrupt", checked["threadId"], {
+            "interruptId": checked["interruptId"], "runId": checked["runId"], "threadId": checked["threadId"],
+            "requestedAt": checked["requestedAt"], "payload": dumps(checked["payload"]),
+        })
+
+    async def resolve(self, interrupt_id: str, response: Any = None) -> dict | None:
+        """Resolve a pending interrupt (response None: no response key). Returns the
+        stored record after the call; None for an unknown id."""
+        require_id(interrupt_id, "interrupt_id")
+        text = None if response is None else dumps(require_json_value(response, "response"))
+        return await self._decide(interrupt_id, "resolved", text)
+
+    async def cancel(self, interrupt_id: str) -> dict | None:
+        require_id(interrupt_id, "interrupt_id")
+        return await self._decide(interrupt_id, "cancelled", None)
+
+    async def get(self, interrupt_id: str) -> dict | None:
+        require_id(interrupt_id, "interrupt_id")
+        thread_id = await self._thread_of(interrupt_id)
+        if thread_id is None:
+            return None
+        return decode_interrupt(self._store.get(state.record_key(thread_id, interrupt_id)))
+
+    async def list(self, thread_id: str) -> list[dict]:
+        require_id(thread_id, "thread_id")
+        await self._read_barrier(thread_id)
+        return self._thread_interrupts(thread_id)
+
+    async def list_pending(self, thread_id: str) -> list[dict]:
+        require_id(thread_id, "thread_id")
+        await self._read_barrier(thread_id)
+        return [r for r in self._thread_interrupts(thread_id) if r["status"] == "pending"]
+
+    async def list_by_run(self, run_id: str) -> list[dict]:
+        require_id(run_id, "run_id")
+        await self._read_barrier()
+        return self._run_interrupts(run_id)
+
+    async def list_pending_by_run(self, run_id: str) -> list[dict]:
+        require_id(run_id, "run_id")
+        await self._read_barrier()
+        return [r for r in self._run_interrupts(run_id) if r["status"] == "pending"]
+
+    # -- helpers ---------------------------------------------------------------
+    async def _decide(self, interrupt_id: str, status: str, response: str | None) -> dict | None:
+        thread_id = await self._thread_of(interrupt_id)
+        if thread_id is None:
+            return None
+        return await self._send("threadlog.cmd.DecideInterrupt", thread_id, {
+            "interruptId": interrupt_id, "threadId": thread_id, "status": status, "response": response,
+        })
+
+    async def _thread_of(self, interrupt_id: str) -> str | None:
+        await self._read_barrier()
+        return state.thread_of(self._store, interrupt_id)
+
+    def _thread_interrupts(self, thread_id: str) -> list[dict]:
+        return _ordered([decode_interrupt(v) for _, v in self._store.scan(state.thread_prefix(thread_id))])
+
+    def _run_interrupts(self, run_id: str) -> list[dict]:
+        out = []
+        for k, _ in self._store.scan(state.run_prefix(run_id)):
+            _, thread_id, interrupt_id = state.split_by_run(k)
+            record = decode_interrupt(self._store.get(state.record_key(thread_id, interrupt_id)))
+            if record is not None and record["runId"] == run_id:
+                out.append(record)
+        return _ordered(out)

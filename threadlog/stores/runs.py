@@ -1,0 +1,115 @@
+"""`tl.runs`: run lifecycle records and driver claims (SPEC section 6).
+
+A run lives on its thread's partition; the run index (run id -> thread) lets
+calls that name only a run id find it after a global read barrier, and the
+thread's partition decides. Records read back are validated (`decode_run`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import RUN_NOT_FOUND, ThreadLogError, invalid_argument
+from ..projections.folds import runs as state
+from ..projections.keys import dec_num, dec_str
+from ..records import RUN_PATCH, check_patch, decode_run, new_run, require_timestamp
+from ..validation import dumps, is_finite, require_id
+from .base import StoreFacade
+
+
+def _by_time(record: dict, time_field: str, id_field: str) -> tuple:
+    # SPEC 1: ties in a time order are broken by id bytes, ascending.
+    return (record[time_field], record[id_field].encode("utf-8"))
+
+
+class RunStore(StoreFacade):
+    async def create_or_resume(self, *, run_id: str, thread_id: str, started_at: float,
+                               status: str | None = None) -> dict:
+        """Create the run (status `running` unless given), or return the existing
+        record unchanged: every argument is still validated, then ignored."""
+        record = new_run(run_id, thread_id, started_at, status)
+        return await self._send("threadlog.cmd.CreateOrResumeRun", thread_id, {
+            "runId": record["runId"], "threadId": record["threadId"],
+            "startedAt": record["startedAt"], "status": status,
+        })
+
+    async def update(self, run_id: str, patch: dict[str, Any]) -> None:
+        """Patch a run; None clears a field. The patch is validated first (even
+        for an unknown run); a valid patch on an unknown run is a no-op."""
+        require_id(run_id, "run_id")
+        normalized = check_patch(patch, RUN_PATCH, "run")
+        if not normalized:
+            return
+        thread_id = await self._thread_of(run_id)
+        if thread_id is None:
+            return
+        await self._send("threadlog.cmd.UpdateRun", thread_id,
+                         {"runId": run_id, "threadId": thread_id, "patch": dumps(normalized)})
+
+    async def get(self, run_id: str) -> dict | None:
+        require_id(run_id, "run_id")
+        thread_id = await self._thread_of(run_id)
+        if thread_id is None:
+            return None
+        return decode_run(self._store.get(state.record_key(thread_id, run_id)))
+
+    async def list_by_thread(self, thread_id: str) -> list[dict]:
+        """Every run of the thread, ascending by startedAt, then run id bytes."""
+        require_id(thread_id, "thread_id")
+        await self._read_barrier(thread_id)
+        return self._thread_runs(thread_id)
+
+    async def find_active_run(self, thread_id: str) -> dict | None:
+        """The `running` run with the greatest startedAt (ties: the last by id bytes)."""
+        require_id(thread_id, "thread_id")
+        await self._read_barrier(thread_id)
+        running = [r for r in self._thread_runs(thread_id) if r["status"] == "running"]
+        return running[-1] if running else None
+
+    async def list_reclaimable(self, *, now: float, ttl_ms: float) -> list[dict]:
+        """Runs with status `running`, `detachedSince` set and
+        `detachedSince <= now - ttl_ms` (inclusive), by detachedSince then run id."""
+        require_timestamp(now, "now")
+        if not is_finite(ttl_ms) or ttl_ms < 0:
+            raise invalid_argument(f"ttl_ms must be a finite number >= 0, got {ttl_ms!r}")
+        cutoff = now - ttl_ms
+        await self._read_barrier()
+        out = []
+        for k, _ in self._store.scan(state.RUN_DETACHED):
+            since, pos = dec_num(k, len(state.RUN_DETACHED))
+            # The key orders by the double nearest detachedSince; rounding is
+            # monotonic, so a key past the cutoff's double is past the cutoff.
+            if since > float(cutoff):
+                break
+            run_id, thread_id = _split_tail(k, pos)
+            record = decode_run(self._store.get(state.record_key(thread_id, run_id)))
+            # The index is a hint; the record decides (exact comparison).
+            if (record is not None and record["status"] == "running"
+                    and record.get("detachedSince") is not None and record["detachedSince"] <= cutoff):
+                out.append(record)
+        return out
+
+    async def claim(self, run_id: str) -> int:
+        """Become the run's driver: driverEpoch := one more than any epoch it ever
+        had. RUN_NOT_FOUND for an unknown run, RUN_TERMINAL for a finished one."""
+        require_id(run_id, "run_id")
+        thread_id = await self._thread_of(run_id)
+        if thread_id is None:
+            raise ThreadLogError(RUN_NOT_FOUND, f"run {run_id!r} does not exist")
+        return int(await self._send("threadlog.cmd.ClaimRun", thread_id, {"runId": run_id, "threadId": thread_id}))
+
+    # -- helpers ---------------------------------------------------------------
+    async def _thread_of(self, run_id: str) -> str | None:
+        # The index is folded from every partition: wait for all of them.
+        await self._read_barrier()
+        return state.thread_of(self._store, run_id)
+
+    def _thread_runs(self, thread_id: str) -> list[dict]:
+        records = [decode_run(v) for _, v in self._store.scan(state.thread_prefix(thread_id))]
+        return sorted(records, key=lambda r: _by_time(r, "startedAt", "runId"))
+
+
+def _split_tail(k: bytes, pos: int) -> tuple[str, str]:
+    run_id, pos = dec_str(k, pos)
+    thread_id, _ = dec_str(k, pos)
+    return run_id, thread_id
