@@ -160,3 +160,31 @@ async def test_many_reconnects_each_get_exactly_the_rest_and_leave_nothing_behin
         await within(log.close())
         _, events = await read_stream(client, url)
         assert [e.id for e in events] == offs
+
+
+async def test_hydrate_names_the_active_run_and_its_pending_interrupts(tl, client):
+    t = "thread-active"
+    await within(tl.messages.save_thread(t, [{"role": "user", "content": "go"}]))
+    await within(tl.runs.create_or_resume(run_id="run-old", thread_id=t, started_at=500, status="completed"))
+    await within(tl.runs.create_or_resume(run_id="run-now", thread_id=t, started_at=1000))
+    approve = {"kind": "approval", "tool": "deploy", "args": {"env": "prod"}}
+    confirm = {"kind": "confirm", "text": "sure?"}
+    for iid, run, at, payload in (("i-old", "run-old", 5, {"x": 0}), ("i-1", "run-now", 10, approve),
+                                  ("i-2", "run-now", 20, confirm)):
+        await within(tl.interrupts.create({"interruptId": iid, "runId": run, "threadId": t, "requestedAt": at,
+                                           "payload": payload}))
+    await within(tl.interrupts.resolve("i-old", {"ok": True}))
+    async with serving(tl) as base:
+        r = await client.get(f"{base}/api/chat", params={"threadId": t})
+        assert r.status_code == 200 and r.headers["cache-control"] == "no-store"
+        assert r.json() == {"messages": [{"role": "user", "content": "go"}], "activeRun": {"runId": "run-now"},
+                            "interrupts": {"runId": "run-now", "pending": [approve, confirm]}}
+        # The run pauses on its interrupts: no active run, the interrupts stay.
+        await within(tl.runs.update("run-now", {"status": "interrupted"}))
+        body = (await client.get(f"{base}/threads/{t}")).json()
+        assert body["activeRun"] is None
+        assert body["interrupts"] == {"runId": "run-now", "pending": [approve, confirm]}
+        await within(tl.interrupts.cancel("i-1"))
+        await within(tl.interrupts.resolve("i-2"))
+        body = (await client.get(f"{base}/api/chat", params={"threadId": t})).json()
+        assert body["interrupts"] is None
