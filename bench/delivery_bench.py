@@ -85,11 +85,12 @@ def raw_read_partition(bootstrap: str, topic: str, partition: int) -> tuple[int,
     c.assign([TopicPartition(topic, partition, 0)])
     n = 0
     while True:
-        msgs = c.consume(10000, 0.5)
-        if any(m.error() and m.error().code() == KafkaError._PARTITION_EOF for m in msgs):
-            n += sum(1 for m in msgs if not m.error())
-            break
+        # consume(n, t) waits for n messages or t: take what is here instead (as threadlog's readers do).
+        first = c.poll(5.0)
+        msgs = [first, *c.consume(10000, 0)] if first is not None else []
         n += sum(1 for m in msgs if not m.error())
+        if any(m.error() and m.error().code() == KafkaError._PARTITION_EOF for m in msgs):
+            break
     elapsed = time.perf_counter() - t0
     c.close()
     return n, elapsed
@@ -221,7 +222,8 @@ async def main() -> None:
                     raw = await raw_produce_closed_loop(bootstrap, topic, record, c * args.batches, c,
                                                         args.partitions)
                     ours = await appends(tl, c, args.batches, batch)
-                    rows.append((ours, as_chunks(raw, args.batch, f"raw produce, {c} awaiting writers (chunks)")))
+                    raw = as_chunks(raw, args.batch, f"raw produce, {c} awaiting writers (chunks)")
+                    rows += [(raw, None), (ours, raw)]
                 pipe = raw_produce_pipelined(bootstrap, topic, record, 2000, args.partitions)
                 rows.append((as_chunks(pipe, args.batch, "raw produce, pipelined (chunks; ceiling)"), None))
                 ours, raw = await replay(bootstrap, ns, tl, args.replay_chunks, batch)

@@ -37,7 +37,7 @@ class DeliveryWriter:
             **{"message.timeout.ms": int(timeout * 1000),
                # An awaited append is latency-bound: send at once (batches still
                # form from whatever queues while a request is in flight).
-               "linger.ms": 2},
+               "linger.ms": 0},
         ))
         self._pump = ProducerPump(self.producer, f"deliveries-pump:{client_id}")
 

@@ -387,7 +387,8 @@ class DeliveryLog:
             return []
         self._precheck()
         x = await self._write_and_verify({"kind": run_index.CHUNKS, "chunks": texts})
-        return [self._offset(x, i) for i in range(len(texts))]
+        head, tail = f"{self.partition}.{x}.", f".{run_tag(self.run_id)}"  # encode_offset, per batch
+        return [f"{head}{i}{tail}" for i in range(len(texts))]
 
     async def upsert(self, entries: Iterable[tuple[Offset, dict]]) -> list[Offset]:
         if not isinstance(entries, (list, tuple)):
