@@ -347,3 +347,21 @@ async def test_ten_thousand_chunks_replay_complete_and_in_order(open_client):
     assert [c["i"] for _, c in got] == list(range(10_000))
     snap = await within(reader.delivery("run-10k").snapshot(), 120)
     assert snap == got
+
+
+async def test_closing_the_client_ends_waiting_readers_with_unavailable(open_client):
+    tl = await open_client()
+    log = tl.delivery("run-shutdown")
+    [o] = await within(log.append([chunk(0)]))
+    reader = log.read("-1")
+    assert await take(reader, 1) == [(o, chunk(0))]
+    pending = asyncio.ensure_future(reader.__anext__())
+    await asyncio.sleep(0.2)  # not synchronization: the reader is parked on the live feed
+    assert not pending.done()
+    await within(tl.close())
+    with pytest.raises(ThreadLogError) as e:
+        await within(pending, 10)
+    assert e.value.code == "UNAVAILABLE"
+    with pytest.raises(ThreadLogError) as e:
+        await within(log.append([chunk(1)]))
+    assert e.value.code == "UNAVAILABLE"
