@@ -188,3 +188,23 @@ async def test_hydrate_names_the_active_run_and_its_pending_interrupts(tl, clien
         await within(tl.interrupts.resolve("i-2"))
         body = (await client.get(f"{base}/api/chat", params={"threadId": t})).json()
         assert body["interrupts"] is None
+
+
+async def test_the_routes_mount_inside_your_own_asgi_app(tl):
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Mount, Route
+
+    from threadlog.http import create_app, routes
+
+    async def home(request):
+        return PlainTextResponse("my app")
+
+    app = Starlette(routes=[Route("/", home), *routes(lambda: tl, "/chat"), Mount("/tl", app=create_app(tl))])
+    await within(tl.messages.save_thread("thread-m", [{"role": "user", "content": "x"}]))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as c:
+        assert (await c.get("/")).text == "my app"
+        for path in ("/chat?threadId=thread-m", "/tl/api/chat?threadId=thread-m", "/tl/threads/thread-m"):
+            r = await c.get(path)
+            assert r.status_code == 200, path
+            assert r.json()["messages"] == [{"role": "user", "content": "x"}], path
