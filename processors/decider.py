@@ -259,12 +259,12 @@ class Decider:
         todo = partitions - self._ready
         if not todo:
             return
-        targets = self.barrier.stable_offsets_sync()
+        targets = self.barrier.end_offsets_sync()
         self.follower.wait_sync({p: targets[p] for p in todo}, timeout=60)
         self._ready |= todo
 
     def _sync_global(self) -> None:
-        targets = self.barrier.stable_offsets_sync()
+        targets = self.barrier.end_offsets_sync()
         mine = self.assigned
         self.follower.wait_sync({p: o for p, o in targets.items() if p not in mine}, timeout=30)
 
