@@ -11,6 +11,7 @@ from .config import Options
 from .errors import ThreadLogError, unavailable
 from .producers.commands import CommandBus
 from .runtime import Runtime
+from .stores.checkpoints import CheckpointStore
 from .stores.messages import MessageStore
 
 log = logging.getLogger("threadlog.client")
@@ -24,6 +25,7 @@ class ThreadLog:
         self.runtime = Runtime(opts, with_decider=opts.processors == "embedded")
         self.bus: CommandBus | None = None
         self.messages = MessageStore(self)
+        self.checkpoints = CheckpointStore(self)
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------
