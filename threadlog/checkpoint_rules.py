@@ -30,9 +30,10 @@ CHECKPOINT_KEYS = frozenset({"id", "threadId", "parentCheckpointId", "createdAt"
 FILE_KEYS = frozenset({"path", "kind", "blobKey", "size"})
 ARTIFACT_KEYS = frozenset({"artifactId", "name", "mimeType", "size", "blobKey", "createdAt"})
 
-FILE_BLOB_KEY = re.compile(r"^sandbox-files/sha256/[0-9a-f]{64}$")
-ARTIFACT_BLOB_KEY = re.compile(r"^sandbox-artifacts/sha256/[0-9a-f]{64}$")
-DRIVE_PREFIX = re.compile(r"^[A-Za-z]:([\\/]|$)")
+# \Z, not $: Python's $ also matches before a trailing newline (JavaScript's does not).
+FILE_BLOB_KEY = re.compile(r"^sandbox-files/sha256/[0-9a-f]{64}\Z")
+ARTIFACT_BLOB_KEY = re.compile(r"^sandbox-artifacts/sha256/[0-9a-f]{64}\Z")
+DRIVE_PREFIX = re.compile(r"^[A-Za-z]:(?:[\\/]|\Z)")
 
 _LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
 
