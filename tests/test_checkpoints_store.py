@@ -77,14 +77,16 @@ async def test_records_are_fresh_copies_with_optional_fields_absent(tl):
 
 async def test_list_orders_by_created_at_then_id_bytes(tl):
     w = await within(tl.checkpoints.acquire_writer("t"))
-    chain = [("m", 5), ("b", 1.5), ("é", 5), ("Z", 5), ("a", -3), ("a\x00", 5), ("zz", 5.0000001)]
+    chain = [("m", 5), ("b", 1.5), ("é", 5), ("Z", 5), ("a", -3), ("a\x00", 5), ("zz", 5.0000001),
+             ("big-b", 2**53), ("big-a", 2**53 + 1), ("big-c", float(2**53)), ("neg-zero", -0.0), ("zero", 0)]
     head = None
     for cid, at in chain:
         head = await append(tl, checkpoint(cid, "t", head, created_at=at), head, w)
     listed = await within(tl.checkpoints.list("t"))
     expected = sorted(chain, key=lambda c: (c[1], c[0].encode()))
     assert [(c["id"], c["createdAt"]) for c in listed] == expected
-    assert [c["id"] for c in listed] == ["a", "b", "Z", "a\x00", "m", "é", "zz"]
+    assert [c["id"] for c in listed] == ["a", "neg-zero", "zero", "b", "Z", "a\x00", "m", "é", "zz",
+                                         "big-b", "big-c", "big-a"]
     assert isinstance(listed[0]["createdAt"], int)
 
 

@@ -38,7 +38,13 @@ REFS = b"cpb"  # (blob key, thread) -> how many of the thread's checkpoints refe
 
 
 def record_key(thread_id: str, created_at: float, checkpoint_id: str) -> bytes:
-    return key(RECORD, thread_id, float(created_at), checkpoint_id)
+    # The double orders every float and every int up to 2**53 exactly; an int
+    # beyond that shares its double with neighbours, so its exact distance from
+    # that double (a small int) breaks the tie before the id does. (+ 0.0 makes
+    # -0.0 equal to 0.)
+    approx = float(created_at) + 0.0
+    exact = created_at - int(approx) if isinstance(created_at, int) else 0
+    return key(RECORD, thread_id, approx, float(exact), checkpoint_id)
 
 
 def thread_prefix(thread_id: str) -> bytes:
