@@ -89,3 +89,55 @@ async def refused(call, code: str):
         assert exc.message, "a refusal says what was wrong"
         return exc
     raise AssertionError(f"expected a refusal with {code}, but the call succeeded")
+
+
+async def threads_owned_by(clients: list, prefix: str = "owned") -> list[str]:
+    """One thread id per client, each on a partition that client's embedded decider owns
+    (waits, bounded, until the group has split the partitions between them)."""
+    import asyncio
+
+    from support import within
+
+    partitions = clients[0].runtime.layout.events
+
+    async def settled() -> list[set[int]]:
+        while True:
+            owned = [set(c.runtime.decider.assigned) for c in clients]
+            if all(owned) and sum(map(len, owned)) == partitions and set().union(*owned) == set(range(partitions)):
+                return owned
+            await asyncio.sleep(0.05)
+
+    owned = await within(settled(), 30)
+    out = []
+    for n, mine in enumerate(owned):
+        i = 0
+        while partition_for(f"{prefix}-{n}-{i}", partitions) not in mine:
+            i += 1
+        out.append(f"{prefix}-{n}-{i}")
+    return out
+
+
+class LaggingFollower:
+    """Holds a client's store lock so its follower cannot fold anything (fault
+    injection: a follower that lags behind the log), for at most `seconds`.
+
+    A decider that must see another partition's facts then only sees them by
+    waiting (`sync_global`) -- reading its store as it is would miss them."""
+
+    def __init__(self, client, seconds: float) -> None:
+        self.lock = client.runtime.store.lock
+        self.seconds = seconds
+
+    async def __aenter__(self) -> LaggingFollower:
+        import asyncio
+
+        await asyncio.to_thread(self.lock.acquire)
+        asyncio.get_running_loop().call_later(self.seconds, self.release)
+        return self
+
+    def release(self) -> None:
+        if self.lock.locked():
+            self.lock.release()
+
+    async def __aexit__(self, *exc) -> None:
+        pass  # released by the timer: the decider under test is waiting for it

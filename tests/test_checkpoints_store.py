@@ -9,6 +9,7 @@ import types
 
 import pytest
 from checkpoint_helpers import (
+    LaggingFollower,
     MutableClock,
     artifact,
     artifact_key,
@@ -17,10 +18,12 @@ from checkpoint_helpers import (
     refused,
     thread_state,
     threads_on_distinct_partitions,
+    threads_owned_by,
 )
 from support import within
 
 import threadlog
+from threadlog.partitioning import partition_for
 
 STALE_HEAD = "SANDBOX_SNAPSHOT_STALE_HEAD"
 PARENT_MISMATCH = "SANDBOX_SNAPSHOT_PARENT_MISMATCH"
@@ -118,12 +121,15 @@ async def test_duplicate_ids_are_refused_on_any_thread_and_freed_by_delete(open_
     # must see an id that another process's decider stored.
     a = await open_client()
     b = await open_client()
-    t1, t2 = threads_on_distinct_partitions(a, 2)
+    t1, t2 = await threads_owned_by([a, b])
     w1 = await within(a.checkpoints.acquire_writer(t1))
     w2 = await within(b.checkpoints.acquire_writer(t2))
-    await append(a, checkpoint("shared", t1), None, w1)
-    await refused(b.checkpoints.append(checkpoint=checkpoint("shared", t2), expected_head_id=None, writer=w2),
-                  DUPLICATE_ID)
+    # b's follower is held back: b's decider learns of a's checkpoint only by
+    # waiting for the other partitions (sync_global), not from its store as is.
+    async with LaggingFollower(b, 1.5):
+        await append(a, checkpoint("shared", t1), None, w1)
+        await refused(b.checkpoints.append(checkpoint=checkpoint("shared", t2), expected_head_id=None, writer=w2),
+                      DUPLICATE_ID)
     await refused(a.checkpoints.append(checkpoint=checkpoint("shared", t1, "shared"), expected_head_id="shared",
                                        writer=w1), DUPLICATE_ID)
     assert await within(b.checkpoints.get_head(t2)) is None
@@ -408,14 +414,24 @@ async def test_blob_references_follow_append_fork_and_delete(tl):
 async def test_fork_between_partitions_of_two_processes(open_client):
     a = await open_client()
     b = await open_client()
-    src, dst, third = threads_on_distinct_partitions(a, 3)
+    src, dst = await threads_owned_by([a, b])
+    third = next(t for t in threads_on_distinct_partitions(a, 4) if partition_for(t, a.runtime.layout.events) not in
+                 {partition_for(src, a.runtime.layout.events), partition_for(dst, a.runtime.layout.events)})
     ws = await within(a.checkpoints.acquire_writer(src))
     await append(a, checkpoint("s1", src, files=[], conversation=["hello"]), None, ws)
     w3 = await within(a.checkpoints.acquire_writer(third))
     await append(a, checkpoint("taken", third), None, w3)
     wd = await within(b.checkpoints.acquire_writer(dst))
+    # The destination id exists on another partition: refused at the destination
+    # step, also while the destination's process has not folded it yet.
+    async with LaggingFollower(b, 1.5):
+        await append(a, checkpoint("taken-late", src, "s1"), "s1", ws)
+        await refused(b.checkpoints.fork_from_checkpoint(
+            source_thread_id=src, source_checkpoint_id="s1", destination_thread_id=dst,
+            destination_checkpoint_id="taken-late", created_at=1, writer=wd),
+            "SANDBOX_SNAPSHOT_FORK_DESTINATION_NOT_EMPTY")
     before = await thread_state(b, dst)
-    # The destination id exists on a third partition: refused at the destination step.
+    assert before["head"] is None and before["transcript"] == []
     await refused(b.checkpoints.fork_from_checkpoint(
         source_thread_id=src, source_checkpoint_id="s1", destination_thread_id=dst,
         destination_checkpoint_id="taken", created_at=1, writer=wd), "SANDBOX_SNAPSHOT_FORK_DESTINATION_NOT_EMPTY")
