@@ -81,6 +81,23 @@ async def appends(tl, total: int, threads: int, callers: int, files: int, conv_b
     return Result(f"checkpoint append (CAS), {callers} callers", n, time.perf_counter() - t0, 0, latencies)
 
 
+async def save_threads(tl, size: int, total: int, threads: int, callers: int) -> Result:
+    transcript = [{"role": "user", "content": "x" * max(1, size - 30)}]
+    per = total // callers
+    latencies: list[float] = []
+
+    async def caller(c: int) -> None:
+        for i in range(per):
+            start = time.perf_counter()
+            await tl.messages.save_thread(f"save-thread-{(c + i * callers) % threads}", transcript)
+            latencies.append(time.perf_counter() - start)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*[caller(c) for c in range(callers)])
+    return Result(f"save_thread (same bytes), {callers} callers", per * callers, time.perf_counter() - t0, 0,
+                  latencies)
+
+
 async def main() -> None:
     ap = bench_args(__doc__)
     ap.add_argument("--count", type=int, default=4000, help="appends measured")
@@ -105,39 +122,44 @@ async def main() -> None:
         rawc = await raw_produce_closed_loop(bootstrap, topic, payload, args.count, args.clients, args.partitions)
         pipe = raw_produce_pipelined(bootstrap, topic, payload, args.count * 5, args.partitions)
         with tempfile.TemporaryDirectory() as state:
-            if args.external:
-                worker = subprocess.Popen(
-                    [sys.executable, "-m", "threadlog", "worker", "--bootstrap", bootstrap, "--namespace", ns,
-                     "--partitions", str(args.partitions), "--state-dir", f"{state}/worker",
-                     "--instance-id", "bench-worker"], stdout=subprocess.PIPE, text=True)
-                assert worker.stdout is not None
-                print(worker.stdout.readline().strip())
-            async with threadlog.open(bootstrap, namespace=ns, state_dir=f"{state}/client",
-                                      partitions=args.partitions,
-                                      processors="external" if args.external else "embedded") as tl:
-                await appends(tl, args.clients * 20, args.threads, args.clients, args.files,
-                              args.conversation_bytes, "warmup")
-                res = await appends(tl, args.count, args.threads, args.clients, args.files,
-                                    args.conversation_bytes, "measured")
-                stats = dict(tl.runtime.decider.stats) if tl.runtime.decider else None
+            try:
+                if args.external:
+                    worker = subprocess.Popen(
+                        [sys.executable, "-m", "threadlog", "worker", "--bootstrap", bootstrap, "--namespace", ns,
+                         "--partitions", str(args.partitions), "--state-dir", f"{state}/worker",
+                         "--instance-id", "bench-worker"], stdout=subprocess.PIPE, text=True)
+                    assert worker.stdout is not None
+                    print(worker.stdout.readline().strip())
+                async with threadlog.open(bootstrap, namespace=ns, state_dir=f"{state}/client",
+                                          partitions=args.partitions,
+                                          processors="external" if args.external else "embedded") as tl:
+                    await appends(tl, args.clients * 20, args.threads, args.clients, args.files,
+                                  args.conversation_bytes, "warmup")
+                    res = await appends(tl, args.count, args.threads, args.clients, args.files,
+                                        args.conversation_bytes, "measured")
+                    # The engine's simplest command (a transcript save, same bytes) in the same run:
+                    # what any decided command costs here, whatever it decides.
+                    save = await save_threads(tl, len(payload), args.count, args.threads, args.clients)
+                    stats = dict(tl.runtime.decider.stats) if tl.runtime.decider else None
+            finally:
+                if worker is not None:
+                    worker.terminate()
+                    try:
+                        worker.wait(20)
+                    except subprocess.TimeoutExpired:
+                        worker.kill()
         mode = "decider in a separate worker process" if args.external else "decider embedded in the client"
         print(f"\nbroker {bootstrap}; command payload {len(payload)} B ({args.files} files, "
               f"{args.conversation_bytes} B conversation); {args.threads} threads; {args.partitions} partitions; "
               f"{mode}\n")
-        report([(rawc, None), (pipe, None), (res, rawc)])
-        print(f"\nratio = append rate / raw closed-loop produce rate at {args.clients} awaiting writers; "
-              f"vs pipelined: {res.rate / pipe.rate:.3f}")
+        report([(rawc, None), (pipe, None), (res, rawc), (save, rawc)])
+        print(f"\nratio = rate / raw closed-loop produce rate at {args.clients} awaiting writers; "
+              f"appends vs pipelined: {res.rate / pipe.rate:.3f}; appends vs save_thread: {res.rate / save.rate:.2f}")
         if stats:
             print(f"decider: {stats['commands']} commands in {stats['batches']} transactions "
                   f"({stats['commands'] / max(1, stats['batches']):.1f} per transaction), "
                   f"{stats['refused']} refused, {stats['aborts']} aborts")
     finally:
-        if worker is not None:
-            worker.terminate()
-            try:
-                worker.wait(20)
-            except subprocess.TimeoutExpired:
-                worker.kill()
         delete_topic(bootstrap, topic)
         from confluent_kafka.admin import AdminClient
 

@@ -305,3 +305,26 @@ def from_wire(record: dict) -> dict:
     out["conversation"] = conversation
     out["artifacts"] = [dict(a) for a in record["artifacts"]]
     return out
+
+
+def record_json(record: dict) -> bytes:
+    """The stored form of a `threadlog.Checkpoint` Avro record: the API dict as JSON.
+
+    The conversation is spliced in as the JSON text it travelled as (the decider
+    checked it is a JSON array before the event existed), so folding a
+    checkpoint never parses and re-serializes a possibly large transcript.
+    """
+    head: dict[str, Any] = {
+        "id": record["id"],
+        "threadId": record["threadId"],
+        "parentCheckpointId": record.get("parentCheckpointId"),
+        "createdAt": record["createdAt"],
+        "reason": record["reason"],
+    }
+    for name in ("label", "sourceRunId"):
+        if record.get(name) is not None:
+            head[name] = record[name]
+    head["files"] = [{k: v for k, v in f.items() if v is not None} for f in record["files"]]
+    head["artifacts"] = [dict(a) for a in record["artifacts"]]
+    text = dumps(head)
+    return (text[:-1] + ',"conversation":' + record["conversation"] + "}").encode("utf-8")

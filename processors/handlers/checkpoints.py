@@ -154,7 +154,8 @@ def append(ctx: Context, cmd: dict) -> Decision:
     if cp["parentCheckpointId"] != expected:
         raise ThreadLogError(PARENT_MISMATCH, f"checkpoint {cp['id']!r} has parent {cp['parentCheckpointId']!r}, "
                                               f"not the expected head {expected!r}")
-    ev = {"checkpoint": to_wire(cp), "fence": writer["fence"]}
+    # The record as it arrived is what was validated; it travels on unchanged.
+    ev = {"checkpoint": cmd["checkpoint"], "fence": writer["fence"]}
     return Decision(events=[("threadlog.evt.CheckpointAppended", ev)], result=cp["id"])
 
 

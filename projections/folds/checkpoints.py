@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 
-from threadlog.checkpoint_rules import blob_keys, from_wire
+from threadlog.checkpoint_rules import blob_keys, record_json
 
 from ..fold import EventMeta, folds
 from ..keys import key, split
@@ -111,13 +111,14 @@ def get_lease(view, thread_id: str) -> dict | None:
 
 
 # -- folds ---------------------------------------------------------------------------
-def _store(view: View, cp: dict) -> None:
-    thread, cid = cp["threadId"], cp["id"]
-    rk = record_key(thread, cp["createdAt"], cid)
-    view.put_json(rk, cp)
+def _store(view: View, wire: dict) -> None:
+    """Store a checkpoint (as its Avro record) and make it the head of its thread."""
+    thread, cid = wire["threadId"], wire["id"]
+    rk = record_key(thread, wire["createdAt"], cid)
+    view.put(rk, record_json(wire))
     view.put(index_key(cid, thread), rk)
     view.put(head_key(thread), cid.encode("utf-8"))
-    for blob in blob_keys(cp):
+    for blob in blob_keys(wire):
         _add_ref(view, blob, thread, 1)
     presence.add(view, thread, presence.CHECKPOINT, 1)
 
@@ -157,7 +158,7 @@ def writer_released(view: View, meta: EventMeta, ev: dict) -> None:
 
 @folds("threadlog.evt.CheckpointAppended")
 def checkpoint_appended(view: View, meta: EventMeta, ev: dict) -> None:
-    _store(view, from_wire(ev["checkpoint"]))
+    _store(view, ev["checkpoint"])
 
 
 @folds("threadlog.evt.CheckpointHeadDeleted")
@@ -180,9 +181,9 @@ def checkpoint_head_deleted(view: View, meta: EventMeta, ev: dict) -> None:
 
 @folds("threadlog.evt.CheckpointForked")
 def checkpoint_forked(view: View, meta: EventMeta, ev: dict) -> None:
-    root = from_wire(ev["checkpoint"])
+    root = ev["checkpoint"]
     _store(view, root)
     # The destination transcript becomes the copied conversation, in the same
     # event as the root: a fork is never visible half-done.
-    view.put(transcript_key(root["threadId"]), ev["checkpoint"]["conversation"].encode("utf-8"))
+    view.put(transcript_key(root["threadId"]), root["conversation"].encode("utf-8"))
     presence.mark(view, root["threadId"], presence.TRANSCRIPT)
