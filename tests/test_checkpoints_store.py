@@ -5,6 +5,7 @@ release and re-acquire), blob references, check order, ids."""
 
 from __future__ import annotations
 
+import asyncio
 import types
 
 import pytest
@@ -531,3 +532,39 @@ async def test_invalid_ids_are_refused_by_every_method(tl, bad):
                 "destination_checkpoint_id": "r", "created_at": 1, "writer": w, name: bad}
         await refused(cps.fork_from_checkpoint(**args), INVALID_ID)
     assert await thread_state(tl, "t") == before
+
+
+# -- rebuild --------------------------------------------------------------------------------------
+async def test_rebuild_from_offset_zero_gives_the_same_checkpoint_reads(open_client, tmp_path, bootstrap, namespace):
+    from threadlog.projections.rebuild import rebuild
+
+    state = tmp_path / "host"
+    tl = await open_client(state_dir=str(state))
+    cps = tl.checkpoints
+    w = await within(cps.acquire_writer("t"))
+    head = None
+    for n in range(6):
+        head = await append(tl, checkpoint(f"c{n}", "t", head, created_at=n % 3,
+                                           artifacts=[artifact(f"a{n}", "bcd"[n % 3])]), head, w)
+    await within(cps.delete_head(thread_id="t", checkpoint_id="c5", writer=w))
+    dw = await within(cps.acquire_writer("d"))
+    await within(cps.fork_from_checkpoint(source_thread_id="t", source_checkpoint_id="c2", destination_thread_id="d",
+                                          destination_checkpoint_id="root", created_at=9, writer=dw))
+    await within(w.release())
+
+    async def reads(client) -> dict:
+        return {"t": await thread_state(client, "t"), "d": await thread_state(client, "d"),
+                "root": await within(client.checkpoints.get("root")),
+                "c5": await within(client.checkpoints.get("c5"))}
+
+    before = await reads(tl)
+    assert before["c5"] is None and before["d"]["head"] == "root" and before["t"]["head"] == "c4"
+    store_path = tl.runtime.store.path
+    await tl.close()
+    stats = await asyncio.to_thread(rebuild, bootstrap, namespace, store_path, lambda _line: None)
+    assert stats["skipped"] == 0
+    reopened = await open_client(state_dir=str(state))
+    assert await reads(reopened) == before
+    # Decider state was rebuilt too: the released lease is free, fences continue.
+    assert (await within(reopened.checkpoints.acquire_writer("t"))).fence == 2
+    await refused(reopened.checkpoints.acquire_writer("d"), WRITER_CONFLICT)
