@@ -275,6 +275,7 @@ async def test_the_decider_rechecks_in_the_same_order_when_the_client_is_bypasse
 
     cases = [
         (checkpoint("", "t", "c1"), "c1", writer(w), INVALID_ID),
+        (checkpoint("", "t", "c1", conversation="{not json"), "c1", writer(w), INVALID_ID),
         (checkpoint("c2", "t", "c1"), "c1", writer(other), WRITER_LOST),
         (checkpoint("c2", "t", "c1", reason="bad"), "c1", writer(other), WRITER_LOST),
         (checkpoint("c2", "t", "c1", reason="bad"), "c1", writer(w, ownerToken="x"), INVALID_ENTRY),

@@ -133,6 +133,8 @@ def check_checkpoint_body(checkpoint: dict) -> None:
         if value is not None and not _is_text(value):
             raise invalid_entry(f"checkpoint {name} must be a well-formed string when present, got {value!r}")
     conversation = checkpoint.get("conversation")
+    if isinstance(conversation, UnparsedJson):
+        raise invalid_entry(f"checkpoint conversation is not JSON text: {conversation.error}")
     if not isinstance(conversation, list):
         raise invalid_entry(f"checkpoint conversation must be a list, got {type(conversation).__name__}")
     problem = json_problem(conversation, "checkpoint conversation")
@@ -282,15 +284,21 @@ def to_wire(checkpoint: dict) -> dict:
     }
 
 
-def from_wire(record: dict) -> dict:
-    """A `threadlog.Checkpoint` Avro record as the API dict (absent fields dropped).
+class UnparsedJson:
+    """A conversation that arrived as text that is not JSON (only a forged command
+    can carry one). Refused by `check_checkpoint_body`, at the step where the
+    SPEC checks the conversation -- not earlier, so the ids are checked first."""
 
-    Raises `INVALID_ENTRY` if the conversation is not JSON text (a forged command).
-    """
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def from_wire(record: dict) -> dict:
+    """A `threadlog.Checkpoint` Avro record as the API dict (absent fields dropped)."""
     try:
-        conversation = loads(record["conversation"])
+        conversation: Any = loads(record["conversation"])
     except ValueError as exc:
-        raise invalid_entry(f"checkpoint conversation is not JSON text: {exc}") from None
+        conversation = UnparsedJson(str(exc))
     out = {
         "id": record["id"],
         "threadId": record["threadId"],
