@@ -12,6 +12,7 @@ from .errors import ThreadLogError, unavailable
 from .producers.commands import CommandBus
 from .runtime import Runtime
 from .stores.artifacts import ArtifactStore
+from .stores.checkpoints import CheckpointStore
 from .stores.generation_runs import GenerationRunStore
 from .stores.interrupts import InterruptStore
 from .stores.messages import MessageStore
@@ -34,6 +35,7 @@ class ThreadLog:
         self.generation_runs = GenerationRunStore(self)
         self.metadata = MetadataStore(self)
         self.artifacts = ArtifactStore(self)
+        self.checkpoints = CheckpointStore(self)
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------
