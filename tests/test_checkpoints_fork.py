@@ -65,7 +65,7 @@ async def state_of(tl, thread: str) -> dict:
 
 async def log_ends(tl) -> dict[int, int]:
     """Last stable offset of every events partition: equal before and after = no event written."""
-    return await asyncio.to_thread(tl.runtime.barrier.stable_offsets_sync)
+    return await asyncio.to_thread(tl.runtime.barrier.end_offsets_sync)
 
 
 async def expect_rejected_without_changes(tl, call, code: str, thread: str = "destination") -> None:

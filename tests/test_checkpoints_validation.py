@@ -200,7 +200,7 @@ async def check_rules(tl, rules: dict, code: str) -> int:
     w = await within(tl.checkpoints.acquire_writer("t"))
     await within(tl.checkpoints.append(checkpoint=checkpoint("c1", "t"), expected_head_id=None, writer=w))
     before = await thread_state(tl, "t")
-    ends = await asyncio.to_thread(tl.runtime.barrier.stable_offsets_sync)
+    ends = await asyncio.to_thread(tl.runtime.barrier.end_offsets_sync)
     forged = 0
     for name, change in rules.items():
         cp = build(change)
@@ -214,7 +214,7 @@ async def check_rules(tl, rules: dict, code: str) -> int:
             except AssertionError as exc:
                 raise AssertionError(f"{name}: {exc}") from None
     # Nothing changed: no event reached any partition, and every read is as before.
-    assert await asyncio.to_thread(tl.runtime.barrier.stable_offsets_sync) == ends
+    assert await asyncio.to_thread(tl.runtime.barrier.end_offsets_sync) == ends
     assert await thread_state(tl, "t") == before
     assert await within(tl.checkpoints.get("c2")) is None
     # The same writer still appends a valid checkpoint afterwards.
