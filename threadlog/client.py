@@ -11,6 +11,7 @@ from .config import Options
 from .errors import ThreadLogError, unavailable
 from .producers.commands import CommandBus
 from .runtime import Runtime
+from .stores.blobs import BlobStore
 from .stores.messages import MessageStore
 
 log = logging.getLogger("threadlog.client")
@@ -24,6 +25,7 @@ class ThreadLog:
         self.runtime = Runtime(opts, with_decider=opts.processors == "embedded")
         self.bus: CommandBus | None = None
         self.messages = MessageStore(self)
+        self.blobs = BlobStore(self)
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------
@@ -54,6 +56,7 @@ class ThreadLog:
         self.runtime.wait_assigned(timeout=10)
 
     def _stop_sync(self) -> None:
+        self.blobs.close()
         if self.bus is not None:
             self.bus.close()
         self.runtime.stop()
