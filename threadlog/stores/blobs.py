@@ -151,8 +151,7 @@ class BlobStore(StoreFacade):
     async def _get(self, key: str, wanted_range: tuple[int, int | None] | None) -> dict[str, Any] | None:
         gone_version = None
         for _ in range(_READ_ATTEMPTS):
-            await self._read_barrier(state.partition_key(key))
-            layout = self._store.get_json(state.layout_key(key))
+            layout = await self._layout(key)
             if layout is None:
                 return None
             if layout["version"] == gone_version:
@@ -176,6 +175,11 @@ class BlobStore(StoreFacade):
             out["body"] = body
             return out
         raise unavailable(f"blob {key!r} was replaced {_READ_ATTEMPTS} times while being read")
+
+    async def _layout(self, key: str) -> dict | None:
+        """The current manifest of `key`, reflecting every write acknowledged before this call."""
+        await self._read_barrier(state.partition_key(key))
+        return self._store.get_json(state.layout_key(key))
 
     async def _read_body(self, key: str, layout: dict, start: int, length: int) -> bytes:
         """Bytes [start, start+length) of the version `layout` names, fetching only the chunks needed."""
