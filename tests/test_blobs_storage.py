@@ -16,7 +16,15 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 from support import read_topic, within
-from threadlog.producers.blob_chunks import CHUNK_SIZE, MAX_CHUNK, ChunkGone, ChunkRef, ChunkWriter, new_version
+from threadlog.producers.blob_chunks import (
+    CHUNK_SIZE,
+    MAX_CHUNK,
+    ChunkGone,
+    ChunkRef,
+    ChunkWriter,
+    encode_chunk,
+    new_version,
+)
 from threadlog.projections.folds import blobs as state
 from threadlog.schemas import default_codec
 
@@ -60,6 +68,17 @@ def flush_chunks(tl) -> None:
 
 async def layout(tl, key: str) -> dict | None:
     return await tl.blobs._layout(key)
+
+
+@pytest.mark.parametrize("size", [0, 1, 63, 64, 127, 128, 8191, 8192, 16384, CHUNK_SIZE, MAX_CHUNK])
+def test_the_fast_chunk_encoding_is_the_codecs_byte_for_byte(size):
+    codec = default_codec()
+    data = os.urandom(size)
+    for key, index in [("k", 0), ("é/🌍" * 50, 1), ("a/" + "0" * 32 + "/1", 2**31 - 1)]:
+        fast = encode_chunk(codec, key, "f" * 32, index, memoryview(data))
+        assert fast == codec.encode("threadlog.BlobChunk", {"blobKey": key, "version": "f" * 32,
+                                                             "index": index, "data": data})
+        assert codec.decode(fast)[1]["data"] == data
 
 
 # -- tombstones -------------------------------------------------------------------------------
