@@ -14,7 +14,7 @@ import tracemalloc
 
 import pytest
 from support import within
-from threadlog.producers.blob_chunks import CHUNK_SIZE, WINDOW
+from threadlog.producers.blob_chunks import CHUNK_SIZE
 from threadlog.projections.folds import blobs as state
 
 from threadlog import ThreadLogError
@@ -121,12 +121,9 @@ async def test_every_body_kind_stores_the_same_bytes(tl):
 async def test_a_streamed_put_holds_only_a_bounded_part_of_the_body(tl):
     piece = os.urandom(64 * 1024)
     count = 48 * MiB // len(piece)
-    queued: list[int] = []
 
     def body():
         for _ in range(count):
-            if tl.blobs._sink is not None:  # records handed to Kafka and not yet acknowledged
-                queued.append(len(tl.blobs._sink.producer))
             yield piece
 
     tracemalloc.start()
@@ -136,10 +133,8 @@ async def test_a_streamed_put_holds_only_a_bounded_part_of_the_body(tl):
     finally:
         tracemalloc.stop()
     assert rec["size"] == count * len(piece)
-    # 48 MiB went through; Python never held more than a few chunks of it at
-    # once, and at most WINDOW chunk records waited in the producer.
-    assert peak < 8 * MiB, peak
-    assert max(queued) <= WINDOW + 1
+    # 48 MiB went through; Python never held more than a few chunks of it at once.
+    assert peak < 4 * MiB, peak
     got = await within(tl.blobs.get("stream"))
     assert got["body"] == piece * count
 
