@@ -27,6 +27,7 @@ from common import (
     bootstrap_or_local,
     delete_topic,
     raw_consume,
+    raw_produce_closed_loop,
     raw_produce_pipelined,
     temp_topic,
 )
@@ -85,6 +86,9 @@ async def main() -> None:
         raw_put.name = f"raw produce {CHUNK_SIZE // 1024} KiB records, pipelined"
         raw_get = raw_consume(bootstrap, topic, args.partitions)
         raw_get.name = f"raw consume {CHUNK_SIZE // 1024} KiB records from 0"
+        raw_small = await raw_produce_closed_loop(bootstrap, topic, small, args.small_count, args.clients,
+                                                  args.partitions)
+        raw_small.name = f"raw produce {args.small_kib} KiB, {args.clients} awaiting writers"
         with tempfile.TemporaryDirectory() as state:
             async with threadlog.open(bootstrap, namespace=ns, state_dir=state, partitions=args.partitions) as tl:
                 await tl.blobs.put("warmup", big[: 2 * CHUNK_SIZE])
@@ -112,10 +116,11 @@ async def main() -> None:
                 stats = dict(tl.runtime.decider.stats)
         print(f"\nbroker {bootstrap}; {args.partitions} partitions; chunk {CHUNK_SIZE // 1024} KiB\n")
         print(f"{'measurement':<48} {'calls':>6} {'MiB/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'ratio':>7}")
-        for res, base in [(raw_put, None), (raw_get, None), (puts, raw_put), (overwrite, raw_put), (gets, raw_get),
-                          (sputs, raw_put), (sgets, raw_get), (ranged, None)]:
+        for res, base in [(raw_put, None), (raw_get, None), (raw_small, None), (puts, raw_put), (overwrite, raw_put),
+                          (gets, raw_get), (sputs, raw_small), (sgets, raw_get), (ranged, None)]:
             print(row(res, base))
-        print("\nratio = blob MiB/s / raw MiB/s of the same bytes (produce for puts, consume for gets)")
+        print("\nratio = blob MiB/s / raw MiB/s of the same bytes: large puts vs pipelined produce, small puts vs")
+        print("awaiting writers at the same concurrency, gets vs consume from offset 0")
         print(f"decider: {stats['commands']} commands in {stats['batches']} transactions")
     finally:
         delete_topic(bootstrap, topic)
