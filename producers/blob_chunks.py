@@ -266,9 +266,10 @@ class ChunkReader:
         "fetch.queue.backoff.ms": 1,
     }
 
-    def __init__(self, bootstrap: str, topic: str, codec: Codec, client_id: str, timeout: float,
+    def __init__(self, bootstrap: str, topic: str, partitions: int, codec: Codec, client_id: str, timeout: float,
                  pool: int = 8) -> None:
         self.topic = topic
+        self.partitions = partitions
         self.codec = codec
         self.timeout = timeout
         self._bootstrap = bootstrap
@@ -318,6 +319,8 @@ class ChunkReader:
             return {}
         by_partition: dict[int, deque[tuple[int, ChunkRef]]] = {}
         for index, ref in sorted(wanted, key=lambda w: (w[1].partition, w[1].offset)):
+            if not 0 <= ref.partition < self.partitions:
+                raise ChunkGone(f"chunk {index} names partition {ref.partition}; {self.topic} has {self.partitions}")
             by_partition.setdefault(ref.partition, deque()).append((index, ref))
         out: dict[int, bytes] = {}
         consumer = self._acquire()

@@ -226,9 +226,12 @@ async def test_chunks_are_verified_against_the_manifest(tl):
         await within(fetch(l2["version"], l1["chunks"]))
     with pytest.raises(ChunkGone):
         await within(fetch(l1["version"], l2["chunks"]))
-    # Offsets past the end of the partition: the chunk is gone, not waited for.
+    # Offsets past the end of the partition, or a partition the topic does not
+    # have: the chunk is gone, not waited for.
     with pytest.raises(ChunkGone):
         await within(fetch(l2["version"], [[p, o + 10_000, n] for p, o, n in l2["chunks"]]))
+    with pytest.raises(ChunkGone):
+        await within(fetch(l2["version"], [[tl.runtime.layout.blobs, 0, n] for _, _, n in l2["chunks"]]), 5)
     # A reader still holding the old manifest gets the old version whole -- never a mix.
     got = await within(fetch(l1["version"], l1["chunks"]))
     assert b"".join(got[i] for i in range(2)) == v1

@@ -53,8 +53,9 @@ class BlobStore(StoreFacade):
     def _chunk_reader(self) -> ChunkReader:
         if self._reader is None:
             rt = self._tl.runtime
-            self._reader = ChunkReader(self._tl.opts.bootstrap_servers, rt.topics.blobs, rt.codec, rt.client_id,
-                                       self._tl.opts.request_timeout)
+            assert rt.layout is not None
+            self._reader = ChunkReader(self._tl.opts.bootstrap_servers, rt.topics.blobs, rt.layout.blobs, rt.codec,
+                                       rt.client_id, self._tl.opts.request_timeout)
         return self._reader
 
     def close(self) -> None:
