@@ -12,6 +12,7 @@ from .errors import ThreadLogError, unavailable
 from .producers.commands import CommandBus
 from .runtime import Runtime
 from .stores.artifacts import ArtifactStore
+from .stores.blobs import BlobStore
 from .stores.checkpoints import CheckpointStore
 from .stores.generation_runs import GenerationRunStore
 from .stores.interrupts import InterruptStore
@@ -36,6 +37,7 @@ class ThreadLog:
         self.metadata = MetadataStore(self)
         self.artifacts = ArtifactStore(self)
         self.checkpoints = CheckpointStore(self)
+        self.blobs = BlobStore(self)
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------
@@ -66,6 +68,7 @@ class ThreadLog:
         self.runtime.wait_assigned(timeout=10)
 
     def _stop_sync(self) -> None:
+        self.blobs.close()
         if self.bus is not None:
             self.bus.close()
         self.runtime.stop()
