@@ -39,7 +39,7 @@ from threadlog.projections.barrier import ReadBarrier
 from threadlog.projections.fold import EventMeta, apply_event, current_seq
 from threadlog.projections.follower import Follower
 from threadlog.projections.store import Store
-from threadlog.projections.view import View
+from threadlog.projections.view import View, overlay_scan
 from threadlog.schemas import Codec, CodecError
 
 from threadlog import kafka_config
@@ -90,16 +90,7 @@ class _BatchView(View):
         return self.store.get(k)
 
     def scan(self, prefix: bytes):
-        merged = dict(self.store.scan(prefix))
-        for layer in [*reversed(self._others), self.buffer]:
-            for k, v in layer.items():
-                if k.startswith(prefix):
-                    if v is None:
-                        merged.pop(k, None)
-                    else:
-                        merged[k] = v
-        for k in sorted(merged):
-            yield k, merged[k]
+        return overlay_scan(self.store.scan(prefix), [*reversed(self._others), self.buffer], prefix)
 
 
 @dataclass
