@@ -1,13 +1,24 @@
 """Read barrier: every read reflects every write acknowledged before it began.
 
-A write is acknowledged once its transaction committed, so it lies below the
-partition's last stable offset (LSO). A read therefore asks the broker for the
-LSO of the partitions it depends on, *after* it began, and waits until the
-follower has folded up to there. The LSO of a transactional topic usually
-points just past a commit marker -- a control record no consumer ever yields
--- so "folded up to" is the follower's reported position, which moves past
-markers when it reaches the end of the log, never the offset of the last
-event it saw (comparing to that would hang forever: the classic barrier bug).
+A read asks the broker for the end (high watermark) of the partitions it
+depends on, *after* it began, and waits until the follower -- a read_committed
+consumer -- has moved past there.
+
+Why the high watermark and not the last stable offset (LSO): a commit is
+acknowledged when the coordinator has decided it, but it writes the commit
+markers to the transaction's partitions one by one, afterwards. A client can
+hold the reply (its marker on `replies` written) while the marker on `events`
+is not: the LSO still sits before the event, so an LSO barrier would let the
+client's next read miss its own acknowledged write. Every record of that
+transaction is below the high watermark, and a read_committed consumer only
+moves past them once their marker is written -- so waiting for the follower to
+pass the high watermark includes every acknowledged write (at the price of
+also waiting out transactions in flight, bounded by the transaction timeout).
+
+Markers are control records no consumer yields, and the high watermark often
+lies just past one; the follower's position comes from the consumer's
+end-of-partition report, never from the last event it saw (comparing to that
+would hang forever: the classic barrier bug).
 
 Concurrent reads share broker round trips: a read joins the next request that
 starts after it began, never one already in flight (that one may predate a
@@ -40,10 +51,10 @@ class ReadBarrier:
     def _request(self) -> dict:
         req = {TopicPartition(self.topic, p): OffsetSpec.latest() for p in range(self.follower.partitions)}
         return self.admin.list_offsets(
-            req, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=self.timeout
+            req, isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=self.timeout
         )
 
-    def stable_offsets_sync(self) -> dict[int, int]:
+    def end_offsets_sync(self) -> dict[int, int]:
         deadline = time.monotonic() + self.timeout
         while True:
             try:
@@ -74,7 +85,7 @@ class ReadBarrier:
                 raise unavailable(f"end offsets of {self.topic} not answered in {self.timeout}s") from None
             await asyncio.sleep(0.05)
 
-    async def _stable_offsets(self) -> dict[int, int]:
+    async def _end_offsets(self) -> dict[int, int]:
         loop = asyncio.get_running_loop()
         if self._inflight is None:
             fut = self._inflight = loop.create_future()
@@ -110,14 +121,14 @@ class ReadBarrier:
     async def wait(self, partitions: list[int] | None = None) -> None:
         """Return once every write acknowledged before this call is folded."""
         start = time.monotonic()
-        offsets = await self._stable_offsets()
+        offsets = await self._end_offsets()
         if partitions is not None:
             offsets = {p: offsets[p] for p in partitions}
         left = max(0.1, self.timeout - (time.monotonic() - start))
         await self.follower.wait(offsets, left)
 
     def wait_sync(self, partitions: list[int] | None = None) -> None:
-        offsets = self.stable_offsets_sync()
+        offsets = self.end_offsets_sync()
         if partitions is not None:
             offsets = {p: offsets[p] for p in partitions}
         self.follower.wait_sync(offsets, self.timeout)

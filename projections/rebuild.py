@@ -38,7 +38,7 @@ def rebuild(
     barrier = ReadBarrier(admin, follower)
     started = time.monotonic()
     try:
-        targets = barrier.stable_offsets_sync()
+        targets = barrier.end_offsets_sync()
         total = sum(targets.values())
         follower.start()
         deadline = started + timeout

@@ -19,6 +19,21 @@ def _dump(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
+def overlay_scan(base: Iterator[tuple[bytes, bytes]], layers: list[dict[bytes, bytes | None]],
+                 prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """`base` under `prefix` with buffered writes applied, lowest layer first (None deletes)."""
+    merged = dict(base)
+    for layer in layers:
+        for k, v in layer.items():
+            if k.startswith(prefix):
+                if v is None:
+                    merged.pop(k, None)
+                else:
+                    merged[k] = v
+    for k in sorted(merged):
+        yield k, merged[k]
+
+
 class View:
     def __init__(self, store: Store, buffer: dict[bytes, bytes | None] | None = None) -> None:
         self.store = store
@@ -44,18 +59,10 @@ class View:
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Merged, ascending scan of buffer and store under `prefix`."""
-        merged = dict(self.store.scan(prefix))
-        for k, v in self.buffer.items():
-            if k.startswith(prefix):
-                if v is None:
-                    merged.pop(k, None)
-                else:
-                    merged[k] = v
-        for k in sorted(merged):
-            yield k, merged[k]
+        return overlay_scan(self.store.scan(prefix), [self.buffer], prefix)
 
     def child(self) -> View:
-        """A view whose writes stay separate until `merge_into` (one command's effects)."""
+        """A view whose writes stay separate until `merge` (one command's effects)."""
         return _ChildView(self)
 
 
@@ -70,15 +77,7 @@ class _ChildView(View):
         return self.parent.get(k)
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        merged = dict(self.parent.scan(prefix))
-        for k, v in self.buffer.items():
-            if k.startswith(prefix):
-                if v is None:
-                    merged.pop(k, None)
-                else:
-                    merged[k] = v
-        for k in sorted(merged):
-            yield k, merged[k]
+        return overlay_scan(self.parent.scan(prefix), [self.buffer], prefix)
 
     def merge(self) -> None:
         self.parent.buffer.update(self.buffer)

@@ -77,20 +77,3 @@ class ClaimWriter:
         self.begin(run_id, epoch)
         self.commit()
 
-
-async def run_visible(tl: ThreadLog, run_id: str, seconds: float = 10.0) -> None:
-    """Wait (bounded) until host `tl` sees a run another host just created.
-
-    Observed on the shared broker (about one claim in 250): a command's reply
-    can be visible before its events are -- the transaction coordinator writes
-    the commit marker of each partition separately, so another host's read
-    barrier may, for a moment, miss a write whose reply already arrived. That
-    is the command path's concern, not the delivery log's; these tests wait
-    for the precondition instead of racing it.
-    """
-
-    async def poll():
-        while await tl.runs.get(run_id) is None:
-            await asyncio.sleep(0.01)
-
-    await asyncio.wait_for(poll(), seconds)

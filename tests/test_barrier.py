@@ -3,6 +3,7 @@ markers occupy offsets no consumer yields, and must never make a read hang."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 from confluent_kafka import Producer
@@ -15,9 +16,9 @@ async def test_barrier_passes_trailing_commit_markers(tl, open_client):
     for n in range(5):
         await within(tl.messages.save_thread("t", [n]))
     part = partition_for("t", tl.runtime.layout.events)
-    stable = tl.runtime.barrier.stable_offsets_sync()[part]
-    # 5 events, each followed by its transaction's commit marker: the stable
-    # offset lies past a marker, beyond the last record any consumer yields.
+    stable = tl.runtime.barrier.end_offsets_sync()[part]
+    # 5 events, each followed by its transaction's commit marker: the end of
+    # the log lies past a marker, beyond the last record any consumer yields.
     fresh = await open_client(processors="external")
     assert await within(fresh.messages.load_thread("t"), 20) == [4]
     assert fresh.runtime.follower.applied(part) >= stable
@@ -34,7 +35,7 @@ async def test_barrier_passes_an_aborted_transaction_at_the_tail(tl, bootstrap, 
     p.flush(30)
     p.abort_transaction(30)
     # The aborted record and its abort marker sit at the end of the partition.
-    before = tl.runtime.barrier.stable_offsets_sync()[part]
+    before = tl.runtime.barrier.end_offsets_sync()[part]
     fresh = await open_client(processors="external")
     assert await within(fresh.messages.load_thread("t"), 20) == ["committed"]
     assert await within(tl.messages.load_thread("t"), 20) == ["committed"]
@@ -42,22 +43,37 @@ async def test_barrier_passes_an_aborted_transaction_at_the_tail(tl, bootstrap, 
     assert fresh.runtime.follower.skipped == 0  # the aborted record was never delivered
 
 
-async def test_barrier_waits_for_an_open_transaction_to_end(tl, bootstrap):
-    # A write in flight (transaction open) holds the stable offset back; a read
-    # that began before it commits does not wait for it, and after the commit
-    # the next read does see it.
+def _open_transaction(tl, bootstrap, messages: str, **conf):
     part = partition_for("t", tl.runtime.layout.events)
-    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"test-open-{uuid.uuid4().hex[:6]}"})
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"test-open-{uuid.uuid4().hex[:6]}", **conf})
     p.init_transactions(30)
     p.begin_transaction()
     codec = tl.runtime.codec
-    payload = codec.encode("threadlog.evt.TranscriptSaved", {"threadId": "t", "messages": '["in flight"]'})
+    payload = codec.encode("threadlog.evt.TranscriptSaved", {"threadId": "t", "messages": messages})
     env = {"key": "t", "seq": 1, "decidedAt": 0.0, "commandId": "x", "type": "threadlog.evt.TranscriptSaved",
            "payload": payload}
     p.produce(tl.runtime.topics.events, codec.encode("threadlog.Event", env), b"t", partition=part)
     p.flush(30)
-    assert await within(tl.messages.load_thread("t"), 20) == []
+    return p
+
+
+async def test_a_read_waits_for_a_transaction_in_flight_and_sees_it_committed(tl, bootstrap):
+    # A commit is acknowledged before its markers reach every partition, so a
+    # read must not trust the last stable offset: it waits for the transaction
+    # in flight to end, then reflects it.
+    p = _open_transaction(tl, bootstrap, '["in flight"]')
+    read = asyncio.ensure_future(tl.messages.load_thread("t"))
+    done, _ = await asyncio.wait({read}, timeout=0.5)
+    assert not done  # still waiting on the open transaction
     p.commit_transaction(30)
-    assert await within(tl.messages.load_thread("t"), 20) == ["in flight"]
-    wm = tl.runtime.barrier.stable_offsets_sync()[part]
-    assert wm == 2  # one record + its commit marker
+    assert await within(read, 20) == ["in flight"]
+
+
+async def test_a_transaction_left_open_by_a_dead_writer_delays_reads_only_until_it_times_out(tl, bootstrap):
+    # The writer stalls forever (kept alive, never commits): the broker aborts
+    # its transaction after transaction.timeout.ms, and the read completes.
+    stalled = _open_transaction(tl, bootstrap, '["never committed"]', **{"transaction.timeout.ms": 2000})
+    assert await within(tl.messages.load_thread("t"), 30) == []
+    assert len(stalled) == 0  # never flushed again, never committed
+    await within(tl.messages.save_thread("t", ["after"]))
+    assert await within(tl.messages.load_thread("t")) == ["after"]

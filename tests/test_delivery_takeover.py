@@ -10,7 +10,7 @@ import asyncio
 import random
 
 import pytest
-from delivery_support import chunk, collect, run_visible
+from delivery_support import chunk, collect
 from support import within
 
 from threadlog import ThreadLogError
@@ -27,7 +27,6 @@ async def test_takeover_old_driver_is_fenced_and_a_replay_sees_each_chunk_once_i
     a_offs += await within(a.append([chunk(2)]))
 
     # Host B takes over: claims, catches up from what is stored, continues.
-    await run_visible(host_b, "run-t")
     epoch_b = await within(host_b.runs.claim("run-t"))
     assert epoch_b == 2
     b = host_b.delivery("run-t", epoch=epoch_b)
@@ -55,7 +54,6 @@ async def test_takeover_old_driver_is_fenced_and_a_replay_sees_each_chunk_once_i
 async def test_a_run_claimed_again_and_again_replays_exactly_once(open_client):
     hosts = [await open_client(), await open_client()]
     await within(hosts[0].runs.create_or_resume(run_id="run-many", thread_id="t", started_at=1))
-    await run_visible(hosts[1], "run-many")
     expected = []
     for turn in range(6):
         host = hosts[turn % 2]
@@ -81,7 +79,6 @@ async def test_appends_racing_real_claims_are_never_acknowledged_but_dropped(ope
         run = f"race-{trial}"
         await within(driver.runs.create_or_resume(run_id=run, thread_id=f"thread-{trial}", started_at=1))
         epoch = await within(driver.runs.claim(run))
-        await run_visible(claimer, run)
         a = driver.delivery(run, epoch=epoch)
         [first] = await within(a.append([chunk(0)]))
         delays = rng.random() * 1.5 * claim_took, rng.random() * 0.005
@@ -113,7 +110,6 @@ async def test_appends_racing_real_claims_are_never_acknowledged_but_dropped(ope
         expected.append((last, chunk(4)))
         got = await collect(reader.delivery(run).read("-1"))
         assert got == expected, f"trial {trial}: append {'returned' if acked else 'raised'}"
-    print("real-claim race outcomes", outcomes)
     assert outcomes["returned"] > 0 and outcomes["raised"] > 0, outcomes
 
 

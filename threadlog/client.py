@@ -13,6 +13,8 @@ from .errors import ThreadLogError, unavailable
 from .producers.commands import CommandBus
 from .runtime import Runtime
 from .stores.artifacts import ArtifactStore
+from .stores.blobs import BlobStore
+from .stores.checkpoints import CheckpointStore
 from .stores.generation_runs import GenerationRunStore
 from .stores.interrupts import InterruptStore
 from .stores.messages import MessageStore
@@ -35,6 +37,8 @@ class ThreadLog:
         self.generation_runs = GenerationRunStore(self)
         self.metadata = MetadataStore(self)
         self.artifacts = ArtifactStore(self)
+        self.checkpoints = CheckpointStore(self)
+        self.blobs = BlobStore(self)
         self._delivery: DeliveryService | None = None
         self._closed = False
 
@@ -70,6 +74,7 @@ class ThreadLog:
     def _stop_sync(self) -> None:
         if self._delivery is not None:
             self._delivery.stop()
+        self.blobs.close()
         if self.bus is not None:
             self.bus.close()
         self.runtime.stop()

@@ -1,0 +1,109 @@
+"""Run `threadlog worker` processes from tests: start, wait for output lines, signal, stop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+class WorkerProcess:
+    """One decider process. `pausable=True` runs tests/pausable_worker.py, a worker
+    whose next commit can be held (see that file); otherwise plain `threadlog worker`."""
+
+    def __init__(self, bootstrap: str, namespace: str, state_dir: Path, instance_id: str, *,
+                 pausable: bool = False, control_dir: Path | None = None) -> None:
+        self.args = ["--bootstrap", bootstrap, "--namespace", namespace, "--state-dir", str(state_dir),
+                     "--instance-id", instance_id]
+        self.pausable = pausable
+        self.control_dir = control_dir
+        self.name = instance_id
+        self.log_path = Path(state_dir).with_suffix(".stderr.log")
+        self.proc: asyncio.subprocess.Process | None = None
+        self.lines: list[str] = []
+        self._new_line = asyncio.Event()
+        self._reader: asyncio.Task | None = None
+
+    async def start(self, timeout: float = 60) -> WorkerProcess:
+        Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        if self.pausable:
+            assert self.control_dir is not None
+            env["THREADLOG_TEST_CONTROL_DIR"] = str(self.control_dir)
+            cmd = [sys.executable, str(HERE / "pausable_worker.py"), "worker", *self.args]
+        else:
+            cmd = [sys.executable, "-m", "threadlog", "worker", *self.args]
+        self._stderr = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE,
+                                                         stderr=self._stderr, env=env)
+        self._reader = asyncio.create_task(self._read())
+        await self.wait_for("deciding", timeout)
+        return self
+
+    async def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        while True:
+            line = await self.proc.stdout.readline()
+            if not line:
+                self._new_line.set()
+                return
+            self.lines.append(line.decode(errors="replace").rstrip("\n"))
+            self._new_line.set()
+
+    async def wait_for(self, text: str, timeout: float = 60) -> str:
+        """The first stdout line containing `text` (bounded; fails if the process exits first)."""
+
+        async def scan() -> str:
+            seen = 0
+            while True:
+                for line in self.lines[seen:]:
+                    if text in line:
+                        return line
+                seen = len(self.lines)
+                if self.proc is not None and self.proc.returncode is not None and self._reader.done():
+                    raise AssertionError(f"worker {self.name} exited ({self.proc.returncode}) before "
+                                         f"printing {text!r}; stderr: {self.stderr()[-2000:]}")
+                self._new_line.clear()
+                try:
+                    await asyncio.wait_for(self._new_line.wait(), 0.5)
+                except TimeoutError:
+                    pass
+
+        return await asyncio.wait_for(scan(), timeout)
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    async def wait_exit(self, timeout: float = 60) -> int:
+        assert self.proc is not None
+        return await asyncio.wait_for(self.proc.wait(), timeout)
+
+    def stderr(self) -> str:
+        try:
+            return Path(self.log_path).read_text(errors="replace")
+        except OSError:
+            return ""
+
+    async def stop(self) -> None:
+        """Graceful stop (SIGTERM), then SIGKILL if it does not exit in time. Idempotent."""
+        if self.proc is None:
+            return
+        if self.proc.returncode is None:
+            try:
+                self.proc.send_signal(signal.SIGCONT)
+                self.proc.send_signal(signal.SIGTERM)
+                await asyncio.wait_for(self.proc.wait(), 20)
+            except (TimeoutError, ProcessLookupError):
+                try:
+                    self.proc.kill()
+                except ProcessLookupError:
+                    pass
+                await self.proc.wait()
+        if self._reader is not None:
+            await asyncio.wait_for(self._reader, 5)
+        self._stderr.close()
