@@ -511,12 +511,15 @@ class Decider:
             return "retry"
 
     def _commit(self, batch: _Batch) -> KafkaException | None:
-        """On the committer thread: the commit. Returns the failure, if any."""
+        """On the committer thread: the commit, then the batch's state reaches the
+        store at once (before the follower reads the commit back and folds it a
+        second time for nothing). Returns the failure, if any."""
         try:
             self._commit_txn(batch.producer)
-            return None
         except KafkaException as exc:
             return exc
+        self._publish(batch.buffers, batch.event_offsets)
+        return None
 
     def _commit_txn(self, producer: Producer) -> None:
         """The commit itself (the zombie tests hold a transaction open here)."""
@@ -539,8 +542,7 @@ class Decider:
             return None
         failure = batch.commit.result()
         if failure is None:
-            self._publish(batch.buffers, batch.event_offsets)
-            return None
+            return None  # committed and published by the committer
         self._failed(batch.producer, failure)
         self._rewind(batch.first_offsets)
         return batch.first_offsets
