@@ -147,6 +147,9 @@ async def test_a_corrupt_stored_status_is_an_error(tl):
     from threadlog.projections.folds import generation_runs as state
 
     await _create(tl)
+    # Settle first: a read barrier means every fold of the create reached the
+    # store, so the corruption below is not overwritten by a late fold.
+    assert (await within(tl.generation_runs.get("g1")))["status"] == "running"
     raw = b'{"runId":"g1","threadId":"t","activity":"a","provider":"p","model":"m","startedAt":1,"status":"done"}'
     tl.runtime.store.apply({state.record_key("t", "g1"): raw}, {})
     for call in (tl.generation_runs.get("g1"), tl.generation_runs.find_latest_for_thread("t")):
