@@ -293,35 +293,8 @@ class UnparsedJson:
         self.error = error
 
 
-def from_wire(record: dict) -> dict:
-    """A `threadlog.Checkpoint` Avro record as the API dict (absent fields dropped)."""
-    try:
-        conversation: Any = loads(record["conversation"])
-    except ValueError as exc:
-        conversation = UnparsedJson(str(exc))
-    out = {
-        "id": record["id"],
-        "threadId": record["threadId"],
-        "parentCheckpointId": record.get("parentCheckpointId"),
-        "createdAt": record["createdAt"],
-        "reason": record["reason"],
-    }
-    for name in ("label", "sourceRunId"):
-        if record.get(name) is not None:
-            out[name] = record[name]
-    out["files"] = [{k: v for k, v in f.items() if v is not None} for f in record["files"]]
-    out["conversation"] = conversation
-    out["artifacts"] = [dict(a) for a in record["artifacts"]]
-    return out
-
-
-def record_json(record: dict) -> bytes:
-    """The stored form of a `threadlog.Checkpoint` Avro record: the API dict as JSON.
-
-    The conversation is spliced in as the JSON text it travelled as (the decider
-    checked it is a JSON array before the event existed), so folding a
-    checkpoint never parses and re-serializes a possibly large transcript.
-    """
+def _head(record: dict) -> dict[str, Any]:
+    """The API dict of a `threadlog.Checkpoint` record, without its conversation."""
     head: dict[str, Any] = {
         "id": record["id"],
         "threadId": record["threadId"],
@@ -334,5 +307,29 @@ def record_json(record: dict) -> bytes:
             head[name] = record[name]
     head["files"] = [{k: v for k, v in f.items() if v is not None} for f in record["files"]]
     head["artifacts"] = [dict(a) for a in record["artifacts"]]
+    return head
+
+
+def from_wire(record: dict) -> dict:
+    """A `threadlog.Checkpoint` Avro record as the API dict (absent fields dropped)."""
+    try:
+        conversation: Any = loads(record["conversation"])
+    except ValueError as exc:
+        conversation = UnparsedJson(str(exc))
+    out = _head(record)
+    artifacts = out.pop("artifacts")
+    out["conversation"] = conversation
+    out["artifacts"] = artifacts
+    return out
+
+
+def record_json(record: dict) -> bytes:
+    """The stored form of a `threadlog.Checkpoint` Avro record: the API dict as JSON.
+
+    The conversation is spliced in as the JSON text it travelled as (the decider
+    checked it is a JSON array before the event existed), so folding a
+    checkpoint never parses and re-serializes a possibly large transcript.
+    """
+    head = _head(record)
     text = dumps(head)
     return (text[:-1] + ',"conversation":' + record["conversation"] + "}").encode("utf-8")

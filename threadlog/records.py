@@ -157,6 +157,16 @@ def check_patch(patch: Any, fields: Mapping[str, FieldCheck], what: str) -> dict
     return out
 
 
+
+def patch_from_command(text: str, fields: Mapping[str, FieldCheck], what: str) -> dict[str, Any]:
+    """A patch as it travels in a command (JSON text), checked again by the decider:
+    a command on the topic may come from anyone."""
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        raise invalid_argument(f"{what} patch is not JSON") from None
+    return check_patch(raw, fields, what)
+
 def apply_patch(record: dict, patch: Mapping[str, Any]) -> dict:
     """The record after `patch`: a None value removes the field (absent, never None)."""
     out = dict(record)

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 from threadlog.projections.folds import generation_runs as state
 
-from threadlog.errors import invalid_argument
-from threadlog.records import GENERATION_RUN_PATCH, check_patch, decode_generation_run, new_generation_run
+from threadlog.records import GENERATION_RUN_PATCH, decode_generation_run, new_generation_run, patch_from_command
 from threadlog.validation import dumps, require_id
 
 from . import Context, Decision, handles
@@ -33,11 +30,7 @@ def create_or_resume(ctx: Context, cmd: dict) -> Decision:
 def update(ctx: Context, cmd: dict) -> Decision:
     run_id = require_id(cmd["runId"], "runId")
     thread_id = own_thread(ctx, cmd["threadId"])
-    try:
-        raw = json.loads(cmd["patch"])
-    except ValueError:
-        raise invalid_argument("generation run patch is not JSON") from None
-    patch = check_patch(raw, GENERATION_RUN_PATCH, "generation run")
+    patch = patch_from_command(cmd["patch"], GENERATION_RUN_PATCH, "generation run")
     if not patch or decode_generation_run(ctx.view.get(state.record_key(thread_id, run_id))) is None:
         return Decision()  # an unknown run: a no-op, nothing created
     return Decision(events=[("threadlog.evt.GenerationRunUpdated",

@@ -6,12 +6,10 @@ older client); the facade's own checks only spare a round trip.
 
 from __future__ import annotations
 
-import json
-
 from threadlog.projections.folds import runs as state
 
-from threadlog.errors import RUN_NOT_FOUND, RUN_TERMINAL, ThreadLogError, invalid_argument
-from threadlog.records import RUN_PATCH, check_patch, decode_run, is_terminal, new_run
+from threadlog.errors import RUN_NOT_FOUND, RUN_TERMINAL, ThreadLogError
+from threadlog.records import RUN_PATCH, decode_run, is_terminal, new_run, patch_from_command
 from threadlog.validation import dumps, require_id
 
 from . import Context, Decision, OutRecord, handles
@@ -41,11 +39,7 @@ def create_or_resume(ctx: Context, cmd: dict) -> Decision:
 def update(ctx: Context, cmd: dict) -> Decision:
     run_id = require_id(cmd["runId"], "runId")
     thread_id = own_thread(ctx, cmd["threadId"])
-    try:
-        raw = json.loads(cmd["patch"])
-    except ValueError:
-        raise invalid_argument("run patch is not JSON") from None
-    patch = check_patch(raw, RUN_PATCH, "run")
+    patch = patch_from_command(cmd["patch"], RUN_PATCH, "run")
     if not patch or _load(ctx, thread_id, run_id) is None:
         return Decision()  # an unknown run: a no-op, nothing created
     return Decision(events=[("threadlog.evt.RunUpdated", {"runId": run_id, "threadId": thread_id,
