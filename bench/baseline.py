@@ -21,6 +21,8 @@ from common import (
     Result,
     bench_args,
     bootstrap_or_local,
+    decider_line,
+    delete_namespace,
     delete_topic,
     raw_consume,
     raw_produce_closed_loop,
@@ -31,7 +33,6 @@ from common import (
 
 import threadlog
 import threadlog.validation
-from threadlog.topics import Topics, delete_topics
 
 
 async def save_threads(tl, payload: list, total: int, concurrency: int, threads: int) -> Result:
@@ -79,13 +80,10 @@ async def main() -> None:
         print(f"\nbroker {bootstrap}; payload {len(payload)} B; {args.partitions} partitions\n")
         report([(raw1, None), (rawc, None), (pipe, None), (cons, None), (s1, raw1), (sc, rawc)])
         print("\nratio = save_thread rate / raw closed-loop produce rate at the same concurrency")
-        print(f"decider: {stats['commands']} commands in {stats['batches']} transactions "
-              f"({stats['commands'] / max(1, stats['batches']):.1f} per transaction)")
+        print(decider_line(stats))
     finally:
         delete_topic(bootstrap, topic)
-        from confluent_kafka.admin import AdminClient
-
-        delete_topics(AdminClient({"bootstrap.servers": bootstrap}), Topics(ns))
+        delete_namespace(bootstrap, ns)
 
 
 if __name__ == "__main__":

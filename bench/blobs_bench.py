@@ -25,6 +25,7 @@ from common import (
     Result,
     bench_args,
     bootstrap_or_local,
+    delete_namespace,
     delete_topic,
     raw_consume,
     raw_produce_closed_loop,
@@ -34,7 +35,6 @@ from common import (
 from threadlog.producers.blob_chunks import CHUNK_SIZE
 
 import threadlog
-from threadlog.topics import Topics, delete_topics
 
 MiB = 2**20
 
@@ -124,9 +124,7 @@ async def main() -> None:
         print(f"decider: {stats['commands']} commands in {stats['batches']} transactions")
     finally:
         delete_topic(bootstrap, topic)
-        from confluent_kafka.admin import AdminClient
-
-        delete_topics(AdminClient({"bootstrap.servers": bootstrap}), Topics(ns))
+        delete_namespace(bootstrap, ns)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ from common import (
     Result,
     bench_args,
     bootstrap_or_local,
+    decider_line,
+    delete_namespace,
     delete_topic,
     raw_produce_closed_loop,
     raw_produce_pipelined,
@@ -38,7 +40,6 @@ from threadlog.schemas import default_codec
 
 import threadlog
 from threadlog.checkpoint_rules import to_wire
-from threadlog.topics import Topics, delete_topics
 
 
 def make_checkpoint(cid: str, thread: str, parent: str | None, n: int, files: int, conv_bytes: int) -> dict:
@@ -156,14 +157,10 @@ async def main() -> None:
         print(f"\nratio = rate / raw closed-loop produce rate at {args.clients} awaiting writers; "
               f"appends vs pipelined: {res.rate / pipe.rate:.3f}; appends vs save_thread: {res.rate / save.rate:.2f}")
         if stats:
-            print(f"decider: {stats['commands']} commands in {stats['batches']} transactions "
-                  f"({stats['commands'] / max(1, stats['batches']):.1f} per transaction), "
-                  f"{stats['refused']} refused, {stats['aborts']} aborts")
+            print(f"{decider_line(stats)}, {stats['refused']} refused, {stats['aborts']} aborts")
     finally:
         delete_topic(bootstrap, topic)
-        from confluent_kafka.admin import AdminClient
-
-        delete_topics(AdminClient({"bootstrap.servers": bootstrap}), Topics(ns))
+        delete_namespace(bootstrap, ns)
 
 
 if __name__ == "__main__":

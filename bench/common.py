@@ -173,5 +173,18 @@ def raw_consume(bootstrap: str, topic: str, partitions: int = 1, expect: int | N
     return Result("raw consume from offset 0", n, elapsed, nbytes)
 
 
+def delete_namespace(bootstrap: str, namespace: str) -> None:
+    """Drop the topics a benchmark's threadlog namespace created."""
+    from threadlog.topics import Topics, delete_topics
+
+    delete_topics(AdminClient({"bootstrap.servers": bootstrap}), Topics(namespace))
+
+
+def decider_line(stats: dict) -> str:
+    """How well the decider batched: commands per transaction."""
+    return (f"decider: {stats['commands']} commands in {stats['batches']} transactions "
+            f"({stats['commands'] / max(1, stats['batches']):.1f} per transaction)")
+
+
 def summary(xs: list[float]) -> str:
     return f"mean {statistics.mean(xs) * 1e3:.2f} ms" if xs else "-"

@@ -31,6 +31,7 @@ from common import (
     Result,
     bench_args,
     bootstrap_or_local,
+    delete_namespace,
     delete_topic,
     raw_produce_closed_loop,
     raw_produce_pipelined,
@@ -40,7 +41,7 @@ from common import (
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 import threadlog
-from threadlog.topics import Topics, delete_topics
+from threadlog.topics import Topics
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_DIR = ROOT / "tests" / "node"
@@ -235,9 +236,7 @@ async def main() -> None:
         print("\nratio = threadlog rate / the raw Kafka row below it (same records, same broker, same run)")
     finally:
         delete_topic(bootstrap, topic)
-        from confluent_kafka.admin import AdminClient
-
-        delete_topics(AdminClient({"bootstrap.servers": bootstrap}), Topics(ns))
+        delete_namespace(bootstrap, ns)
 
 
 if __name__ == "__main__":

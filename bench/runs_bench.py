@@ -25,6 +25,8 @@ from common import (
     Result,
     bench_args,
     bootstrap_or_local,
+    decider_line,
+    delete_namespace,
     delete_topic,
     raw_produce_closed_loop,
     report,
@@ -33,7 +35,6 @@ from common import (
 from threadlog.schemas import default_codec
 
 import threadlog
-from threadlog.topics import Topics, delete_topics
 from threadlog.validation import dumps
 
 
@@ -117,13 +118,10 @@ async def main() -> None:
               f"{args.runs} runs on 16 threads\n")
         report([(raw1, None), (rawc, None), (u1, raw1), (uc, rawc), (c1, raw1), (cc, rawc)])
         print("\nratio = store rate / raw closed-loop produce rate of the same command bytes at the same concurrency")
-        print(f"decider: {stats['commands']} commands in {stats['batches']} transactions "
-              f"({stats['commands'] / max(1, stats['batches']):.1f} per transaction)")
+        print(decider_line(stats))
     finally:
         delete_topic(bootstrap, topic)
-        from confluent_kafka.admin import AdminClient
-
-        delete_topics(AdminClient({"bootstrap.servers": bootstrap}), Topics(ns))
+        delete_namespace(bootstrap, ns)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import re
 from typing import Any
 
 from .errors import INVALID_ENTRY, INVALID_ID, WRITER_LOST, ThreadLogError
-from .validation import dumps, is_int, is_number, is_safe_size, is_valid_id, json_problem, loads
+from .validation import dumps, is_int, is_number, is_safe_size, is_text, is_valid_id, json_problem, loads
 
 REASONS = ("automatic", "named", "fork-root")
 CHECKPOINT_KEYS = frozenset({"id", "threadId", "parentCheckpointId", "createdAt", "reason", "label",
@@ -73,16 +73,6 @@ def require_timestamp(value: Any, label: str) -> float | int:
     return value
 
 
-def _is_text(value: Any) -> bool:
-    if not isinstance(value, str):
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 # -- writers --------------------------------------------------------------------
 def writer_parts(writer: Any, label: str = "writer") -> tuple[str, str | None, int | None]:
     """(thread_id, owner_token, fence) of any object with those attributes.
@@ -98,7 +88,7 @@ def writer_parts(writer: Any, label: str = "writer") -> tuple[str, str | None, i
                          f"(a writer has thread_id, owner_token and fence), got {thread_id!r}")
     token = getattr(writer, "owner_token", None)
     fence = getattr(writer, "fence", None)
-    token = token if _is_text(token) else None
+    token = token if is_text(token) else None
     fence = fence if is_int(fence) and _LONG_MIN <= fence <= _LONG_MAX else None
     return thread_id, token, fence
 
@@ -130,7 +120,7 @@ def check_checkpoint_body(checkpoint: dict) -> None:
         raise invalid_entry(f"checkpoint reason must be one of {', '.join(REASONS)}, got {reason!r}")
     for name in ("label", "sourceRunId"):
         value = checkpoint.get(name)
-        if value is not None and not _is_text(value):
+        if value is not None and not is_text(value):
             raise invalid_entry(f"checkpoint {name} must be a well-formed string when present, got {value!r}")
     conversation = checkpoint.get("conversation")
     if isinstance(conversation, UnparsedJson):
@@ -152,7 +142,7 @@ def check_checkpoint(checkpoint: Any) -> None:
 def _path_problem(path: Any) -> str | None:
     if not isinstance(path, str) or not path:
         return "must be a non-empty string"
-    if not _is_text(path):
+    if not is_text(path):
         return "is not well-formed Unicode"
     if "\0" in path:
         return "contains NUL"
@@ -229,7 +219,7 @@ def check_artifacts(artifacts: Any) -> None:
             raise invalid_entry(f"{where}: artifactId must be a valid id, got {art.get('artifactId')!r}")
         for name in ("name", "mimeType"):
             value = art.get(name)
-            if not _is_text(value) or not value:
+            if not is_text(value) or not value:
                 raise invalid_entry(f"{where}: {name} must be a non-empty string, got {value!r}")
         blob_key = art.get("blobKey")
         if not isinstance(blob_key, str) or not ARTIFACT_BLOB_KEY.match(blob_key):
@@ -248,19 +238,26 @@ def blob_keys(checkpoint: dict) -> list[str]:
 
 
 # -- the record as stored and returned, and as it travels in Avro ---------------------
+def _scalars(record: dict) -> dict[str, Any]:
+    """A checkpoint's scalar fields as stored: parent present (None when absent),
+    `label` / `sourceRunId` only when set. Shared by the input, wire and stored forms."""
+    out: dict[str, Any] = {
+        "id": record["id"],
+        "threadId": record["threadId"],
+        "parentCheckpointId": record.get("parentCheckpointId"),
+        "createdAt": record["createdAt"],
+        "reason": record["reason"],
+    }
+    for name in ("label", "sourceRunId"):
+        if record.get(name) is not None:
+            out[name] = record[name]
+    return out
+
+
 def normalized(checkpoint: dict) -> dict:
     """The stored record of a valid checkpoint: parent present (None when absent),
     optional fields absent rather than None, fresh containers."""
-    out = {
-        "id": checkpoint["id"],
-        "threadId": checkpoint["threadId"],
-        "parentCheckpointId": checkpoint.get("parentCheckpointId"),
-        "createdAt": checkpoint["createdAt"],
-        "reason": checkpoint["reason"],
-    }
-    for name in ("label", "sourceRunId"):
-        if checkpoint.get(name) is not None:
-            out[name] = checkpoint[name]
+    out = _scalars(checkpoint)
     out["files"] = [dict(f) for f in checkpoint["files"]]
     out["conversation"] = loads(dumps(checkpoint["conversation"]))
     out["artifacts"] = [dict(a) for a in checkpoint["artifacts"]]
@@ -295,16 +292,7 @@ class UnparsedJson:
 
 def _head(record: dict) -> dict[str, Any]:
     """The API dict of a `threadlog.Checkpoint` record, without its conversation."""
-    head: dict[str, Any] = {
-        "id": record["id"],
-        "threadId": record["threadId"],
-        "parentCheckpointId": record.get("parentCheckpointId"),
-        "createdAt": record["createdAt"],
-        "reason": record["reason"],
-    }
-    for name in ("label", "sourceRunId"):
-        if record.get(name) is not None:
-            head[name] = record[name]
+    head = _scalars(record)
     head["files"] = [{k: v for k, v in f.items() if v is not None} for f in record["files"]]
     head["artifacts"] = [dict(a) for a in record["artifacts"]]
     return head

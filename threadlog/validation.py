@@ -9,15 +9,20 @@ from typing import Any
 from .errors import INVALID_ARGUMENT, ThreadLogError
 
 
-def is_valid_id(value: Any) -> bool:
-    """A non-empty str that encodes to UTF-8 (no lone surrogates)."""
-    if not isinstance(value, str) or not value:
+def is_text(value: Any) -> bool:
+    """A str that encodes to UTF-8 (no lone surrogates): storable exactly."""
+    if not isinstance(value, str):
         return False
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
         return False
     return True
+
+
+def is_valid_id(value: Any) -> bool:
+    """A non-empty str that encodes to UTF-8 (no lone surrogates)."""
+    return bool(value) and is_text(value)
 
 
 def require_id(value: Any, label: str, code: str = INVALID_ARGUMENT) -> str:

@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..projections.folds import generation_runs as state
-from ..records import GENERATION_RUN_PATCH, check_patch, decode_generation_run, new_generation_run
-from ..validation import dumps, require_id
+from ..records import GENERATION_RUN_PATCH, decode_generation_run, new_generation_run
+from ..validation import require_id
 from .base import StoreFacade
+from .runs import send_run_patch
 
 
 class GenerationRunStore(StoreFacade):
@@ -25,15 +26,8 @@ class GenerationRunStore(StoreFacade):
         })
 
     async def update(self, run_id: str, patch: dict[str, Any]) -> None:
-        require_id(run_id, "run_id")
-        normalized = check_patch(patch, GENERATION_RUN_PATCH, "generation run")
-        if not normalized:
-            return
-        thread_id = await self._thread_of(run_id)
-        if thread_id is None:
-            return
-        await self._send("threadlog.cmd.UpdateGenerationRun", thread_id,
-                         {"runId": run_id, "threadId": thread_id, "patch": dumps(normalized)})
+        await send_run_patch(self, "threadlog.cmd.UpdateGenerationRun", run_id, patch, GENERATION_RUN_PATCH,
+                             "generation run")
 
     async def get(self, run_id: str) -> dict | None:
         require_id(run_id, "run_id")

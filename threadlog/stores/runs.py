@@ -22,6 +22,21 @@ def _by_time(record: dict, time_field: str, id_field: str) -> tuple:
     return (record[time_field], record[id_field].encode("utf-8"))
 
 
+async def send_run_patch(store: StoreFacade, command: str, run_id: str, patch: dict[str, Any],
+                         fields, what: str) -> None:
+    """`update` of runs and generation runs: the patch is validated first (even
+    for an unknown run); a valid patch on an unknown run is a no-op. `store`
+    resolves the run's thread with its `_thread_of`."""
+    require_id(run_id, "run_id")
+    normalized = check_patch(patch, fields, what)
+    if not normalized:
+        return
+    thread_id = await store._thread_of(run_id)
+    if thread_id is None:
+        return
+    await store._send(command, thread_id, {"runId": run_id, "threadId": thread_id, "patch": dumps(normalized)})
+
+
 class RunStore(StoreFacade):
     async def create_or_resume(self, *, run_id: str, thread_id: str, started_at: float,
                                status: str | None = None) -> dict:
@@ -36,15 +51,7 @@ class RunStore(StoreFacade):
     async def update(self, run_id: str, patch: dict[str, Any]) -> None:
         """Patch a run; None clears a field. The patch is validated first (even
         for an unknown run); a valid patch on an unknown run is a no-op."""
-        require_id(run_id, "run_id")
-        normalized = check_patch(patch, RUN_PATCH, "run")
-        if not normalized:
-            return
-        thread_id = await self._thread_of(run_id)
-        if thread_id is None:
-            return
-        await self._send("threadlog.cmd.UpdateRun", thread_id,
-                         {"runId": run_id, "threadId": thread_id, "patch": dumps(normalized)})
+        await send_run_patch(self, "threadlog.cmd.UpdateRun", run_id, patch, RUN_PATCH, "run")
 
     async def get(self, run_id: str) -> dict | None:
         require_id(run_id, "run_id")
