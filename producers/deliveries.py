@@ -45,7 +45,8 @@ class DeliveryWriter:
         return partition_for(run_id, self.partitions)
 
     def encode(self, record: dict) -> bytes:
-        value = self.codec.encode("threadlog.Delivery", record)
+        # fastavro would write a missing bytes field's JSON default ("") as a str and fail.
+        value = self.codec.encode("threadlog.Delivery", {"batch": b"", "count": 0, **record})
         if len(value) > MAX_MESSAGE_BYTES:
             raise invalid_argument(
                 f"the batch encodes to {len(value)} bytes; one append is one Kafka record of at most "

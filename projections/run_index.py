@@ -37,7 +37,7 @@ import json
 import struct
 from typing import Any
 
-from threadlog.errors import INVALID_OFFSET, RUN_CLAIM_LOST, RUN_LOG_CLOSED
+from threadlog.errors import CORRUPT_RECORD, INVALID_OFFSET, RUN_CLAIM_LOST, RUN_LOG_CLOSED
 
 from .keys import key
 from .view import View
@@ -81,6 +81,17 @@ def verdict(fence: int, closed_at: int | None, offset: int, epoch: int) -> str |
     return None
 
 
+def record_size(rec: dict) -> int:
+    """How many chunks a chunks record holds.
+
+    A v2 record carries the whole batch as one JSON array (`batch`) and its
+    length (`count`), so neither this fold nor a reader decodes chunk by chunk;
+    records written before v2 (and batches orjson cannot round-trip) hold one
+    JSON text per chunk in `chunks`.
+    """
+    return rec["count"] if rec.get("batch") else len(rec["chunks"])
+
+
 def _dump(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
@@ -106,13 +117,15 @@ def fold_record(view: View, offset: int, rec: dict) -> str | None:
     if kind not in (CHUNKS, UPSERT, CLOSE):
         return None  # a newer writer's kind: not ours to interpret
     code = verdict(state["fence"], state.get("closedAt"), offset, rec["epoch"])
+    if code is None and kind == CHUNKS and rec.get("batch") and rec["count"] <= 0:
+        code = CORRUPT_RECORD  # a batch that says it holds nothing: forged, never positioned
     if code is None and kind == UPSERT:
         code = _check_targets(view, run_id, rec)
     if code is not None:
         view.put(rec_key(run_id, offset), _dump({"drop": code}))
         return code
     if kind == CHUNKS:
-        view.put(rec_key(run_id, offset), _dump({"n": len(rec["chunks"])}))
+        view.put(rec_key(run_id, offset), _dump({"n": record_size(rec)}))
     elif kind == UPSERT:
         for target, text in zip(rec["targets"], rec["chunks"], strict=True):
             view.put(rep_key(run_id, target["offset"], target["index"]), text.encode("utf-8"))

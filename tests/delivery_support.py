@@ -63,6 +63,7 @@ class ClaimWriter:
         self.producer.begin_transaction()
         value = self.codec.encode("threadlog.Delivery", {
             "runId": run_id, "kind": "claim", "epoch": epoch, "chunks": [], "writtenAt": time.time() * 1000,
+            "batch": b"", "count": 0,
         })
         self.producer.produce(self.topic, value, run_id.encode(), partition=partition_for(run_id, self.partitions))
         self.producer.flush(30)

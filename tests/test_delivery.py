@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
+import enum
+import uuid
 
 import pytest
 from delivery_support import chunk, collect, take
@@ -223,6 +226,10 @@ async def test_offsets_of_another_run_are_refused(tl):
     assert [c for _, c in await within(a.snapshot())] == [chunk(0)]
 
 
+class Colour(enum.Enum):
+    RED = "red"
+
+
 async def test_bad_input_is_refused_and_writes_nothing(tl):
     for run_id in ("", None, 5, "\ud800"):
         with pytest.raises(ThreadLogError) as e:
@@ -234,7 +241,10 @@ async def test_bad_input_is_refused_and_writes_nothing(tl):
         assert e.value.code == "INVALID_ARGUMENT"
     log = tl.delivery("run-input")
     for bad in (None, {"type": "x"}, "abc", [1], [{"x": float("nan")}], [{"x": object()}], [{1: "a"}],
-                [{"ok": 1}, "not a dict"], [{"s": "\ud800"}]):
+                [{"ok": 1}, "not a dict"], [{"s": "\ud800"}],
+                # orjson (the fast path) would write these as JSON; plain JSON has no such values
+                [{"t": datetime.datetime(2020, 1, 1)}], [{"u": uuid.UUID(int=1)}], [{"c": Colour.RED}],
+                [{"x": float("inf")}]):
         with pytest.raises(ThreadLogError) as e:
             await within(log.append(bad))
         assert e.value.code == "INVALID_ARGUMENT", bad

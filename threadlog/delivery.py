@@ -9,11 +9,12 @@ is a fold of the topic that says which records stand (fencing, close) and
 where a run's first record is, so `"-1"` is a seek too.
 
 Fencing, the one rule that matters: **an append returns only after the run
-index has folded past its record and found it standing.** The index folds in
-read_committed order, so a claim marker written before the record -- even in a
-transaction still open when the record landed -- is folded first (the fold
-waits for it), and the append then raises RUN_CLAIM_LOST; every reader drops
-the record by the same verdict. Never "acknowledged but dropped".
+index has folded every record before its own and found it standing** (by the
+verdict the fold will record for it: it depends only on what came before). The
+index folds in read_committed order, so a claim marker written before the
+record -- even in a transaction still open when the record landed -- is folded
+first (the fold waits for it), and the append then raises RUN_CLAIM_LOST; every
+reader drops the record by the same verdict. Never "acknowledged but dropped".
 
 Reading. A reader first passes a read barrier on the index (so it reflects
 every write acknowledged before it began), then reads what was folded before
@@ -44,6 +45,7 @@ from concurrent.futures import Future as CFuture
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, KafkaError, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
@@ -99,59 +101,50 @@ def parse_offset(run_id: str, partition: int, offset: Any) -> tuple[int, int]:
     return x, i
 
 
-# One encoder for every chunk: json.dumps with options builds a new encoder per call (3x
-# slower), and JSONEncoder.encode still builds its C encoder per call (2x slower than this).
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+def _chunks_record(chunks: Any, label: str) -> tuple[dict, int]:
+    """(fields of a chunks record holding `chunks`, how many); INVALID_ARGUMENT
+    unless every chunk is a JSON object.
 
-
-def _refuse(value: Any) -> Any:
-    raise TypeError(f"{type(value).__name__} is not a JSON value")
-
-
-def _c_encoder():
-    """json's C encoder with our options, made once; None if unavailable or different."""
-    try:
-        from json.encoder import c_make_encoder, encode_basestring
-
-        # No circular-reference markers: a cycle ends in RecursionError, which the caller handles.
-        enc = c_make_encoder(None, _refuse, encode_basestring, None, ":", ",", False, False, False)
-        sample = {"a": [1, 2.5, None, True, "é\n"], "b": {"c": -0.0}}
-        return enc if "".join(enc(sample, 0)) == _ENCODER.encode(sample) else None
-    except Exception:  # pragma: no cover - another Python's json internals
-        return None
-
-
-_C_ENCODE = _c_encoder()
-
-
-def _encode(chunk: dict) -> str:
-    if _C_ENCODE is not None:
-        return "".join(_C_ENCODE(chunk, 0))
-    return _ENCODER.encode(chunk)  # pragma: no cover
-
-
-def _chunk_texts(chunks: Any, label: str) -> list[str]:
-    """The JSON text of each chunk; INVALID_ARGUMENT unless every chunk is a JSON object.
-
-    Fast path (appends are hot): encode each chunk, then prove the batch is
-    plain JSON by decoding it back in one call and comparing -- a non-str key,
-    a tuple or anything the encoder coerced compares unequal. Only then does
-    the slow, precise walk run, to say what is wrong (or accept tuples)."""
+    Fast path (appends are hot): the whole batch as ONE JSON array by orjson,
+    proven plain JSON by decoding it back and comparing -- NaN (orjson writes
+    null), a tuple, a datetime or anything else orjson coerced compares unequal,
+    and what it refuses (a non-str key, an int beyond 64 bits, a lone surrogate)
+    raises. Readers then parse the record in one orjson call. Only otherwise
+    does the slow, precise walk run, to say what is wrong -- or to accept what
+    plain JSON holds but orjson cannot round-trip (tuples, big ints), stored as
+    one text per chunk and parsed by `json`.
+    """
     if not isinstance(chunks, (list, tuple)):
         raise invalid_argument(f"{label} must be a list of chunk dicts, got {type(chunks).__name__}")
-    texts = []
+    n = len(chunks)
     try:
-        for chunk in chunks:
-            if not isinstance(chunk, dict):
-                raise TypeError
-            texts.append(_encode(chunk))
-        joined = "[" + ",".join(texts) + "]"
-        joined.encode("utf-8")  # lone surrogates
-        if json.loads(joined) == list(chunks):
-            return texts
-    except (TypeError, ValueError, UnicodeEncodeError, RecursionError):
+        if n and all(isinstance(chunk, dict) for chunk in chunks):
+            batch = orjson.dumps(chunks)
+            if orjson.loads(batch) == list(chunks):
+                return {"batch": batch, "count": n}, n
+    except (TypeError, ValueError, RecursionError):  # orjson's errors subclass these
         pass
-    return [_chunk_text(chunk, f"{label}[{n}]") for n, chunk in enumerate(chunks)]
+    return {"chunks": [_chunk_text(chunk, f"{label}[{i}]") for i, chunk in enumerate(chunks)]}, n
+
+
+def _decode_chunks(rec: dict) -> list | None:
+    """Every chunk value of a chunks record, in order (None where a text is not JSON);
+    None if the record is corrupt as a whole."""
+    batch = rec.get("batch")
+    if batch:
+        try:
+            values = orjson.loads(batch)
+        except orjson.JSONDecodeError:
+            try:
+                values = json.loads(batch)  # what orjson refuses but plain JSON allows
+            except ValueError:
+                return None
+        return values if isinstance(values, list) and len(values) == rec["count"] else None
+    texts = rec["chunks"]
+    try:
+        return json.loads("[" + ",".join(texts) + "]")  # one parse per record, not per chunk
+    except ValueError:
+        return [_parse_or_none(text) for text in texts]
 
 
 def _chunk_text(chunk: Any, label: str) -> str:
@@ -284,15 +277,21 @@ class _Fetcher:
         self._job: CFuture | None = None
 
     async def next_batch(self, stop_at: int) -> list:
-        """The run's messages in [position, stop_at), a batch at a time ([] once there)."""
-        if self.position >= stop_at:
-            return []
-        if self._consumer is None:
-            self._consumer = self.svc.pool.take()
-            start = self.position if self.position > 0 else OFFSET_BEGINNING
-            self._consumer.assign([TopicPartition(self.svc.topic, self.partition, start)])
-        self._job = self.svc.executor.submit(self._fetch, self._consumer, stop_at)
+        """The run's messages in [position, stop_at), a batch at a time ([] once there).
+        `stop_at` is the same on every call of one fetcher."""
+        if self._job is None:
+            if self.position >= stop_at:
+                return []
+            if self._consumer is None:
+                self._consumer = self.svc.pool.take()
+                start = self.position if self.position > 0 else OFFSET_BEGINNING
+                self._consumer.assign([TopicPartition(self.svc.topic, self.partition, start)])
+            self._job = self.svc.executor.submit(self._fetch, self._consumer, stop_at)
         msgs, self.position = await asyncio.wrap_future(self._job)
+        # Prefetch: the next batch is read from Kafka while the caller decodes and
+        # yields this one (measured: replay spent a fifth of its time waiting here).
+        self._job = (self.svc.executor.submit(self._fetch, self._consumer, stop_at)
+                     if self.position < stop_at else None)
         return msgs
 
     def _fetch(self, consumer: Consumer, stop_at: int) -> tuple[list, int]:
@@ -352,6 +351,7 @@ class DeliveryLog:
         self.run_id = run_id
         self.epoch = epoch
         self._partition: int | None = None
+        self._sfx: list[str] = []
 
     # -- plumbing -------------------------------------------------------------------
     @property
@@ -391,13 +391,8 @@ class DeliveryLog:
         svc = self._svc
         record = {"runId": self.run_id, "epoch": self.epoch, "writtenAt": time.time() * 1000.0, **record}
         kafka_offset = await svc.writer.write(self.run_id, record)
-        # THE fencing rule: acknowledge only what the run index folded as standing.
-        await svc.index.wait({self.partition: kafka_offset + 1}, svc.timeout)
-        verdict = run_index.record_verdict(svc.store, self.run_id, kafka_offset)
-        if verdict is None:
-            raise unavailable(f"delivery record {self.partition}@{kafka_offset} of run {self.run_id!r} "
-                              "was not folded (undecodable?)")
-        code = verdict.get("drop")
+        # THE fencing rule: acknowledge only what stands by the run index's verdict.
+        code = await self._verdict(kafka_offset, record["kind"])
         if code == RUN_CLAIM_LOST:
             raise self._lost(self._state()["fence"])
         if code == RUN_LOG_CLOSED:
@@ -407,15 +402,44 @@ class DeliveryLog:
             raise ThreadLogError(code, f"delivery record of run {self.run_id!r} refused by the run index")
         return kafka_offset
 
+    async def _verdict(self, x: int, kind: str) -> str | None:
+        """Why the index drops (or will drop) this run's record at Kafka offset `x`; None if it stands.
+
+        A chunks record's verdict depends only on the records BEFORE it (the claim
+        fence and the close), so it is decided once the index has folded up to `x`
+        -- usually at once, since this driver's previous append waited for that --
+        instead of waiting for the fold to reach the record itself (measured: that
+        wait was two thirds of an append). The fold decides the same verdict later,
+        by the same `run_index.verdict`, so readers and this caller never disagree.
+        """
+        svc = self._svc
+        if kind == run_index.CHUNKS:
+            await svc.index.wait({self.partition: x}, svc.timeout)
+            # Order matters: the state is read BEFORE looking for the record's own
+            # verdict. The fold writes a batch of records atomically, so if the record
+            # is still unfolded after the state was read, that state is exactly the
+            # fold of everything before `x` (folded >= x already held).
+            state = self._state()
+            folded = run_index.record_verdict(svc.store, self.run_id, x)
+            if folded is None:
+                return run_index.verdict(state["fence"], state.get("closedAt"), x, self.epoch)
+        else:
+            await svc.index.wait({self.partition: x + 1}, svc.timeout)
+            folded = run_index.record_verdict(svc.store, self.run_id, x)
+            if folded is None:
+                raise unavailable(f"delivery record {self.partition}@{x} of run {self.run_id!r} "
+                                  "was not folded (undecodable?)")
+        return folded.get("drop")
+
     # -- writes -----------------------------------------------------------------------
     async def append(self, chunks: list[dict]) -> list[Offset]:
-        texts = _chunk_texts(chunks, "chunks")
-        if not texts:
+        fields, n = _chunks_record(chunks, "chunks")
+        if not n:
             return []
         self._precheck()
-        x = await self._write_and_verify({"kind": run_index.CHUNKS, "chunks": texts})
+        x = await self._write_and_verify({"kind": run_index.CHUNKS, **fields})
         head, tail = f"{self.partition}.{x}.", f".{run_tag(self.run_id)}"  # encode_offset, per batch
-        return [f"{head}{i}{tail}" for i in range(len(texts))]
+        return [f"{head}{i}{tail}" for i in range(n)]
 
     async def upsert(self, entries: Iterable[tuple[Offset, dict]]) -> list[Offset]:
         if not isinstance(entries, (list, tuple)):
@@ -555,6 +579,7 @@ class DeliveryLog:
                         msgs = await fetcher.next_batch(end)
                         if not msgs:
                             break
+                        reps = bool((run_index.run_state(svc.store, self.run_id) or {}).get("reps", 0))
                         for msg in msgs:
                             verdict = run_index.record_verdict(svc.store, self.run_id, msg.offset())
                             if verdict is None or "drop" in verdict or "u" in verdict:
@@ -562,7 +587,7 @@ class DeliveryLog:
                             if "close" in verdict:
                                 return
                             _, rec = svc.codec.decode(msg.value(), expect="threadlog.Delivery")
-                            batch, last = self._chunks(msg.offset(), rec["chunks"], last)
+                            batch, last = self._chunks(msg.offset(), rec, last, reps)
                             for out in batch:
                                 yield out
                 finally:
@@ -593,40 +618,56 @@ class DeliveryLog:
                         return
                     if kind != run_index.CHUNKS:
                         continue
-                    batch, last = self._chunks(item.offset, item.record["chunks"], last)
+                    batch, last = self._chunks(item.offset, item.record, last)
                     for out in batch:
                         yield out
         finally:
             if sub is not None:
                 svc.index.unsubscribe(sub)
 
-    def _chunks(self, x: int, texts: list[str], last: tuple[int, int]) -> tuple[list, tuple[int, int]]:
+    def _chunks(self, x: int, rec: dict, last: tuple[int, int],
+                reps: bool | None = None) -> tuple[list, tuple[int, int]]:
         """The (offset, chunk) pairs of a standing chunks record after position `last`,
         with upserted replacements at their original positions; and the new last position.
-        A list, not a generator: one generator level less per chunk on the replay path."""
+        `reps`: whether the run has upserts (looked up if None; a caller reading many
+        records looks once). A list, not a generator: one generator level less per
+        chunk on the replay path."""
+        n = run_index.record_size(rec)
         if last[0] > x:
             return [], last
         start = last[1] + 1 if last[0] == x else 0
-        if start >= len(texts):
+        if start >= n:
             return [], last
         svc = self._svc
-        wanted = texts[start:]
-        if (run_index.run_state(svc.store, self.run_id) or {}).get("reps", 0):
-            wanted = [run_index.replacement(svc.store, self.run_id, x, i) or text
-                      for i, text in enumerate(wanted, start)]
-        try:
-            values = json.loads("[" + ",".join(wanted) + "]")  # one parse per record, not per chunk
-        except ValueError:
-            values = [_parse_or_none(text) for text in wanted]
-        head = f"{self.partition}.{x}."  # encode_offset, hoisted out of the per-chunk loop
-        tail = f".{run_tag(self.run_id)}"
-        out = []
-        for i, chunk in enumerate(values, start):
-            if isinstance(chunk, dict):
-                out.append((f"{head}{i}{tail}", chunk))
-            else:
-                log.error("chunk %d of %s@%d of run %r is not a JSON object; skipped", i, svc.topic, x, self.run_id)
-        return out, (x, len(texts) - 1)
+        values = _decode_chunks(rec)
+        if values is None:
+            log.error("chunks record %s@%d of run %r is corrupt; skipped", svc.topic, x, self.run_id)
+            return [], (x, n - 1)
+        if start:
+            values = values[start:]
+        if reps is None:
+            reps = bool((run_index.run_state(svc.store, self.run_id) or {}).get("reps", 0))
+        if reps:
+            for i in range(start, n):
+                text = run_index.replacement(svc.store, self.run_id, x, i)
+                if text is not None:
+                    values[i - start] = _parse_or_none(text)
+        # encode_offset without a per-chunk format: "<partition>.<x>." + a cached "<i>.<tag>"
+        offsets = map(f"{self.partition}.{x}.".__add__, self._suffixes(n)[start:n])
+        if set(map(type, values)) <= {dict}:  # the usual case, checked in C
+            return list(zip(offsets, values, strict=True)), (x, n - 1)
+        out = [(o, chunk) for o, chunk in zip(offsets, values, strict=True) if isinstance(chunk, dict)]
+        log.error("%d chunks of %s@%d of run %r are not JSON objects; skipped",
+                  len(values) - len(out), svc.topic, x, self.run_id)
+        return out, (x, n - 1)
+
+    def _suffixes(self, n: int) -> list[str]:
+        """"<i>.<tag>" for i < n (at least): the per-chunk tail of this run's offsets."""
+        sfx = self._sfx
+        if len(sfx) < n:
+            tag = run_tag(self.run_id)
+            sfx.extend(f"{i}.{tag}" for i in range(len(sfx), n))
+        return sfx
 
     # -- introspection (replay tool, HTTP route) ------------------------------------------
     async def records(self, after: Offset = "-1") -> list[dict]:
@@ -653,7 +694,7 @@ class DeliveryLog:
                     row: dict[str, Any] = {"partition": p, "kafkaOffset": msg.offset(), "kind": rec["kind"],
                                            "epoch": rec["epoch"], "writtenAt": rec["writtenAt"]}
                     if rec["kind"] in (run_index.CHUNKS, run_index.UPSERT):
-                        row["chunks"] = len(rec["chunks"])
+                        row["chunks"] = run_index.record_size(rec)
                     if rec["kind"] == run_index.UPSERT:
                         row["targets"] = [self._offset(t["offset"], t["index"]) for t in rec["targets"]]
                     if rec["kind"] != run_index.CLAIM:
@@ -675,7 +716,7 @@ class DeliveryLog:
         try:
             for msg in await fetcher.next_batch(x + 1):
                 _, rec = svc.codec.decode(msg.value(), expect="threadlog.Delivery")
-                batch, _ = self._chunks(x, rec["chunks"], (x, i - 1))
+                batch, _ = self._chunks(x, rec, (x, i - 1))
                 if batch:
                     return batch[0][1]
         finally:

@@ -60,7 +60,8 @@ def claim(ctx: Context, cmd: dict) -> Decision:
     # two drivers both believe they hold the run.
     current = record.get("driverEpoch", 0)
     epoch = max(state.max_epoch(ctx.view, thread_id, run_id), current if isinstance(current, int) else 0) + 1
-    marker = {"runId": run_id, "kind": "claim", "epoch": epoch, "chunks": [], "writtenAt": ctx.now}
+    marker = {"runId": run_id, "kind": "claim", "epoch": epoch, "chunks": [], "writtenAt": ctx.now,
+              "batch": b"", "count": 0}
     return Decision(
         events=[("threadlog.evt.RunClaimed", {"runId": run_id, "threadId": thread_id, "epoch": epoch})],
         # Same transaction as the event: a reader of the delivery log sees the
