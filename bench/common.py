@@ -100,9 +100,10 @@ def _producer(bootstrap: str, **extra) -> Producer:
 
 
 async def raw_produce_closed_loop(bootstrap: str, topic: str, payload: bytes, total: int,
-                                  concurrency: int, partitions: int = 1) -> Result:
-    """`concurrency` writers, each awaiting its ack before the next record."""
-    producer = _producer(bootstrap)
+                                  concurrency: int, partitions: int = 1, linger_ms: int = 1) -> Result:
+    """`concurrency` writers, each awaiting its ack before the next record.
+    `linger_ms`: the one the compared threadlog producer uses (same records, same settings)."""
+    producer = _producer(bootstrap, **{"linger.ms": linger_ms})
     stop = threading.Event()
     pump = threading.Thread(target=lambda: [producer.poll(0.05) for _ in iter(stop.is_set, True)], daemon=True)
     pump.start()

@@ -9,7 +9,11 @@
    (acks=all, idempotent) and awaiting each ack.
 2. Replay from "-1" of a closed run (one partition) by a fresh reader, as a
    ratio of a raw consumer reading the same partition from offset 0 (same
-   records, no decoding).
+   records, no decoding) -- the goal's measure. Two more rows say what bounds
+   it: the same raw consumer also decoding each record and yielding its chunks
+   from an async generator (the same work without threadlog's index, fencing
+   and offsets), and CPython's floor -- an async generator yielding the same
+   (offset, chunk) pairs from memory, no Kafka at all.
 3. SSE end to end: the real `@tanstack/ai-client` (Node) joins a run on a
    separate `threadlog serve` process; latency from just before `append` to the
    client yielding the chunk, p50/p99; next to raw produce -> consume latency.
@@ -27,6 +31,7 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+import orjson
 from common import (
     Result,
     bench_args,
@@ -41,6 +46,7 @@ from common import (
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 import threadlog
+from threadlog.delivery import _chunks_record
 from threadlog.topics import Topics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,35 +103,94 @@ def raw_read_partition(bootstrap: str, topic: str, partition: int) -> tuple[int,
     return n, elapsed
 
 
-async def replay(bootstrap: str, ns: str, writer, chunks: int, batch: list[dict]) -> tuple[Result, Result]:
+async def raw_read_chunks(bootstrap: str, topic: str, partition: int, codec) -> tuple[int, float]:
+    """A raw consumer of the partition that yields every chunk as a dict: (chunks, seconds)."""
+    async def chunks():
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}",
+                      "enable.auto.commit": False, "enable.partition.eof": True,
+                      "isolation.level": "read_committed", "fetch.max.bytes": 64 * 2**20,
+                      "max.partition.fetch.bytes": 17 * 2**20, "fetch.wait.max.ms": 5})
+        c.assign([TopicPartition(topic, partition, 0)])
+        try:
+            while True:
+                first = c.poll(5.0)
+                msgs = [first, *c.consume(10000, 0)] if first is not None else []
+                for m in msgs:
+                    if m.error():
+                        if m.error().code() == KafkaError._PARTITION_EOF:
+                            return
+                        continue
+                    _, rec = codec.decode(m.value(), expect="threadlog.Delivery")
+                    if rec["kind"] == "chunks":
+                        for chunk in orjson.loads(rec["batch"]):
+                            yield chunk
+        finally:
+            c.close()
+
+    t0 = time.perf_counter()
+    n = 0
+    async for _ in chunks():
+        n += 1
+    return n, time.perf_counter() - t0
+
+
+async def iteration_floor(pairs: list) -> float:
+    """Seconds for `async for` over an async generator yielding `pairs` from memory."""
+    async def gen():
+        for pair in pairs:
+            yield pair
+
+    t0 = time.perf_counter()
+    async for _ in gen():
+        pass
+    return time.perf_counter() - t0
+
+
+async def replay(bootstrap: str, chunks: int, batch: list[dict]) -> list[tuple[Result, Result | None]]:
+    """Replay rows. The run gets a namespace of its own with one partition, so the
+    raw consumers read exactly the run's records (and its close), nothing else."""
+    ns = f"bench-replay-{uuid.uuid4().hex[:6]}"
     run = f"bench-replay-{uuid.uuid4().hex[:8]}"
-    log = writer.delivery(run)
-    for _ in range(chunks // len(batch)):
-        await log.append(batch)
-    await log.close()
-    with tempfile.TemporaryDirectory() as state:
-        async with threadlog.open(bootstrap, namespace=ns, state_dir=state, processors="external") as reader:
-            await reader.delivery(run).snapshot()  # the fresh client's run index is caught up (not timed)
-            best = None
-            for _ in range(3):
-                t0 = time.perf_counter()
-                n = 0
-                async for _ in reader.delivery(run).read("-1"):
-                    n += 1
-                elapsed = time.perf_counter() - t0
-                assert n == chunks, (n, chunks)
-                best = elapsed if best is None else min(best, elapsed)
-    topic = Topics(ns).deliveries
-    partition = writer.delivery(run).partition
-    raw_best = None
-    records = 0
-    for _ in range(3):
-        records, seconds = raw_read_partition(bootstrap, topic, partition)
-        raw_best = seconds if raw_best is None else min(raw_best, seconds)
-    per_record = chunks / max(1, records)
-    return (Result('read("-1") of a closed run, chunks', chunks, best, chunks * 200),
-            Result("raw consume of the same partition, as chunks", int(records * per_record), raw_best,
-                   chunks * 200))
+    try:
+        with tempfile.TemporaryDirectory() as state:
+            async with threadlog.open(bootstrap, namespace=ns, state_dir=f"{state}/w", partitions=1) as writer:
+                log = writer.delivery(run)
+                for _ in range(chunks // len(batch)):
+                    await log.append(batch)
+                await log.close()
+                codec = writer.runtime.codec
+                partition = log.partition
+            async with threadlog.open(bootstrap, namespace=ns, state_dir=f"{state}/r",
+                                      processors="external") as reader:
+                await reader.delivery(run).snapshot()  # the fresh client's run index is caught up (not timed)
+                best = None
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    n = 0
+                    async for _ in reader.delivery(run).read("-1"):
+                        n += 1
+                    elapsed = time.perf_counter() - t0
+                    assert n == chunks, (n, chunks)
+                    best = elapsed if best is None else min(best, elapsed)
+                pairs = await reader.delivery(run).snapshot()
+        topic = Topics(ns).deliveries
+        raw_best = None
+        records = 0
+        for _ in range(3):
+            records, seconds = raw_read_partition(bootstrap, topic, partition)
+            raw_best = seconds if raw_best is None else min(raw_best, seconds)
+        assert records == chunks // len(batch) + 1, records  # the run's chunks records and its close
+        same_work = min([await raw_read_chunks(bootstrap, topic, partition, codec) for _ in range(3)],
+                        key=lambda r: r[1])
+        assert same_work[0] == chunks, (same_work, chunks)
+        floor = min([await iteration_floor(pairs) for _ in range(3)])
+    finally:
+        delete_namespace(bootstrap, ns)
+    raw = Result("raw consume of the same partition, as chunks", chunks, raw_best, chunks * 200)
+    ours = Result('read("-1") of a closed run, chunks', chunks, best, chunks * 200)
+    decoded = Result("raw consume + decode, async-yielding chunks", chunks, same_work[1], chunks * 200)
+    return [(raw, None), (ours, raw), (decoded, raw), (ours, decoded),
+            (Result("CPython floor: async for over the pairs", chunks, floor), raw)]
 
 
 def raw_latency(bootstrap: str, count: int) -> Result:
@@ -215,25 +280,27 @@ async def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as state:
             async with threadlog.open(bootstrap, namespace=ns, state_dir=state, partitions=args.partitions) as tl:
+                fields, _ = _chunks_record(batch, "chunks")  # the very record an append writes
                 record = tl.runtime.codec.encode("threadlog.Delivery", {
-                    "runId": "bench-append-00000000", "kind": "chunks", "epoch": 0,
-                    "chunks": [threadlog.validation.dumps(c) for c in batch], "writtenAt": time.time() * 1000})
+                    "runId": "bench-append-00000000", "kind": "chunks", "epoch": 0, "chunks": [],
+                    "writtenAt": time.time() * 1000, **fields})
                 print(f"one append = one record of {len(record)} B ({args.batch} chunks x ~{args.size} B)")
                 for c in (int(x) for x in args.clients.split(",")):
+                    # linger 0, as DeliveryWriter: an awaited append is sent at once
                     raw = await raw_produce_closed_loop(bootstrap, topic, record, c * args.batches, c,
-                                                        args.partitions)
+                                                        args.partitions, linger_ms=0)
                     ours = await appends(tl, c, args.batches, batch)
                     raw = as_chunks(raw, args.batch, f"raw produce, {c} awaiting writers (chunks)")
                     rows += [(raw, None), (ours, raw)]
                 pipe = raw_produce_pipelined(bootstrap, topic, record, 2000, args.partitions)
                 rows.append((as_chunks(pipe, args.batch, "raw produce, pipelined (chunks; ceiling)"), None))
-                ours, raw = await replay(bootstrap, ns, tl, args.replay_chunks, batch)
-                rows += [(raw, None), (ours, raw)]
+                rows += await replay(bootstrap, args.replay_chunks, batch)
                 rows.append((raw_latency(bootstrap, args.latency_chunks), None))
                 rows.append((await sse_latency(bootstrap, ns, tl, args.latency_chunks), None))
         print(f"\nbroker {bootstrap}; {args.partitions} partitions\n")
         report(rows, unit="chunks/s")
-        print("\nratio = threadlog rate / the raw Kafka row below it (same records, same broker, same run)")
+        print("\nratio = rate / the raw Kafka row above it that it is compared with (same records, same broker, "
+              "same run)")
     finally:
         delete_topic(bootstrap, topic)
         delete_namespace(bootstrap, ns)
