@@ -40,7 +40,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from concurrent.futures import Future as CFuture
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -438,8 +438,7 @@ class DeliveryLog:
             return []
         self._precheck()
         x = await self._write_and_verify({"kind": run_index.CHUNKS, **fields})
-        head, tail = f"{self.partition}.{x}.", f".{run_tag(self.run_id)}"  # encode_offset, per batch
-        return [f"{head}{i}{tail}" for i in range(n)]
+        return list(self._offsets(x, 0, n))
 
     async def upsert(self, entries: Iterable[tuple[Offset, dict]]) -> list[Offset]:
         if not isinstance(entries, (list, tuple)):
@@ -652,8 +651,7 @@ class DeliveryLog:
                 text = run_index.replacement(svc.store, self.run_id, x, i)
                 if text is not None:
                     values[i - start] = _parse_or_none(text)
-        # encode_offset without a per-chunk format: "<partition>.<x>." + a cached "<i>.<tag>"
-        offsets = map(f"{self.partition}.{x}.".__add__, self._suffixes(n)[start:n])
+        offsets = self._offsets(x, start, n)
         if set(map(type, values)) <= {dict}:  # the usual case, checked in C
             return list(zip(offsets, values, strict=True)), (x, n - 1)
         out = [(o, chunk) for o, chunk in zip(offsets, values, strict=True) if isinstance(chunk, dict)]
@@ -661,13 +659,14 @@ class DeliveryLog:
                   len(values) - len(out), svc.topic, x, self.run_id)
         return out, (x, n - 1)
 
-    def _suffixes(self, n: int) -> list[str]:
-        """"<i>.<tag>" for i < n (at least): the per-chunk tail of this run's offsets."""
+    def _offsets(self, x: int, start: int, n: int) -> Iterator[Offset]:
+        """`encode_offset` of chunks start..n-1 of the record at `x`, without a format per
+        chunk (hot on replay): "<partition>.<x>." + a cached "<i>.<tag>"."""
         sfx = self._sfx
         if len(sfx) < n:
             tag = run_tag(self.run_id)
             sfx.extend(f"{i}.{tag}" for i in range(len(sfx), n))
-        return sfx
+        return map(f"{self.partition}.{x}.".__add__, sfx[start:n])
 
     # -- introspection (replay tool, HTTP route) ------------------------------------------
     async def records(self, after: Offset = "-1") -> list[dict]:
