@@ -6,7 +6,9 @@
 1. Append throughput, chunks/s, batches of 100 chunks x 200 B: C drivers (one
    run each) awaiting every `append` (one Kafka record + the run index's
    verdict), as a ratio of C raw writers producing the very same records
-   (acks=all, idempotent) and awaiting each ack.
+   (acks=all, idempotent, linger 0 as threadlog's writer) and awaiting each
+   ack. One more row: an append's produce step alone (threadlog's writer, same
+   record, no JSON proof, no verdict), to show where the difference goes.
 2. Replay from "-1" of a closed run (one partition) by a fresh reader, as a
    ratio of a raw consumer reading the same partition from offset 0 (same
    records, no decoding) -- the goal's measure. Two more rows say what bounds
@@ -76,6 +78,25 @@ async def appends(tl, drivers: int, batches: int, batch: list[dict]) -> Result:
     elapsed = time.perf_counter() - t0
     n = drivers * batches * len(batch)
     return Result(f"append, {drivers} drivers (chunks)", n, elapsed, n * 200, latencies)
+
+
+async def produce_step(tl, batches: int, batch: list[dict], record: bytes) -> Result:
+    """An append's produce step alone: threadlog's DeliveryWriter sending the very
+    record an append sends and awaiting its ack, no validation, no verdict -- on the
+    deliveries topic, which this client's run index follows (and folds meanwhile)."""
+    writer = tl._delivery.writer
+    run = f"bench-step-{uuid.uuid4().hex[:8]}"
+    _, rec = tl.runtime.codec.decode(record, expect="threadlog.Delivery")
+    rec = {**rec, "runId": run}
+    await writer.write(run, rec)
+    latencies: list[float] = []
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        t = time.perf_counter()
+        await writer.write(run, rec)
+        latencies.append(time.perf_counter() - t)
+    n = batches * len(batch)
+    return Result("  its produce step alone (chunks)", n, time.perf_counter() - t0, n * 200, latencies)
 
 
 def as_chunks(res: Result, per_record: int, name: str) -> Result:
@@ -292,6 +313,8 @@ async def main() -> None:
                     ours = await appends(tl, c, args.batches, batch)
                     raw = as_chunks(raw, args.batch, f"raw produce, {c} awaiting writers (chunks)")
                     rows += [(raw, None), (ours, raw)]
+                    if c == 1:  # where the difference goes: produce + the index folding meanwhile
+                        rows.append((await produce_step(tl, args.batches, batch, record), raw))
                 pipe = raw_produce_pipelined(bootstrap, topic, record, 2000, args.partitions)
                 rows.append((as_chunks(pipe, args.batch, "raw produce, pipelined (chunks; ceiling)"), None))
                 rows += await replay(bootstrap, args.replay_chunks, batch)
