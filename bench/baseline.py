@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from common import (
     Result,
     bench_args,
     bootstrap_or_local,
+    closed_loop,
     decider_line,
     delete_namespace,
     delete_topic,
@@ -36,20 +36,10 @@ import threadlog.validation
 
 
 async def save_threads(tl, payload: list, total: int, concurrency: int, threads: int) -> Result:
-    latencies: list[float] = []
     per = total // concurrency
-
-    async def caller(c: int) -> None:
-        for i in range(per):
-            t = time.perf_counter()
-            await tl.messages.save_thread(f"thread-{(c * per + i) % threads}", payload)
-            latencies.append(time.perf_counter() - t)
-
     await tl.messages.save_thread("warmup", payload)
-    t0 = time.perf_counter()
-    await asyncio.gather(*[caller(c) for c in range(concurrency)])
-    n = per * concurrency
-    return Result(f"save_thread, {concurrency} concurrent callers", n, time.perf_counter() - t0, 0, latencies)
+    return await closed_loop(f"save_thread, {concurrency} concurrent callers", concurrency, per,
+                             lambda c, i: tl.messages.save_thread(f"thread-{(c * per + i) % threads}", payload))
 
 
 async def main() -> None:

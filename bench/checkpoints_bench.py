@@ -28,6 +28,7 @@ from common import (
     Result,
     bench_args,
     bootstrap_or_local,
+    closed_loop,
     decider_line,
     delete_namespace,
     delete_topic,
@@ -84,19 +85,9 @@ async def appends(tl, total: int, threads: int, callers: int, files: int, conv_b
 
 async def save_threads(tl, size: int, total: int, threads: int, callers: int) -> Result:
     transcript = [{"role": "user", "content": "x" * max(1, size - 30)}]
-    per = total // callers
-    latencies: list[float] = []
-
-    async def caller(c: int) -> None:
-        for i in range(per):
-            start = time.perf_counter()
-            await tl.messages.save_thread(f"save-thread-{(c + i * callers) % threads}", transcript)
-            latencies.append(time.perf_counter() - start)
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*[caller(c) for c in range(callers)])
-    return Result(f"save_thread (same bytes), {callers} callers", per * callers, time.perf_counter() - t0, 0,
-                  latencies)
+    return await closed_loop(f"save_thread (same bytes), {callers} callers", callers, total // callers,
+                             lambda c, i: tl.messages.save_thread(f"save-thread-{(c + i * callers) % threads}",
+                                                                  transcript))
 
 
 async def main() -> None:

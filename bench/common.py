@@ -19,6 +19,7 @@ import statistics
 import threading
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -132,6 +133,22 @@ async def raw_produce_closed_loop(bootstrap: str, topic: str, payload: bytes, to
     producer.flush(30)
     n = per * concurrency
     return Result(f"raw produce, {concurrency} awaiting writers", n, elapsed, n * len(payload), latencies)
+
+
+async def closed_loop(name: str, callers: int, per: int, call: Callable[[int, int], Awaitable]) -> Result:
+    """`callers` concurrent callers, caller c awaiting `call(c, i)` for i < per, each
+    call timed: the closed loop every threadlog request/response path is measured in."""
+    latencies: list[float] = []
+
+    async def caller(c: int) -> None:
+        for i in range(per):
+            t = time.perf_counter()
+            await call(c, i)
+            latencies.append(time.perf_counter() - t)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*[caller(c) for c in range(callers)])
+    return Result(name, per * callers, time.perf_counter() - t0, 0, latencies)
 
 
 def raw_produce_pipelined(bootstrap: str, topic: str, payload: bytes, total: int,

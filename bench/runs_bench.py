@@ -25,6 +25,7 @@ from common import (
     Result,
     bench_args,
     bootstrap_or_local,
+    closed_loop,
     decider_line,
     delete_namespace,
     delete_topic,
@@ -54,36 +55,15 @@ def command_bytes(run_id: str, thread_id: str) -> bytes:
 
 
 async def updates(tl, total: int, concurrency: int, runs: list[str]) -> Result:
-    latencies: list[float] = []
     per = total // concurrency
-
-    async def caller(c: int) -> None:
-        for i in range(per):
-            n = c * per + i
-            t = time.perf_counter()
-            await tl.runs.update(runs[n % len(runs)], patch_for(n))
-            latencies.append(time.perf_counter() - t)
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*[caller(c) for c in range(concurrency)])
-    n = per * concurrency
-    return Result(f"runs.update, {concurrency} concurrent callers", n, time.perf_counter() - t0, 0, latencies)
+    return await closed_loop(f"runs.update, {concurrency} concurrent callers", concurrency, per,
+                             lambda c, i: tl.runs.update(runs[(c * per + i) % len(runs)], patch_for(c * per + i)))
 
 
 async def claims(tl, total: int, concurrency: int, runs: list[str]) -> Result:
-    latencies: list[float] = []
     per = total // concurrency
-
-    async def caller(c: int) -> None:
-        for i in range(per):
-            t = time.perf_counter()
-            await tl.runs.claim(runs[(c * per + i) % len(runs)])
-            latencies.append(time.perf_counter() - t)
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*[caller(c) for c in range(concurrency)])
-    n = per * concurrency
-    return Result(f"runs.claim, {concurrency} concurrent callers", n, time.perf_counter() - t0, 0, latencies)
+    return await closed_loop(f"runs.claim, {concurrency} concurrent callers", concurrency, per,
+                             lambda c, i: tl.runs.claim(runs[(c * per + i) % len(runs)]))
 
 
 async def main() -> None:

@@ -13,13 +13,13 @@ async def within(awaitable, seconds: float = 30.0):
     return await asyncio.wait_for(awaitable, seconds)
 
 
-def read_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 30.0) -> list:
-    """Every committed record of `topic`, read to its end (read_committed)."""
+def read_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 30.0, committed: bool = True) -> list:
+    """Every record of `topic`, read to its end: committed only (read_committed), or everything written."""
     c = Consumer({
         "bootstrap.servers": bootstrap,
         "group.id": "test-reader",
         "enable.auto.commit": False,
-        "isolation.level": "read_committed",
+        "isolation.level": "read_committed" if committed else "read_uncommitted",
         "enable.partition.eof": True,
     })
     c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])

@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
-import uuid
 
 from checkpoint_helpers import checkpoint, file_key
-from confluent_kafka import Consumer, KafkaError, TopicPartition
-from support import within
+from support import read_topic, within
 from threadlog.schemas import default_codec
 from worker_support import WorkerProcess
 
@@ -32,32 +29,11 @@ from threadlog.checkpoint_rules import blob_keys, normalized
 def read_events(bootstrap: str, topic: str, partitions: int, committed: bool = True) -> list[dict]:
     """Every record of the events topic, decoded: committed only, or everything written."""
     codec = default_codec()
-    c = Consumer({
-        "bootstrap.servers": bootstrap,
-        "group.id": f"test-reader-{uuid.uuid4().hex[:6]}",
-        "enable.auto.commit": False,
-        "isolation.level": "read_committed" if committed else "read_uncommitted",
-        "enable.partition.eof": True,
-    })
-    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    out, eof = [], set()
-    deadline = time.monotonic() + 30
-    try:
-        while len(eof) < partitions:
-            assert time.monotonic() < deadline, f"did not reach the end of {topic}"
-            msg = c.poll(0.2)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    eof.add(msg.partition())
-                continue
-            eof.discard(msg.partition())
-            _, env = codec.decode(msg.value(), expect="threadlog.Event")
-            _, payload = codec.decode(env["payload"], expect=env["type"])
-            out.append({**env, "payload": payload, "partition": msg.partition(), "offset": msg.offset()})
-    finally:
-        c.close()
+    out = []
+    for msg in read_topic(bootstrap, topic, partitions, committed=committed):
+        _, env = codec.decode(msg.value(), expect="threadlog.Event")
+        _, payload = codec.decode(env["payload"], expect=env["type"])
+        out.append({**env, "payload": payload, "partition": msg.partition(), "offset": msg.offset()})
     return out
 
 
