@@ -21,9 +21,9 @@ from common import (
     bench_args,
     bootstrap_or_local,
     closed_loop,
-    decider_line,
     delete_namespace,
     delete_topic,
+    judge_line,
     raw_consume,
     raw_produce_closed_loop,
     raw_produce_pipelined,
@@ -66,11 +66,11 @@ async def main() -> None:
                                       partitions=args.partitions) as tl:
                 s1 = await save_threads(tl, transcript, args.count // 4, 1, 64)
                 sc = await save_threads(tl, transcript, args.count, args.clients, 64)
-                stats = dict(tl.runtime.decider.stats)
+                stats = dict(tl.runtime.judge.stats)
         print(f"\nbroker {bootstrap}; payload {len(payload)} B; {args.partitions} partitions\n")
         report([(raw1, None), (rawc, None), (pipe, None), (cons, None), (s1, raw1), (sc, rawc)])
         print("\nratio = save_thread rate / raw closed-loop produce rate at the same concurrency")
-        print(decider_line(stats))
+        print(judge_line(stats))
     finally:
         delete_topic(bootstrap, topic)
         delete_namespace(bootstrap, ns)

@@ -27,6 +27,7 @@ from common import (
     bootstrap_or_local,
     delete_namespace,
     delete_topic,
+    judge_line,
     raw_consume,
     raw_produce_closed_loop,
     raw_produce_pipelined,
@@ -113,7 +114,7 @@ async def main() -> None:
                 overwrite = await timed(f"overwrite {args.size_mib} MiB blobs, sequential",
                                         [lambda n=n: tl.blobs.put(f"big/{n}", big) for n in range(args.count)],
                                         big_total)
-                stats = dict(tl.runtime.decider.stats)
+                stats = dict(tl.runtime.judge.stats)
         print(f"\nbroker {bootstrap}; {args.partitions} partitions; chunk {CHUNK_SIZE // 1024} KiB\n")
         print(f"{'measurement':<48} {'calls':>6} {'MiB/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'ratio':>7}")
         for res, base in [(raw_put, None), (raw_get, None), (raw_small, None), (puts, raw_put), (overwrite, raw_put),
@@ -121,7 +122,7 @@ async def main() -> None:
             print(row(res, base))
         print("\nratio = blob MiB/s / raw MiB/s of the same bytes: large puts vs pipelined produce, small puts vs")
         print("awaiting writers at the same concurrency, gets vs consume from offset 0")
-        print(f"decider: {stats['commands']} commands in {stats['batches']} transactions")
+        print(judge_line(stats))
     finally:
         delete_topic(bootstrap, topic)
         delete_namespace(bootstrap, ns)

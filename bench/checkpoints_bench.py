@@ -29,9 +29,9 @@ from common import (
     bench_args,
     bootstrap_or_local,
     closed_loop,
-    decider_line,
     delete_namespace,
     delete_topic,
+    judge_line,
     raw_produce_closed_loop,
     raw_produce_pipelined,
     report,
@@ -119,7 +119,7 @@ async def main() -> None:
                     worker = subprocess.Popen(
                         [sys.executable, "-m", "threadlog", "worker", "--bootstrap", bootstrap, "--namespace", ns,
                          "--partitions", str(args.partitions), "--state-dir", f"{state}/worker",
-                         "--instance-id", "bench-worker"], stdout=subprocess.PIPE, text=True)
+                         ], stdout=subprocess.PIPE, text=True)
                     assert worker.stdout is not None
                     print(worker.stdout.readline().strip())
                 async with threadlog.open(bootstrap, namespace=ns, state_dir=f"{state}/client",
@@ -132,7 +132,7 @@ async def main() -> None:
                     # The engine's simplest command (a transcript save, same bytes) in the same run:
                     # what any decided command costs here, whatever it decides.
                     save = await save_threads(tl, len(payload), args.count, args.threads, args.clients)
-                    stats = dict(tl.runtime.decider.stats) if tl.runtime.decider else None
+                    stats = dict(tl.runtime.judge.stats)
             finally:
                 if worker is not None:
                     worker.terminate()
@@ -148,7 +148,7 @@ async def main() -> None:
         print(f"\nratio = rate / raw closed-loop produce rate at {args.clients} awaiting writers; "
               f"appends vs pipelined: {res.rate / pipe.rate:.3f}; appends vs save_thread: {res.rate / save.rate:.2f}")
         if stats:
-            print(f"{decider_line(stats)}, {stats['refused']} refused, {stats['aborts']} aborts")
+            print(judge_line(stats))
     finally:
         delete_topic(bootstrap, topic)
         delete_namespace(bootstrap, ns)

@@ -198,10 +198,10 @@ def delete_namespace(bootstrap: str, namespace: str) -> None:
     delete_topics(AdminClient({"bootstrap.servers": bootstrap}), Topics(namespace))
 
 
-def decider_line(stats: dict) -> str:
-    """How well the decider batched: commands per transaction."""
-    return (f"decider: {stats['commands']} commands in {stats['batches']} transactions "
-            f"({stats['commands'] / max(1, stats['batches']):.1f} per transaction)")
+def judge_line(stats: dict) -> str:
+    """What the judge of the measuring client decided."""
+    return (f"judge: {stats['judged']} proposals judged, {stats['accepted']} accepted, {stats['refused']} refused, "
+            f"{stats['blocked']} waits for another partition")
 
 
 def summary(xs: list[float]) -> str:

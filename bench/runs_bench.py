@@ -26,9 +26,9 @@ from common import (
     bench_args,
     bootstrap_or_local,
     closed_loop,
-    decider_line,
     delete_namespace,
     delete_topic,
+    judge_line,
     raw_produce_closed_loop,
     report,
     temp_topic,
@@ -91,14 +91,14 @@ async def main() -> None:
                 uc = await updates(tl, args.count, args.clients, run_ids)
                 c1 = await claims(tl, args.count // 8, 1, run_ids)
                 cc = await claims(tl, args.count // 2, args.clients, run_ids)
-                stats = dict(tl.runtime.decider.stats)
+                stats = dict(tl.runtime.judge.stats)
                 check = await tl.runs.get(run_ids[0])
                 assert check is not None and check["status"] == "running"
         print(f"\nbroker {bootstrap}; command {len(payload)} B; {args.partitions} partitions; "
               f"{args.runs} runs on 16 threads\n")
         report([(raw1, None), (rawc, None), (u1, raw1), (uc, rawc), (c1, raw1), (cc, rawc)])
         print("\nratio = store rate / raw closed-loop produce rate of the same command bytes at the same concurrency")
-        print(decider_line(stats))
+        print(judge_line(stats))
     finally:
         delete_topic(bootstrap, topic)
         delete_namespace(bootstrap, ns)

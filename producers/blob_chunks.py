@@ -34,7 +34,7 @@ from threadlog import kafka_config
 from threadlog.errors import unavailable
 from threadlog.partitioning import partition_for
 
-from .commands import ProducerPump
+from .pump import ProducerPump
 
 log = logging.getLogger("threadlog.blobs")
 

@@ -20,7 +20,7 @@ from threadlog.errors import invalid_argument, unavailable
 from threadlog.partitioning import partition_for
 from threadlog.topics import MAX_MESSAGE_BYTES
 
-from .commands import ProducerPump
+from .pump import ProducerPump
 
 
 class DeliveryWriter:
@@ -46,7 +46,7 @@ class DeliveryWriter:
 
     def encode(self, record: dict) -> bytes:
         # fastavro would write a missing bytes field's JSON default ("") as a str and fail.
-        value = self.codec.encode("threadlog.Delivery", {"batch": b"", "count": 0, **record})
+        value = self.codec.encode("threadlog.Delivery", {"batch": b"", "count": 0, "rules": 2, **record})
         if len(value) > MAX_MESSAGE_BYTES:
             raise invalid_argument(
                 f"the batch encodes to {len(value)} bytes; one append is one Kafka record of at most "

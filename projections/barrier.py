@@ -85,7 +85,8 @@ class ReadBarrier:
                 raise unavailable(f"end offsets of {self.topic} not answered in {self.timeout}s") from None
             await asyncio.sleep(0.05)
 
-    async def _end_offsets(self) -> dict[int, int]:
+    async def end_offsets(self) -> dict[int, int]:
+        """End offsets of every partition, asked after this call began (shared rounds)."""
         loop = asyncio.get_running_loop()
         if self._inflight is None:
             fut = self._inflight = loop.create_future()
@@ -121,7 +122,7 @@ class ReadBarrier:
     async def wait(self, partitions: list[int] | None = None) -> None:
         """Return once every write acknowledged before this call is folded."""
         start = time.monotonic()
-        offsets = await self._end_offsets()
+        offsets = await self.end_offsets()
         if partitions is not None:
             offsets = {p: offsets[p] for p in partitions}
         left = max(0.1, self.timeout - (time.monotonic() - start))

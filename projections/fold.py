@@ -26,8 +26,12 @@ class EventMeta:
     key: str
     seq: int
     decidedAt: float
-    commandId: str
+    commandId: str  # the proposal's id
     type: str
+    # Where the proposal was judged: folds that keep history by position
+    # (projections/global_ids.py) need it. -1 only outside a judge (tests).
+    partition: int = -1
+    offset: int = -1
 
 
 Fold = Callable[[View, EventMeta, dict], None]

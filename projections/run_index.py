@@ -3,10 +3,14 @@
 This is the one place that decides whether a delivery record stands (SPEC 11,
 "Fencing"). A record of run R at Kafka offset X, written by driver epoch e:
 
-- a **claim** marker raises R's fence to its epoch (written by `runs.claim`
-  in the decider's transaction);
+- a **claim** is a proposal (written by `runs.claim`): it is *granted* the
+  epoch max(fence, its floor) + 1, which becomes R's fence. The grant is
+  decided here, by the fold, so an epoch is never handed out twice and no
+  epoch exists that this partition did not grant: a forged claim record is
+  just another claim, never a way to name an epoch;
 - a **chunks**, **upsert** or **close** record *stands* unless
-  e < the greatest claim epoch of R before X (`RUN_CLAIM_LOST`), or R's log
+  e < the greatest claim epoch of R before X (`RUN_CLAIM_LOST`), or
+  e > that epoch (an epoch never granted: `RUN_CLAIM_LOST` too), or R's log
   was closed before X (`RUN_LOG_CLOSED`), checked in that order; an upsert
   also needs every target to be a standing chunk position of R
   (`INVALID_OFFSET`, only a forged record can fail that);
@@ -73,8 +77,10 @@ def verdict(fence: int, closed_at: int | None, offset: int, epoch: int) -> str |
 
     The claim is checked first: a superseded driver learns it lost the run
     even when the log was also closed (SPEC: RUN_CLAIM_LOST before RUN_LOG_CLOSED).
+    An epoch above the fence was never granted by a claim: a driver that made
+    it up (or a forged record) holds nothing.
     """
-    if epoch < fence:
+    if epoch < fence or epoch > fence:
         return RUN_CLAIM_LOST
     if closed_at is not None and closed_at < offset:
         return RUN_LOG_CLOSED
@@ -109,10 +115,13 @@ def fold_record(view: View, offset: int, rec: dict) -> str | None:
         state = {"fence": 0, "reps": 0, "seen": offset}
         view.put_json(run_key(run_id), state)
     if kind == CLAIM:
-        if rec["epoch"] >= state["fence"]:
-            state["fence"] = rec["epoch"]
-            state["claimAt"] = offset
-            view.put_json(run_key(run_id), state)
+        # The grant: one more than any epoch this run's log (or the run record
+        # the claimer read: the floor) ever had.
+        granted = max(state["fence"], rec["epoch"]) + 1
+        state["fence"] = granted
+        state["claimAt"] = offset
+        view.put_json(run_key(run_id), state)
+        view.put(rec_key(run_id, offset), _dump({"claim": granted}))
         return None
     if kind not in (CHUNKS, UPSERT, CLOSE):
         return None  # a newer writer's kind: not ours to interpret

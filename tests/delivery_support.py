@@ -59,11 +59,13 @@ class ClaimWriter:
         self.producer.init_transactions(30)
 
     def begin(self, run_id: str, epoch: int) -> None:
-        """Open a transaction holding a claim marker of `epoch` (flushed: it has its offset)."""
+        """Open a transaction holding a claim that the fold grants as `epoch` (a claim
+        proposes a floor; the grant is max(fence, floor) + 1, so floor = epoch - 1 for a
+        run whose fence is below it). Flushed: it has its offset."""
         self.producer.begin_transaction()
         value = self.codec.encode("threadlog.Delivery", {
-            "runId": run_id, "kind": "claim", "epoch": epoch, "chunks": [], "writtenAt": time.time() * 1000,
-            "batch": b"", "count": 0,
+            "runId": run_id, "kind": "claim", "epoch": epoch - 1, "chunks": [], "writtenAt": time.time() * 1000,
+            "batch": b"", "count": 0, "rules": 2,
         })
         self.producer.produce(self.topic, value, run_id.encode(), partition=partition_for(run_id, self.partitions))
         self.producer.flush(30)

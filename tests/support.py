@@ -41,3 +41,15 @@ def read_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 30.
     finally:
         c.close()
     return out
+
+
+# Judge bookkeeping that a refused proposal does write: its verdict, the
+# partition's decision time, the store's positions. Everything else is state.
+_BOOKKEEPING = (b"jv", b"jc", b"jp", b"\x00off")
+
+
+async def state_of(tl) -> dict[bytes, bytes]:
+    """Every key of the client's store after a read barrier, bookkeeping aside:
+    equal before and after a call exactly when the call changed no state."""
+    await tl.read_barrier(None)
+    return {k: v for k, v in tl.runtime.store.scan(b"") if not k.startswith(_BOOKKEEPING)}

@@ -6,14 +6,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from support import within
+from support import state_of, within
 
 from threadlog import ThreadLogError
-
-
-async def _positions(tl) -> list[int]:
-    await tl.read_barrier(None)
-    return [tl.runtime.follower.applied(p) for p in range(tl.runtime.layout.events)]
 
 
 def _art(artifact_id="a1", run_id="r1", thread_id="t1", created_at=100, **extra):
@@ -86,11 +81,11 @@ async def test_a_deleted_id_can_be_saved_again_anywhere(tl):
 async def test_save_on_another_thread_is_refused_and_changes_nothing(tl):
     original = _art()
     await within(tl.artifacts.save(original))
-    before = await _positions(tl)
+    before = await state_of(tl)
     with pytest.raises(ThreadLogError) as err:
         await within(tl.artifacts.save(_art(thread_id="t-other", name="moved.png")))
     assert err.value.code == "INVALID_ARGUMENT" and "t1" in err.value.message
-    assert await _positions(tl) == before
+    assert await state_of(tl) == before
     assert await within(tl.artifacts.get("a1")) == original
     assert await within(tl.artifacts.list_for_thread("t-other")) == []
     assert await within(tl.artifacts.list("r1")) == [original]
@@ -122,11 +117,11 @@ BAD = [
 @pytest.mark.parametrize("record, why", BAD)
 async def test_bad_records_are_refused_and_change_nothing(tl, record, why):
     await within(tl.artifacts.save(_art("keep")))
-    before = await _positions(tl)
+    before = await state_of(tl)
     with pytest.raises(ThreadLogError) as err:
         await within(tl.artifacts.save(record))
     assert err.value.code == "INVALID_ARGUMENT", why
-    assert await _positions(tl) == before
+    assert await state_of(tl) == before
     assert _ids(await within(tl.artifacts.list_for_thread("t1"))) == ["keep"]
 
 

@@ -184,14 +184,15 @@ async def test_concurrent_puts_last_committed_wins_and_losers_leave_no_live_chun
     assert len({r["etag"] for r in results}) == 8
     assert len({r["createdAt"] for r in results}) == 1  # the first committed set it; all kept it
 
-    # The last BlobPut in the key's log is the winner, and what everyone reads.
+    # The last accepted PutBlob proposal in the key's log is the winner, and what everyone reads.
     codec = default_codec()
     puts = []
     for m in read_topic(bootstrap, a.runtime.topics.events, a.runtime.layout.events):
-        _, env = codec.decode(m.value(), expect="threadlog.Event")
-        if env["key"] == state.partition_key("hot") and env["type"] == "threadlog.evt.BlobPut":
-            puts.append((env["seq"], codec.decode(env["payload"])[1]))
-    assert [s for s, _ in sorted(puts)] == list(range(1, 9))
+        _, env = codec.decode(m.value(), expect="threadlog.Proposal")
+        if env["key"] == state.partition_key("hot") and env["type"] == "threadlog.cmd.PutBlob":
+            assert a.runtime.judge.verdict(m.partition(), m.offset())["ok"]
+            puts.append((m.offset(), codec.decode(env["payload"])[1]))
+    assert len(puts) == 8
     winner = max(puts, key=lambda p: p[0])[1]
     for client in (a, b):
         got = await within(client.blobs.get("hot"))

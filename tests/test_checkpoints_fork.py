@@ -9,11 +9,11 @@ checkpoints and blob references, no event reached any partition of the log.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 
 import pytest
 from checkpoint_helpers import file_key
+from support import state_of as whole_state
 from support import within
 
 import threadlog
@@ -63,18 +63,14 @@ async def state_of(tl, thread: str) -> dict:
     }
 
 
-async def log_ends(tl) -> dict[int, int]:
-    """Last stable offset of every events partition: equal before and after = no event written."""
-    return await asyncio.to_thread(tl.runtime.barrier.end_offsets_sync)
-
-
 async def expect_rejected_without_changes(tl, call, code: str, thread: str = "destination") -> None:
-    before, ends = await state_of(tl, thread), await log_ends(tl)
+    # A refused proposal stays in the log (judged refused); what must not move is state, anywhere.
+    before, everything = await state_of(tl, thread), await whole_state(tl)
     with pytest.raises(ThreadLogError) as err:
         await within(call)
     assert err.value.code == code, err.value
     assert await state_of(tl, thread) == before
-    assert await log_ends(tl) == ends
+    assert await whole_state(tl) == everything
 
 
 async def test_copies_a_selected_historical_checkpoint_and_creates_an_exact_fork_root(tl):

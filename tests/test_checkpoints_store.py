@@ -253,7 +253,7 @@ async def test_append_checks_run_in_the_spec_order(tl):
     assert await thread_state(tl, "t") == before
 
 
-async def test_the_decider_rechecks_in_the_same_order_when_the_client_is_bypassed(tl):
+async def test_the_judge_rechecks_in_the_same_order_when_the_client_is_bypassed(tl):
     """A command on the topic may come from anyone: forged appends that skip the
     client's validation are refused by the handler with the same codes."""
     from threadlog.checkpoint_rules import to_wire
@@ -293,7 +293,8 @@ async def test_the_decider_rechecks_in_the_same_order_when_the_client_is_bypasse
         payload = {"checkpoint": wire(cp), "expectedHeadId": expected, "writer": wr}
         await refused(tl.bus.send("threadlog.cmd.AppendCheckpoint", "t", payload), code)
     assert await thread_state(tl, "t") == before
-    assert tl.runtime.decider.alive and tl.runtime.decider.failure is None
+    assert tl.runtime.judge.alive
+    await within(tl.messages.save_thread("after", [1]))  # the judge keeps judging
 
 
 async def test_writer_values_are_any_object_with_the_three_attributes(tl):
@@ -537,7 +538,7 @@ async def test_invalid_ids_are_refused_by_every_method(tl, bad):
 
 # -- rebuild --------------------------------------------------------------------------------------
 async def test_rebuild_from_offset_zero_gives_the_same_checkpoint_reads(open_client, tmp_path, bootstrap, namespace):
-    from threadlog.projections.rebuild import rebuild
+    from threadlog.processors.rebuild import rebuild
 
     state = tmp_path / "host"
     tl = await open_client(state_dir=str(state))

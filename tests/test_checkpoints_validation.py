@@ -8,14 +8,13 @@ command straight onto the commands topic (refused by the decider's own re-check)
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import math
 
 import pytest
 from checkpoint_helpers import artifact, artifact_key, checkpoint, file_key, refused, thread_state
-from support import within
+from support import state_of, within
 from threadlog.schemas import CodecError
 
 from threadlog import ThreadLogError
@@ -200,7 +199,7 @@ async def check_rules(tl, rules: dict, code: str) -> int:
     w = await within(tl.checkpoints.acquire_writer("t"))
     await within(tl.checkpoints.append(checkpoint=checkpoint("c1", "t"), expected_head_id=None, writer=w))
     before = await thread_state(tl, "t")
-    ends = await asyncio.to_thread(tl.runtime.barrier.end_offsets_sync)
+    everything = await state_of(tl)
     forged = 0
     for name, change in rules.items():
         cp = build(change)
@@ -213,8 +212,9 @@ async def check_rules(tl, rules: dict, code: str) -> int:
                 await refused(tl.bus.send("threadlog.cmd.AppendCheckpoint", "t", payload), code)
             except AssertionError as exc:
                 raise AssertionError(f"{name}: {exc}") from None
-    # Nothing changed: no event reached any partition, and every read is as before.
-    assert await asyncio.to_thread(tl.runtime.barrier.end_offsets_sync) == ends
+    # Nothing changed: refused proposals stay in the log, but no state moved anywhere,
+    # and every read is as before.
+    assert await state_of(tl) == everything
     assert await thread_state(tl, "t") == before
     assert await within(tl.checkpoints.get("c2")) is None
     # The same writer still appends a valid checkpoint afterwards.

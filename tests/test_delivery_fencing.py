@@ -1,8 +1,10 @@
-"""Fencing of the delivery log by claim markers (SPEC 11, "Fencing").
+"""Fencing of the delivery log by claims (SPEC 11, "Fencing").
 
-These tests write claim markers with `ClaimWriter` (the same record
-`tl.runs.claim` writes in the decider's transaction) so they can hold a claim's
-transaction open while an append lands after it, then commit or abort it.
+These tests write claims with `ClaimWriter` (the same record `tl.runs.claim`
+proposes on the run's delivery partition) inside a Kafka transaction of their
+own, so they can hold a claim open while an append lands after it, then commit
+or abort it: the fold must wait for the outcome. A driver writes with an
+epoch a claim granted (1 first, then 2): an epoch never granted stands nowhere.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ async def test_superseded_driver_is_refused_its_close_ignored_and_readers_see_ea
     b_host = await open_client(processors="external")
     claims = ClaimWriter(bootstrap, a_host)
     run = "run-takeover"
+    claims.claim(run, 1)
     a = a_host.delivery(run, epoch=1)
     a_offs = await within(a.append([chunk(0), chunk(1)]))
     claims.claim(run, 2)
@@ -55,6 +58,7 @@ async def test_a_write_that_reached_kafka_after_a_claim_is_dropped_and_the_appen
     after the write decides, and readers agree with it."""
     claims = ClaimWriter(bootstrap, tl)
     run = "run-late-write"
+    claims.claim(run, 1)
     a = tl.delivery(run, epoch=1)
     await within(a.append([chunk(0)]))
     claims.claim(run, 2)
@@ -62,7 +66,7 @@ async def test_a_write_that_reached_kafka_after_a_claim_is_dropped_and_the_appen
     with pytest.raises(ThreadLogError) as e:
         await within(a.append([chunk(1), chunk(2)]))
     assert e.value.code == "RUN_CLAIM_LOST"
-    a._state = lambda: {"fence": 0, "reps": 0}  # A's close too passes its own check
+    a._state = lambda: {"fence": 1, "reps": 0}  # A's close too passes its own check
     await within(a.close())  # written, and dropped: the log is not closed
     b = tl.delivery(run, epoch=2)
     [_o] = await within(b.append([chunk(3)]))
@@ -70,7 +74,7 @@ async def test_a_write_that_reached_kafka_after_a_claim_is_dropped_and_the_appen
     assert [c["i"] for _, c in await collect(tl.delivery(run).read("-1"))] == [0, 3]
     rows = await within(a.records())
     assert [(r["kind"], r["epoch"], r.get("dropped")) for r in rows] == [
-        ("chunks", 1, None), ("claim", 2, None), ("chunks", 1, "RUN_CLAIM_LOST"),
+        ("claim", 1, None), ("chunks", 1, None), ("claim", 2, None), ("chunks", 1, "RUN_CLAIM_LOST"),
         ("close", 1, "RUN_CLAIM_LOST"), ("chunks", 2, None), ("close", 2, None)]
 
 
@@ -78,6 +82,7 @@ async def test_a_write_that_reached_kafka_after_a_claim_is_dropped_and_the_appen
 async def test_an_append_behind_an_open_claim_transaction_waits_for_its_outcome(bootstrap, tl, outcome):
     claims = ClaimWriter(bootstrap, tl)
     run = f"run-open-claim-{outcome}"
+    claims.claim(run, 1)
     a = tl.delivery(run, epoch=1)
     [o0] = await within(a.append([chunk(0)]))
     claims.begin(run, 2)  # the claim marker is in the log, its transaction undecided
@@ -104,6 +109,7 @@ async def test_appends_racing_claims_are_never_acknowledged_but_dropped(bootstra
     outcomes = {"returned": 0, "raised": 0, "dropped_after_write": 0}
     for trial in range(40):
         run = f"race-{trial}"
+        await asyncio.to_thread(claims.claim, run, 1)
         a = driver_host.delivery(run, epoch=1)
         [first] = await within(a.append([chunk(0)]))
         delay_append, delay_claim = rng.random() * 0.02, rng.random() * 0.004

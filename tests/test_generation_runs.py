@@ -6,14 +6,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from support import within
+from support import state_of, within
 
 from threadlog import ThreadLogError
-
-
-async def _positions(tl) -> list[int]:
-    await tl.read_barrier(None)
-    return [tl.runtime.follower.applied(p) for p in range(tl.runtime.layout.events)]
 
 
 async def _create(tl, run_id="g1", thread_id="t", started_at=100, status=None, **kw):
@@ -70,10 +65,10 @@ async def test_any_json_result_is_kept(tl, result):
 
 
 async def test_update_of_unknown_run_is_a_no_op(tl):
-    before = await _positions(tl)
+    before = await state_of(tl)
     await within(tl.generation_runs.update("ghost", {"status": "failed"}))
     assert await within(tl.generation_runs.get("ghost")) is None
-    assert await _positions(tl) == before
+    assert await state_of(tl) == before
 
 
 @pytest.mark.parametrize("patch, why", [
@@ -93,12 +88,12 @@ async def test_update_of_unknown_run_is_a_no_op(tl):
 ])
 async def test_bad_patches_are_refused_and_change_nothing(tl, patch, why):
     base = await _create(tl)
-    before = await _positions(tl)
+    before = await state_of(tl)
     for run_id in ("g1", "ghost"):
         with pytest.raises(ThreadLogError) as err:
             await within(tl.generation_runs.update(run_id, patch))
         assert err.value.code == "INVALID_ARGUMENT", why
-    assert await _positions(tl) == before
+    assert await state_of(tl) == before
     assert await within(tl.generation_runs.get("g1")) == base
 
 
@@ -109,14 +104,14 @@ async def test_bad_patches_are_refused_and_change_nothing(tl, patch, why):
 ])
 async def test_bad_create_arguments_are_refused_even_for_an_existing_run(tl, kw, why):
     base = await _create(tl)
-    before = await _positions(tl)
+    before = await state_of(tl)
     for run_id in ("g1", "fresh"):
         args = {"run_id": run_id, "thread_id": "t", "activity": "image", "provider": "p", "model": "m",
                 "started_at": 1, **kw}
         with pytest.raises(ThreadLogError) as err:
             await within(tl.generation_runs.create_or_resume(**args))
         assert err.value.code == "INVALID_ARGUMENT", why
-    assert await _positions(tl) == before
+    assert await state_of(tl) == before
     assert await within(tl.generation_runs.get("g1")) == base
     assert await within(tl.generation_runs.get("fresh")) is None
 

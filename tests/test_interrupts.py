@@ -7,14 +7,9 @@ import asyncio
 import math
 
 import pytest
-from support import within
+from support import state_of, within
 
 from threadlog import ThreadLogError
-
-
-async def _positions(tl) -> list[int]:
-    await tl.read_barrier(None)
-    return [tl.runtime.follower.applied(p) for p in range(tl.runtime.layout.events)]
 
 
 def _record(interrupt_id="i1", run_id="r1", thread_id="t1", requested_at=100, payload=None):
@@ -79,11 +74,11 @@ async def test_cancel_and_first_decision_is_final(tl):
 
 
 async def test_deciding_an_unknown_interrupt_is_a_no_op(tl):
-    before = await _positions(tl)
+    before = await state_of(tl)
     assert await within(tl.interrupts.resolve("ghost", {"x": 1})) is None
     assert await within(tl.interrupts.cancel("ghost")) is None
     assert await within(tl.interrupts.get("ghost")) is None
-    assert await _positions(tl) == before
+    assert await state_of(tl) == before
 
 
 async def test_lists_are_ordered_by_requested_at_then_id_bytes(tl):
@@ -165,18 +160,18 @@ BAD_RECORDS = [
 @pytest.mark.parametrize("record, why", BAD_RECORDS)
 async def test_bad_records_are_refused_and_change_nothing(tl, record, why):
     await within(tl.interrupts.create(_record("keep")))
-    before = await _positions(tl)
+    before = await state_of(tl)
     with pytest.raises(ThreadLogError) as err:
         await within(tl.interrupts.create(record))
     assert err.value.code == "INVALID_ARGUMENT", why
-    assert await _positions(tl) == before
+    assert await state_of(tl) == before
     assert [r["interruptId"] for r in await within(tl.interrupts.list("t1"))] == ["keep"]
     assert await within(tl.interrupts.get("i1")) is None
 
 
 async def test_bad_ids_and_responses_are_refused(tl):
     await within(tl.interrupts.create(_record()))
-    before = await _positions(tl)
+    before = await state_of(tl)
     for bad in ("", "\ud800", None, 1):
         for method in (tl.interrupts.get, tl.interrupts.cancel, tl.interrupts.resolve, tl.interrupts.list,
                        tl.interrupts.list_pending, tl.interrupts.list_by_run, tl.interrupts.list_pending_by_run):
@@ -187,13 +182,13 @@ async def test_bad_ids_and_responses_are_refused(tl):
         with pytest.raises(ThreadLogError) as err:
             await within(tl.interrupts.resolve("i1", response))
         assert err.value.code == "INVALID_ARGUMENT"
-    assert await _positions(tl) == before
+    assert await state_of(tl) == before
     assert (await within(tl.interrupts.get("i1")))["status"] == "pending"
 
 
 async def test_forged_decisions_are_refused_by_the_decider(tl):
     await within(tl.interrupts.create(_record()))
-    before = await _positions(tl)
+    before = await state_of(tl)
     for payload in ({"interruptId": "i1", "threadId": "t1", "status": "pending", "response": None},
                     {"interruptId": "i1", "threadId": "t1", "status": "cancelled", "response": "1"},
                     {"interruptId": "i1", "threadId": "t1", "status": "resolved", "response": "{nope"},
@@ -206,5 +201,5 @@ async def test_forged_decisions_are_refused_by_the_decider(tl):
         await within(tl.bus.send("threadlog.cmd.CreateInterrupt", "t1", {
             "interruptId": "i2", "runId": "r", "threadId": "t1", "requestedAt": 1, "payload": "[]"}))
     assert err.value.code == "INVALID_ARGUMENT"
-    assert await _positions(tl) == before
+    assert await state_of(tl) == before
     assert (await within(tl.interrupts.get("i1")))["status"] == "pending"

@@ -62,8 +62,8 @@ async def test_invalid_thread_ids_are_refused_and_store_nothing(tl, bad_id):
     assert err.value.code == "INVALID_ARGUMENT"
     # Nothing reached the log: the events topic of the namespace is still empty.
     await tl.read_barrier(None)
-    assert tl.runtime.follower is not None
-    assert all(tl.runtime.follower.applied(p) == 0 for p in range(tl.runtime.layout.events))
+    assert tl.runtime.judge is not None
+    assert all(tl.runtime.judge.applied(p) == 0 for p in range(tl.runtime.layout.events))
 
 
 @pytest.mark.parametrize(

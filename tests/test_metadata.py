@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from support import within
+from support import state_of, within
 from threadlog.projections.folds import metadata as state
 
 from threadlog import ThreadLogError
@@ -25,10 +25,6 @@ VALUES = [
     {},
 ]
 
-
-async def _positions(tl) -> list[int]:
-    await tl.read_barrier(None)
-    return [tl.runtime.follower.applied(p) for p in range(tl.runtime.layout.events)]
 
 
 async def test_absent_is_none(tl):
@@ -53,12 +49,12 @@ async def test_set_overwrites_and_delete_removes(tl):
 
 
 async def test_deleting_an_absent_entry_is_silent_and_writes_nothing(tl):
-    before = await _positions(tl)
+    before = await state_of(tl)
     assert await within(tl.metadata.delete("ns", "never")) is None
     await within(tl.metadata.set("ns", "k", 1))
-    after_set = await _positions(tl)
+    after_set = await state_of(tl)
     await within(tl.metadata.delete("other-ns", "k"))
-    assert await _positions(tl) == after_set != before
+    assert await state_of(tl) == after_set != before
     assert await within(tl.metadata.get("ns", "k")) == 1
 
 
@@ -100,35 +96,35 @@ async def test_returned_values_are_fresh_copies(tl):
                                    b"bytes", object(), {"lone": "\ud800"}])
 async def test_non_json_values_are_refused_and_change_nothing(tl, value):
     await within(tl.metadata.set("ns", "k", "kept"))
-    before = await _positions(tl)
+    before = await state_of(tl)
     with pytest.raises(ThreadLogError) as err:
         await within(tl.metadata.set("ns", "k", value))
     assert err.value.code == "INVALID_ARGUMENT"
-    assert await _positions(tl) == before
+    assert await state_of(tl) == before
     assert await within(tl.metadata.get("ns", "k")) == "kept"
 
 
 # (not named `namespace`: that is the fixture giving each test its topics)
 @pytest.mark.parametrize("meta_ns, key", [("", "k"), ("ns", ""), ("\ud800", "k"), ("ns", None), (1, "k")])
 async def test_invalid_namespace_or_key_is_refused(tl, meta_ns, key):
-    before = await _positions(tl)
+    before = await state_of(tl)
     for call in (tl.metadata.get(meta_ns, key), tl.metadata.set(meta_ns, key, 1),
                  tl.metadata.delete(meta_ns, key)):
         with pytest.raises(ThreadLogError) as err:
             await within(call)
         assert err.value.code == "INVALID_ARGUMENT"
-    assert await _positions(tl) == before
+    assert await state_of(tl) == before
 
 
 async def test_forged_commands_are_refused(tl):
-    before = await _positions(tl)
+    before = await state_of(tl)
     for key, payload in [("wrong-key", {"namespace": "ns", "key": "k", "value": "1"}),
                          (state.partition_key("ns", "k"), {"namespace": "ns", "key": "k", "value": "NaN"}),
                          (state.partition_key("ns", "k"), {"namespace": "ns", "key": "k", "value": "{"})]:
         with pytest.raises(ThreadLogError) as err:
             await within(tl.bus.send("threadlog.cmd.SetMetadata", key, payload))
         assert err.value.code == "INVALID_ARGUMENT"
-    assert await _positions(tl) == before
+    assert await state_of(tl) == before
 
 
 async def test_a_second_client_reads_every_write_immediately(open_client):

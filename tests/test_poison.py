@@ -1,5 +1,6 @@
-"""Bad input on the topics never stops a processor (DESIGN: the decider never
-stops on bad input; a poison event is skipped by the follower)."""
+"""Bad input on the topics never stops a judge: a record that is not a
+proposal is judged refused (`INVALID_MESSAGE`), changes nothing, and the next
+proposal on the same partition is judged normally."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import pytest
 from confluent_kafka import Producer
 from support import within
+from threadlog.processors.judge import all_verdicts
 
 from threadlog import ThreadLogError
 from threadlog.partitioning import partition_for
@@ -29,15 +31,17 @@ def _produce_raw(bootstrap: str, topic: str, partition: int, values: list[bytes]
     assert p.flush(10) == 0
 
 
-async def test_garbage_commands_are_skipped_and_the_decider_keeps_serving(tl, bootstrap):
-    part = partition_for("t", tl.runtime.layout.commands)
-    _produce_raw(bootstrap, tl.runtime.topics.commands, part, GARBAGE)
-    # The next valid command on the same partition is decided normally.
+async def test_garbage_records_are_judged_refused_and_the_judge_keeps_judging(tl, bootstrap):
+    await within(tl.messages.save_thread("t", ["before"]))
+    part = partition_for("t", tl.runtime.layout.events)
+    _produce_raw(bootstrap, tl.runtime.topics.events, part, GARBAGE)
+    # The next valid proposal on the same partition is judged normally.
     await within(tl.messages.save_thread("t", ["after garbage"]))
     assert await within(tl.messages.load_thread("t")) == ["after garbage"]
-    decider = tl.runtime.decider
-    assert decider.alive and decider.failure is None
-    assert decider.stats["poison"] == len(GARBAGE) + 1
+    judge = tl.runtime.judge
+    assert judge.stats["poison"] == len(GARBAGE) + 1
+    refused_codes = [v["code"] for _, v in all_verdicts(tl.runtime.store, part) if not v["ok"]]
+    assert refused_codes == ["INVALID_MESSAGE"] * (len(GARBAGE) + 1)
 
 
 async def test_undecodable_payload_is_refused_with_a_code(tl):
@@ -45,7 +49,7 @@ async def test_undecodable_payload_is_refused_with_a_code(tl):
         await within(tl.bus.send_encoded("threadlog.cmd.SaveTranscript", "t", b"\xc3\x01garbage!"))
     assert err.value.code == "INVALID_MESSAGE"
     # A payload of the wrong schema for the declared type is refused too.
-    other = tl.runtime.codec.encode("threadlog.Reply", {"commandId": "x", "clientId": "y", "ok": True})
+    other = tl.runtime.codec.encode("threadlog.cmd.SetMetadata", {"namespace": "n", "key": "k", "value": "1"})
     with pytest.raises(ThreadLogError) as err:
         await within(tl.bus.send_encoded("threadlog.cmd.SaveTranscript", "t", other))
     assert err.value.code == "INVALID_MESSAGE"
@@ -60,36 +64,36 @@ async def test_unknown_command_type_is_refused(tl):
     with pytest.raises(ThreadLogError) as err:
         await within(tl.bus.send_encoded("threadlog.evt.TranscriptSaved", "t", payload))
     assert err.value.code == "INVALID_ARGUMENT"
-    assert "unknown command type" in err.value.message
+    assert "unknown proposal type" in err.value.message
 
 
-async def test_poison_events_are_skipped_by_the_follower(tl, open_client, bootstrap):
+async def test_a_fresh_host_judges_the_garbage_alike(tl, open_client, bootstrap):
     await within(tl.messages.save_thread("t", ["before"]))
     part = partition_for("t", tl.runtime.layout.events)
     _produce_raw(bootstrap, tl.runtime.topics.events, part, GARBAGE)
     await within(tl.messages.save_thread("t", ["after"]))
-    # A fresh client folds the whole log, garbage included, and still answers.
+    # A fresh client judges the whole log, garbage included, and still answers.
     fresh = await open_client(processors="external")
     assert await within(fresh.messages.load_thread("t")) == ["after"]
-    assert fresh.runtime.follower.skipped == len(GARBAGE) + 1
+    assert fresh.runtime.judge.stats["poison"] == len(GARBAGE) + 1
+    assert all_verdicts(fresh.runtime.store, part) == all_verdicts(tl.runtime.store, part)
     assert await within(tl.messages.load_thread("t")) == ["after"]
 
 
-async def test_a_decision_kafka_cannot_record_is_refused_not_retried_forever(tl, monkeypatch):
-    # A decision whose event exceeds the events topic's record limit: Kafka
-    # refuses the record for good. The decider must refuse that command and
-    # keep serving the others decided in the same batches -- not retry forever.
+async def test_a_rule_that_fails_refuses_its_proposal_and_only_that_one(tl, monkeypatch):
+    # A bug in one rule (here: an effect no fold can apply) must refuse that
+    # proposal -- deterministically, the same for every judge -- and leave the
+    # others judged in the same batches alone; the judge never stops.
     from threadlog.processors import handlers
 
     original = handlers.HANDLERS["threadlog.cmd.SaveTranscript"]
 
-    def oversized(ctx, cmd):
+    def broken(ctx, cmd):
         if cmd["messages"] == '["boom"]':
-            return handlers.Decision(events=[("threadlog.evt.TranscriptSaved", {
-                "threadId": cmd["threadId"], "messages": '["' + "x" * (17 * 1024 * 1024) + '"]'})])
+            return handlers.Decision(events=[("threadlog.evt.TranscriptSaved", {"threadId": cmd["threadId"]})])
         return original(ctx, cmd)
 
-    monkeypatch.setitem(handlers.HANDLERS, "threadlog.cmd.SaveTranscript", oversized)
+    monkeypatch.setitem(handlers.HANDLERS, "threadlog.cmd.SaveTranscript", broken)
 
     async def save(tid, msgs):
         try:
@@ -102,4 +106,5 @@ async def test_a_decision_kafka_cannot_record_is_refused_not_retried_forever(tl,
     assert outcomes == ["ok", "ok", "ok", "INVALID_ARGUMENT", "ok", "ok", "ok", "ok"]
     for n in range(8):
         assert await within(tl.messages.load_thread(f"t{n}")) == ([] if n == 3 else [n])
-    assert tl.runtime.decider.alive and tl.runtime.decider.failure is None
+    await within(tl.messages.save_thread("t3", [3]))
+    assert await within(tl.messages.load_thread("t3")) == [3]

@@ -50,6 +50,7 @@ async def test_replay_follow_waits_until_the_log_closes(bootstrap, namespace, tl
 
 async def test_replay_records_shows_claims_and_dropped_chunks(bootstrap, namespace, tl, tmp_path):
     run = "run-debug"
+    ClaimWriter(bootstrap, tl).claim(run, 1)
     a = tl.delivery(run, epoch=1)
     await within(a.append([chunk(0)]))
     ClaimWriter(bootstrap, tl).claim(run, 2)
@@ -61,4 +62,5 @@ async def test_replay_records_shows_claims_and_dropped_chunks(bootstrap, namespa
     code, rows, err = await replay(bootstrap, namespace, str(tmp_path / "cli"), run, "--records")
     assert code == 0, err
     assert [(r["kind"], r["epoch"], r.get("stands"), r.get("dropped")) for r in rows] == [
-        ("chunks", 1, True, None), ("claim", 2, None, None), ("chunks", 1, False, "RUN_CLAIM_LOST")]
+        ("claim", 1, None, None), ("chunks", 1, True, None), ("claim", 2, None, None),
+        ("chunks", 1, False, "RUN_CLAIM_LOST")]

@@ -7,17 +7,11 @@ import asyncio
 import math
 
 import pytest
-from support import read_topic, within
+from support import read_topic, state_of, within
 from threadlog.projections.folds import runs as run_state
 
 from threadlog import ThreadLogError
 from threadlog.partitioning import partition_for
-
-
-async def _positions(tl) -> list[int]:
-    """How far the events topic reaches (after a barrier): unchanged = nothing written."""
-    await tl.read_barrier(None)
-    return [tl.runtime.follower.applied(p) for p in range(tl.runtime.layout.events)]
 
 
 def _threads_on_distinct_partitions(tl, n: int = 2) -> list[str]:
@@ -96,13 +90,13 @@ async def test_a_run_id_is_global_across_threads_on_other_partitions(tl):
 ])
 async def test_create_refuses_bad_arguments_even_for_an_existing_run(tl, kwargs, why):
     existing = await _create(tl, "run-1", "t", 10)
-    before = await _positions(tl)
+    before = await state_of(tl)
     for run_id in ("run-1", "new-run"):
         args = {"run_id": run_id, "thread_id": "t", "started_at": 10, "status": None, **kwargs}
         with pytest.raises(ThreadLogError) as err:
             await within(tl.runs.create_or_resume(**args))
         assert err.value.code == "INVALID_ARGUMENT", why
-    assert await _positions(tl) == before, f"{why}: something was written"
+    assert await state_of(tl) == before, f"{why}: something was written"
     assert await within(tl.runs.get("run-1")) == existing
     assert await within(tl.runs.get("new-run")) is None
 
@@ -155,10 +149,10 @@ async def test_error_code_none_is_absent(tl):
 
 
 async def test_update_of_an_unknown_run_is_a_no_op(tl):
-    before = await _positions(tl)
+    before = await state_of(tl)
     assert await within(tl.runs.update("ghost", {"status": "completed", "finishedAt": 1})) is None
     assert await within(tl.runs.get("ghost")) is None
-    assert await _positions(tl) == before
+    assert await state_of(tl) == before
     # Nor does it create the run later on any thread.
     assert await within(tl.runs.list_reclaimable(now=10**12, ttl_ms=0)) == []
 
@@ -197,13 +191,13 @@ BAD_PATCHES = [
 @pytest.mark.parametrize("patch, why", BAD_PATCHES)
 async def test_bad_patches_are_refused_for_known_and_unknown_runs_and_change_nothing(tl, patch, why):
     base = await _create(tl, "run-1", "t", 1000)
-    before = await _positions(tl)
+    before = await state_of(tl)
     for run_id in ("run-1", "ghost"):
         with pytest.raises(ThreadLogError) as err:
             await within(tl.runs.update(run_id, patch))
         assert err.value.code == "INVALID_ARGUMENT", why
         assert err.value.message
-    assert await _positions(tl) == before
+    assert await state_of(tl) == before
     assert await within(tl.runs.get("run-1")) == base
     assert await within(tl.runs.get("ghost")) is None
 
@@ -309,18 +303,22 @@ async def test_list_reclaimable_refuses_bad_arguments(tl, kwargs):
 
 
 # -- claim ------------------------------------------------------------------------------------
-async def test_claim_bumps_the_epoch_and_writes_a_marker(tl, bootstrap):
+async def test_claim_is_granted_on_the_runs_delivery_partition(tl, bootstrap):
     await _create(tl, "r", "t", 0)
     assert await within(tl.runs.claim("r")) == 1
     assert await within(tl.runs.claim("r")) == 2
     assert (await within(tl.runs.get("r")))["driverEpoch"] == 2
+    # Each claim is one record on the run's delivery partition proposing a floor
+    # (the greatest epoch the claimer saw); the fold there granted the epoch.
     codec = tl.runtime.codec
-    markers = []
+    claims = []
     for msg in read_topic(bootstrap, tl.runtime.topics.deliveries, tl.runtime.layout.deliveries):
         _, rec = codec.decode(msg.value(), expect="threadlog.Delivery")
         assert msg.key() == b"r"
-        markers.append((rec["runId"], rec["kind"], rec["epoch"], rec["chunks"]))
-    assert markers == [("r", "claim", 1, []), ("r", "claim", 2, [])]
+        claims.append((rec["runId"], rec["kind"], rec["epoch"], rec["chunks"]))
+    assert claims == [("r", "claim", 0, []), ("r", "claim", 1, [])]
+    rows = await within(tl.delivery("r").records())
+    assert [(r["kind"], r["floor"], r["epoch"]) for r in rows] == [("claim", 0, 1), ("claim", 1, 2)]
 
 
 async def test_claim_never_reuses_an_epoch_after_update_lowers_or_clears_it(tl):
@@ -416,7 +414,7 @@ async def test_a_corrupt_stored_status_is_an_error_not_a_guess(tl):
 # -- the decider re-validates what a client could forge ------------------------------------------------
 async def test_forged_commands_are_refused_by_the_decider(tl):
     await _create(tl, "r", "t", 1)
-    before = await _positions(tl)
+    before = await state_of(tl)
     forged = [
         ("threadlog.cmd.UpdateRun", "t", {"runId": "r", "threadId": "t", "patch": '{"status":"bogus"}'}),
         ("threadlog.cmd.UpdateRun", "t", {"runId": "r", "threadId": "t", "patch": '{"status":null}'}),
@@ -434,6 +432,6 @@ async def test_forged_commands_are_refused_by_the_decider(tl):
         with pytest.raises(ThreadLogError) as err:
             await within(tl.bus.send(type_name, key, payload))
         assert err.value.code == "INVALID_ARGUMENT", (type_name, payload)
-    assert await _positions(tl) == before
+    assert await state_of(tl) == before
     assert await within(tl.runs.get("r")) == {"runId": "r", "threadId": "t", "status": "running", "startedAt": 1}
     assert await within(tl.runs.get("x")) is None

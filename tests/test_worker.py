@@ -1,61 +1,42 @@
-"""`threadlog worker` runs the processors standalone for clients with external processors."""
+"""`threadlog worker`: a judge of the namespace in its own process, with its own store.
+
+It judges every proposal as the clients' own judges do, stops cleanly on
+SIGTERM (exit 0), and a restart resumes at the position stored with its state.
+"""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
 
 from support import within
+from test_checkpoints_faults import worker_verdicts
+from threadlog.processors.judge import all_verdicts
+from worker_support import WorkerProcess
 
 
-def start_worker(bootstrap: str, namespace: str, state_dir: str, instance: str = "w1") -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "threadlog", "worker", "--bootstrap", bootstrap, "--namespace", namespace,
-         "--state-dir", state_dir, "--instance-id", instance],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if "deciding" in line:
-            return proc
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise AssertionError(f"worker did not start: {proc.stdout.read()}")
-
-
-async def test_external_clients_are_served_by_a_worker_process(bootstrap, namespace, tmp_path, open_client):
-    worker = start_worker(bootstrap, namespace, str(tmp_path / "worker"))
+async def test_a_worker_judges_alike_and_resumes_where_it_stopped(bootstrap, namespace, tmp_path, open_client):
+    state = tmp_path / "worker"
+    worker = WorkerProcess(bootstrap, namespace, state, "w1")
+    restarted = WorkerProcess(bootstrap, namespace, state, "w1")
     try:
+        await worker.start()
         client = await open_client(processors="external")
-        await within(client.messages.save_thread("t", ["via worker"]))
-        assert await within(client.messages.load_thread("t")) == ["via worker"]
-        other = await open_client(processors="external")
-        assert await within(other.messages.load_thread("t")) == ["via worker"]
+        await within(client.messages.save_thread("t", ["one"]))
+        worker.signal(signal.SIGTERM)
+        assert await worker.wait_exit(30) == 0
+        await within(client.messages.save_thread("t", ["one", "two"]))
+        await within(client.runs.create_or_resume(run_id="r", thread_id="t", started_at=1))
+        await restarted.start()
+        await within(client.messages.save_thread("t", ["one", "two", "three"]))
+        assert await within(client.messages.load_thread("t")) == ["one", "two", "three"]
+        await client.read_barrier(None)
+        restarted.signal(signal.SIGTERM)
+        assert await restarted.wait_exit(30) == 0
+        partitions = client.runtime.layout.events
+        theirs = worker_verdicts(state, namespace, partitions)
+        ours = {p: all_verdicts(client.runtime.store, p) for p in range(partitions)}
+        assert theirs == ours
+        assert sum(len(v) for v in ours.values()) == 4
     finally:
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(30) == 0
-
-
-async def test_a_restarted_worker_takes_over_without_losing_commands(bootstrap, namespace, tmp_path, open_client):
-    state = str(tmp_path / "worker")
-    worker = start_worker(bootstrap, namespace, state)
-    client = await open_client(processors="external")
-    await within(client.messages.save_thread("t", [1]))
-    os.kill(worker.pid, signal.SIGKILL)
-    worker.wait(10)
-    # Commands sent while no decider runs wait in their topic ...
-    pending = client.messages.save_thread("t", [1, 2])
-    worker = start_worker(bootstrap, namespace, state)
-    try:
-        # ... and are decided once a worker is back (same instance id: it fences
-        # the dead one's transactional ids and takes its partitions at once).
-        await within(pending, 60)
-        assert await within(client.messages.load_thread("t")) == [1, 2]
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(30) == 0
+        await worker.stop()
+        await restarted.stop()

@@ -12,16 +12,12 @@ HERE = Path(__file__).resolve().parent
 
 
 class WorkerProcess:
-    """One decider process. `pausable=True` runs tests/pausable_worker.py, a worker
-    whose next commit can be held (see that file); otherwise plain `threadlog worker`."""
+    """One `threadlog worker` process: a judge of the namespace with its own store."""
 
-    def __init__(self, bootstrap: str, namespace: str, state_dir: Path, instance_id: str, *,
-                 pausable: bool = False, control_dir: Path | None = None) -> None:
-        self.args = ["--bootstrap", bootstrap, "--namespace", namespace, "--state-dir", str(state_dir),
-                     "--instance-id", instance_id]
-        self.pausable = pausable
-        self.control_dir = control_dir
-        self.name = instance_id
+    def __init__(self, bootstrap: str, namespace: str, state_dir: Path, name: str) -> None:
+        self.args = ["--bootstrap", bootstrap, "--namespace", namespace, "--state-dir", str(state_dir)]
+        self.state_dir = Path(state_dir)
+        self.name = name
         self.log_path = Path(state_dir).with_suffix(".stderr.log")
         self.proc: asyncio.subprocess.Process | None = None
         self.lines: list[str] = []
@@ -31,17 +27,12 @@ class WorkerProcess:
     async def start(self, timeout: float = 60) -> WorkerProcess:
         Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
-        if self.pausable:
-            assert self.control_dir is not None
-            env["THREADLOG_TEST_CONTROL_DIR"] = str(self.control_dir)
-            cmd = [sys.executable, str(HERE / "pausable_worker.py"), "worker", *self.args]
-        else:
-            cmd = [sys.executable, "-m", "threadlog", "worker", *self.args]
+        cmd = [sys.executable, "-m", "threadlog", "worker", *self.args]
         self._stderr = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE,
                                                          stderr=self._stderr, env=env)
         self._reader = asyncio.create_task(self._read())
-        await self.wait_for("deciding", timeout)
+        await self.wait_for("judging", timeout)
         return self
 
     async def _read(self) -> None:

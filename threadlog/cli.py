@@ -55,20 +55,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         partitions=args.partitions,
     )
-    rt = Runtime(opts, with_decider=True, instance_id=args.instance_id)
+    rt = Runtime(opts)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     rt.start()
-    assert rt.decider is not None
-    print(f"worker {rt.instance_id} deciding {rt.topics.commands} "
-          f"(state {rt.store.path if rt.store else '?'})", flush=True)
+    print(f"worker judging {rt.topics.events} (state {rt.store.path if rt.store else '?'})", flush=True)
     try:
-        while not stop.is_set():
-            if rt.decider.failure is not None:
-                print(f"decider stopped: {rt.decider.failure}", file=sys.stderr, flush=True)
-                return 2
-            stop.wait(0.5)
+        stop.wait()
     finally:
         rt.stop()
     return 0
@@ -87,7 +81,7 @@ async def _demo(bootstrap: str, namespace: str, state_dir: str | None) -> None:
         t1 = time.perf_counter()
         await writer.messages.save_thread("thread-1", transcript)
         print(f"[client A] saved 2 messages to thread-1 in {(time.perf_counter() - t1) * 1e3:.1f} ms "
-              "(command -> decider -> event + reply in one transaction)")
+              "(a proposal on the thread's partition, judged in log order)")
         async with threadlog.open(bootstrap, namespace=namespace, state_dir=state_dir,
                                   processors="external") as reader:
             print("[client B] opened the same namespace (its own projection store)")
@@ -99,7 +93,7 @@ async def _demo(bootstrap: str, namespace: str, state_dir: str | None) -> None:
                 raise SystemExit("demo failed: transcript differs")
             print(f"[client B] unknown thread -> {await reader.messages.load_thread('nope')!r}")
             await reader.messages.save_thread("thread-1", transcript[:1])
-            print("[client B] overwrote thread-1 with 1 message (decided by client A's embedded decider)")
+            print("[client B] overwrote thread-1 with 1 message (judged by every host's fold alike)")
         again = await writer.messages.load_thread("thread-1")
         print(f"[client A] reads {len(again)} message(s) back: read-your-writes across clients")
 
@@ -121,7 +115,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
     from threadlog.config import Options
-    from threadlog.projections.rebuild import rebuild
+    from threadlog.processors.rebuild import rebuild
 
     opts = Options(bootstrap_servers=args.bootstrap, namespace=args.namespace, state_dir=args.state_dir)
     path = Path(args.store) if args.store else opts.state_root / opts.namespace / "slot-0"
@@ -216,7 +210,6 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--namespace", default="threadlog")
     w.add_argument("--partitions", type=int, default=4)
     w.add_argument("--state-dir", default=None)
-    w.add_argument("--instance-id", default=None)
     w.add_argument("--lease-duration-ms", type=int, default=120_000)
     w.add_argument("--renew-after-ms", type=int, default=45_000)
     w.set_defaults(fn=cmd_worker)

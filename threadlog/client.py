@@ -10,7 +10,7 @@ from typing import Any
 from .config import Options
 from .delivery import DeliveryLog, DeliveryService
 from .errors import ThreadLogError, unavailable
-from .producers.commands import CommandBus
+from .producers.proposals import ProposalBus
 from .runtime import Runtime
 from .stores.artifacts import ArtifactStore
 from .stores.blobs import BlobStore
@@ -29,8 +29,8 @@ class ThreadLog:
 
     def __init__(self, opts: Options) -> None:
         self.opts = opts
-        self.runtime = Runtime(opts, with_decider=opts.processors == "embedded")
-        self.bus: CommandBus | None = None
+        self.runtime = Runtime(opts)
+        self.bus: ProposalBus | None = None
         self.messages = MessageStore(self)
         self.runs = RunStore(self)
         self.interrupts = InterruptStore(self)
@@ -56,20 +56,21 @@ class ThreadLog:
 
     def _start_sync(self) -> None:
         self.runtime.start()
-        assert self.runtime.layout is not None
-        self.bus = CommandBus(
+        assert self.runtime.layout is not None and self.runtime.judge is not None
+        assert self.runtime.barrier is not None
+        self.bus = ProposalBus(
             bootstrap=self.opts.bootstrap_servers,
             topics=self.runtime.topics,
             layout=self.runtime.layout,
             codec=self.runtime.codec,
             client_id=self.runtime.client_id,
+            verdicts=self.runtime.judge,
+            end_offsets=self.runtime.barrier.end_offsets,
+            clock=self.opts.clock,
             timeout=self.opts.request_timeout,
         )
         self._delivery = DeliveryService(self)
         self._delivery.start()
-        # Not required for correctness (commands wait in their topic), but the
-        # first call should not pay for the group's first assignment.
-        self.runtime.wait_assigned(timeout=10)
 
     def _stop_sync(self) -> None:
         if self._delivery is not None:
@@ -100,9 +101,6 @@ class ThreadLog:
     def _check_open(self) -> None:
         if self._closed:
             raise unavailable("this ThreadLog is closed")
-        decider = self.runtime.decider
-        if decider is not None and decider.failure is not None:
-            raise unavailable(f"the embedded decider stopped: {decider.failure}")
 
     async def send(self, type_name: str, key: str, payload: dict) -> Any:
         self._check_open()

@@ -250,6 +250,21 @@ class DeliveryService:
         self.executor.shutdown(wait=True, cancel_futures=True)
         self.pool.close()
 
+    async def claim(self, run_id: str, floor: int) -> int:
+        """Propose a claim of `run_id` on its delivery partition; return the epoch
+        the run index granted (max(fence, floor) + 1, see projections/run_index.py).
+
+        The grant happens where fencing happens: from the claim's offset on,
+        every record of an older epoch is dropped by every reader, and no
+        record of an epoch never granted ever stands."""
+        x = await self.writer.write(run_id, {"runId": run_id, "kind": run_index.CLAIM, "epoch": floor,
+                                             "writtenAt": time.time() * 1000.0})
+        await self.index.wait({self.writer.partition_of(run_id): x + 1}, self.timeout)
+        folded = run_index.record_verdict(self.store, run_id, x)
+        if not folded or "claim" not in folded:
+            raise unavailable(f"claim of run {run_id!r} at offset {x} was not folded")
+        return int(folded["claim"])
+
     async def high_watermark(self, partition: int) -> int:
         """Next offset of the partition: everything below it is stored (committed or not)."""
         futures = self.admin.list_offsets({TopicPartition(self.topic, partition): OffsetSpec.latest()},
@@ -696,7 +711,10 @@ class DeliveryLog:
                         row["chunks"] = run_index.record_size(rec)
                     if rec["kind"] == run_index.UPSERT:
                         row["targets"] = [self._offset(t["offset"], t["index"]) for t in rec["targets"]]
-                    if rec["kind"] != run_index.CLAIM:
+                    if rec["kind"] == run_index.CLAIM:
+                        # A claim proposes a floor; the epoch is what the fold granted.
+                        row["floor"], row["epoch"] = rec["epoch"], verdict.get("claim", rec["epoch"])
+                    else:
                         row["stands"] = "drop" not in verdict
                         if "drop" in verdict:
                             row["dropped"] = verdict["drop"]

@@ -19,16 +19,8 @@ class Topics:
     namespace: str
 
     @property
-    def commands(self) -> str:
-        return f"{self.namespace}.commands"
-
-    @property
     def events(self) -> str:
         return f"{self.namespace}.events"
-
-    @property
-    def replies(self) -> str:
-        return f"{self.namespace}.replies"
 
     @property
     def deliveries(self) -> str:
@@ -38,21 +30,15 @@ class Topics:
     def blobs(self) -> str:
         return f"{self.namespace}.blobs"
 
-    @property
-    def decider_group(self) -> str:
-        return f"{self.namespace}.decider"
-
     def all(self) -> list[str]:
-        return [self.commands, self.events, self.replies, self.deliveries, self.blobs]
+        return [self.events, self.deliveries, self.blobs]
 
 
 @dataclass(frozen=True)
 class TopicLayout:
     """Partition counts as they exist on the cluster (the source of truth)."""
 
-    commands: int
     events: int
-    replies: int
     deliveries: int
     blobs: int
 
@@ -60,14 +46,13 @@ class TopicLayout:
 def specs(topics: Topics, partitions: int, delivery_retention_ms: int) -> list[NewTopic]:
     big = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
     return [
-        # Commands are work to do; once decided they are history in `events`.
-        NewTopic(topics.commands, partitions, 1,
-                 config={**big, "retention.ms": str(6 * HOUR_MS)}),
-        # Events are the source of truth: kept forever, never compacted.
+        # Proposals, judged in partition order: the source of truth, kept forever,
+        # never compacted. Stamped with the broker's clock (LogAppendTime): a
+        # proposal's own time is capped by it, so a wrong client clock cannot
+        # run a partition's decision time far ahead (processors/judge.py).
         NewTopic(topics.events, partitions, 1,
-                 config={**big, "retention.ms": "-1", "retention.bytes": "-1"}),
-        NewTopic(topics.replies, max(1, min(partitions, 4)), 1,
-                 config={**big, "retention.ms": str(HOUR_MS)}),
+                 config={**big, "retention.ms": "-1", "retention.bytes": "-1",
+                         "message.timestamp.type": "LogAppendTime"}),
         NewTopic(topics.deliveries, partitions, 1,
                  config={**big, "retention.ms": str(delivery_retention_ms)}),
         # Blob manifests and chunks: the latest record per key wins; tombstones reclaim.
@@ -119,9 +104,7 @@ def describe(admin: AdminClient, topics: Topics, deadline: float) -> TopicLayout
                 counts[name] = len(t.partitions)
         if len(counts) == len(topics.all()):
             return TopicLayout(
-                commands=counts[topics.commands],
                 events=counts[topics.events],
-                replies=counts[topics.replies],
                 deliveries=counts[topics.deliveries],
                 blobs=counts[topics.blobs],
             )

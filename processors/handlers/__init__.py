@@ -1,10 +1,15 @@
-"""Command handlers: `decide(ctx, payload) -> Decision`, one per command type.
+"""The judging rules: `decide(ctx, payload) -> Decision`, one per proposal type.
 
 A handler reads state through `ctx.view` and either returns a `Decision`
-(events to append, the reply's result, follow-up commands for another
-partition, records for the deliveries topic) or raises `ThreadLogError`, which
-becomes a refusal reply. A handler never writes state itself: the engine folds
-the events it returns, so decided state and rebuilt state are the same thing.
+(the effects to fold, the answer's result, a follow-up proposal for another
+partition, records for other topics) or raises `ThreadLogError`, which is the
+verdict "refused". A handler never writes state itself: the judge folds the
+effects it returns, so judged state and rebuilt state are the same thing.
+
+Handlers are PURE: no clock (use `ctx.now`), no randomness (the proposer
+draws tokens and ids and puts them in the payload), nothing from another
+partition except through `ctx.holders`. Every judge of a partition, and every
+rebuild, must reach the same verdict for the same record.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from threadlog.projections.view import View
 
 @dataclass
 class FollowUp:
-    """A command for another partition, sent in the same transaction (saga step)."""
+    """A proposal for another partition (saga step). The proposer sends it once
+    this step is accepted; it references nothing this step did not decide."""
 
     key: str
     type: str
@@ -27,7 +33,11 @@ class FollowUp:
 
 @dataclass
 class OutRecord:
-    """A record for another topic of the namespace, written in the same transaction.
+    """A record for another topic of the namespace, derived from an accepted proposal.
+
+    No transaction spans topics any more: the proposer writes these after the
+    verdict. Each is idempotent (a tombstone), so writing one twice is harmless
+    and a lost one only delays reclamation.
 
     `topic` is a role: "deliveries" (claim markers, keyed by run id) or "blobs"
     (keyed by blob/chunk key). The partition is the key's murmur2 partition of
@@ -51,36 +61,41 @@ class Decision:
 
 
 @dataclass
-class Settings:
-    lease_duration_ms: int
-    renew_after_ms: int
-
-
-@dataclass
 class Context:
-    now: float  # decider clock at decision time, epoch ms
-    key: str  # the command's partition key
-    command_id: str
+    # Decision time, epoch ms: from the proposal record, monotonic per partition
+    # (processors/judge.py). Never a judge's clock: every judge must agree.
+    now: float
+    key: str  # the proposal's partition key
+    command_id: str  # the proposal's id
     partition: int
     view: View
-    settings: Settings
-    # Waits until facts of *other* partitions acknowledged before this command
-    # are folded; call before reading state another partition owns.
-    sync_global: Callable[[], None]
+    # (kind, id) -> threads holding that global id, as of the fixed positions
+    # the proposal names (projections/global_ids.py). The only way a handler
+    # may learn anything about another partition.
+    holders: Callable[[str, str], list[str]]
 
 
 Handler = Callable[[Context, dict], Decision]
 HANDLERS: dict[str, Handler] = {}
+# Proposal types whose rules ask `ctx.holders` (ids held on other partitions):
+# their proposers attach the positions those answers are judged at.
+GLOBAL_READS: set[str] = set()
 
 
-def handles(type_name: str) -> Callable[[Handler], Handler]:
+def handles(type_name: str, *, global_ids: bool = False) -> Callable[[Handler], Handler]:
     def register(fn: Handler) -> Handler:
         if type_name in HANDLERS:
             raise RuntimeError(f"two handlers for {type_name}")
         HANDLERS[type_name] = fn
+        if global_ids:
+            GLOBAL_READS.add(type_name)
         return fn
 
     return register
+
+
+def reads_other_partitions(type_name: str) -> bool:
+    return type_name in GLOBAL_READS
 
 
 def load_all() -> None:

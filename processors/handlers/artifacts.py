@@ -9,6 +9,7 @@ twin on the old one. Delete it first, then save it on the new thread.
 
 from __future__ import annotations
 
+from threadlog.projections import global_ids as gid
 from threadlog.projections.folds import artifacts as state
 
 from threadlog.errors import invalid_argument
@@ -23,12 +24,12 @@ def _deleted(thread_id: str, artifact_id: str) -> tuple[str, dict]:
     return ("threadlog.evt.ArtifactDeleted", {"artifactId": artifact_id, "threadId": thread_id})
 
 
-@handles("threadlog.cmd.SaveArtifact")
+@handles("threadlog.cmd.SaveArtifact", global_ids=True)
 def save(ctx: Context, cmd: dict) -> Decision:
     given = {k: v for k, v in cmd["artifact"].items() if v is not None}
     record = new_artifact(given)
     thread_id = own_thread(ctx, record["threadId"])
-    owner = locate(ctx, lambda: state.thread_of(ctx.view, record["artifactId"]))
+    owner = locate(ctx, gid.ARTIFACT, record["artifactId"])
     if owner is not None and owner != thread_id:
         raise invalid_argument(f"artifact {record['artifactId']!r} belongs to thread {owner!r}; "
                                f"delete it before saving it on thread {thread_id!r}")

@@ -2,22 +2,24 @@
 
 Every check is re-done here on what arrived (the client validated it too, but
 a command on the topic may come from anyone), in the SPEC's order, so the
-first failing rule names the code. Time is `ctx.now`, the decider's clock at
-decision time; randomness (owner tokens) is drawn here. Both are carried in
-the events, so the folds -- and a rebuild -- never read a clock.
+first failing rule names the code. Time is `ctx.now`, the judged time of the
+proposal; randomness (owner tokens) is drawn by the proposer and carried in
+the proposal. So every judge -- and a rebuild -- reaches the same verdict.
 
 Fork is a two-step saga (DESIGN "Cross-thread operations"): `ForkCheckpoint`
-is decided on the source thread's partition, which checks the source and
-forwards a copy of it to the destination thread's partition as
-`ForkCheckpointInto`; that step checks the writer and emptiness and writes the
-one event that creates root, transcript and references together. Only the
-last step writes, so a refusal at either step changes nothing anywhere.
+is judged on the source thread's partition, which checks the source; once it
+is accepted the proposer sends the copy it answers with to the destination
+thread's partition as `ForkCheckpointInto`; that step checks the writer and
+emptiness and its one effect creates root, transcript and references
+together. Only the last step changes state, so a refusal at either step
+changes nothing anywhere. Step 2 stands on its own rules (a current writer of
+the destination, an empty destination), so a forged step 2 can do no more
+than an append by that writer could.
 """
 
 from __future__ import annotations
 
-import uuid
-
+from threadlog.projections import global_ids as gid
 from threadlog.projections.folds import checkpoints as state
 from threadlog.projections.folds import presence
 
@@ -42,6 +44,7 @@ from threadlog.errors import (
     STALE_HEAD,
     WRITER_CONFLICT,
     ThreadLogError,
+    invalid_argument,
 )
 
 from . import Context, Decision, FollowUp, handles
@@ -49,7 +52,7 @@ from . import Context, Decision, FollowUp, handles
 
 # -- leases ----------------------------------------------------------------------------
 def _is_current(ctx: Context, thread_id: str, writer: dict) -> bool:
-    """The writer names the thread's latest grant, and it has not expired by the decider's clock."""
+    """The writer names the thread's latest grant, and it has not expired at the judged time."""
     lease = state.get_lease(ctx.view, thread_id)
     return (
         lease is not None
@@ -73,6 +76,23 @@ def _require_current(ctx: Context, thread_id: str, writer: dict) -> None:
                           f"of thread {thread_id!r}")
 
 
+DEFAULT_LEASE_MS = 120_000
+DEFAULT_RENEW_AFTER_MS = 45_000
+MAX_LEASE_MS = 30 * 24 * 3600 * 1000
+
+
+def _lease_length(cmd: dict) -> tuple[int, int]:
+    """The lease length is the proposer's setting (`open(lease_duration_ms=)`),
+    carried in the proposal: a judge has no settings of its own to disagree on."""
+    duration = cmd.get("leaseDurationMs")
+    duration = DEFAULT_LEASE_MS if duration is None else duration
+    renew_after = cmd.get("renewAfterMs")
+    renew_after = min(DEFAULT_RENEW_AFTER_MS, duration - 1) if renew_after is None else renew_after
+    if not 1 <= duration <= MAX_LEASE_MS or not 0 <= renew_after < duration:
+        raise invalid_argument(f"lease length {duration} ms / renew after {renew_after} ms out of range")
+    return duration, renew_after
+
+
 @handles("threadlog.cmd.AcquireCheckpointWriter")
 def acquire_writer(ctx: Context, cmd: dict) -> Decision:
     thread = require_id(cmd["threadId"], "thread_id")
@@ -80,14 +100,17 @@ def acquire_writer(ctx: Context, cmd: dict) -> Decision:
     if lease is not None and ctx.now < lease["expiresAt"]:
         raise ThreadLogError(WRITER_CONFLICT, f"thread {thread!r} already has an unexpired writer lease "
                                               f"(fence {lease['fence']})")
+    token = cmd.get("ownerToken")
+    if not isinstance(token, str) or len(token) < 16:
+        raise invalid_argument("a writer grant needs an ownerToken drawn by the proposer (>= 16 chars)")
+    duration, renew_after = _lease_length(cmd)
     # Fences only grow: the counter outlives releases and expiries.
     fence = state.get_fence(ctx.view, thread) + 1
-    token = str(uuid.uuid4())
-    expires_at = ctx.now + ctx.settings.lease_duration_ms
+    expires_at = ctx.now + duration
     ev = {"threadId": thread, "ownerToken": token, "fence": fence, "expiresAt": expires_at,
-          "leaseDurationMs": ctx.settings.lease_duration_ms, "renewAfterMs": ctx.settings.renew_after_ms}
+          "leaseDurationMs": duration, "renewAfterMs": renew_after}
     result = {"threadId": thread, "ownerToken": token, "fence": fence, "expiresAt": expires_at,
-              "renewAfterMs": ctx.settings.renew_after_ms}
+              "renewAfterMs": renew_after}
     return Decision(events=[("threadlog.evt.CheckpointWriterAcquired", ev)], result=result)
 
 
@@ -96,9 +119,10 @@ def renew_writer(ctx: Context, cmd: dict) -> Decision:
     writer = cmd["writer"]
     thread = require_id(writer["threadId"], "writer thread_id")
     _require_current(ctx, thread, writer)
-    expires_at = ctx.now + ctx.settings.lease_duration_ms
+    duration, _ = _lease_length({"leaseDurationMs": cmd.get("leaseDurationMs"), "renewAfterMs": 0})
+    expires_at = ctx.now + duration
     ev = {"threadId": thread, "ownerToken": writer["ownerToken"], "fence": writer["fence"],
-          "expiresAt": expires_at, "leaseDurationMs": ctx.settings.lease_duration_ms}
+          "expiresAt": expires_at, "leaseDurationMs": duration}
     return Decision(events=[("threadlog.evt.CheckpointWriterRenewed", ev)], result={"expiresAt": expires_at})
 
 
@@ -114,20 +138,12 @@ def release_writer(ctx: Context, cmd: dict) -> Decision:
 
 # -- append / delete-head --------------------------------------------------------------
 def _id_taken(ctx: Context, checkpoint_id: str) -> bool:
-    """Is there a checkpoint with this id on any thread?
-
-    The index is written by the folds of each thread's partition; an id held
-    on another partition is only visible here after `sync_global`, which waits
-    until everything acknowledged before this command is folded. Asked only
-    when the id is not already known locally (the common case for a new id is
-    one wait per batch)."""
-    if state.threads_holding(ctx.view, checkpoint_id):
-        return True
-    ctx.sync_global()
-    return bool(state.threads_holding(ctx.view, checkpoint_id))
+    """Is there a checkpoint with this id on any thread (as of the positions the
+    proposal names, for threads of other partitions)?"""
+    return bool(ctx.holders(gid.CHECKPOINT, checkpoint_id))
 
 
-@handles("threadlog.cmd.AppendCheckpoint")
+@handles("threadlog.cmd.AppendCheckpoint", global_ids=True)
 def append(ctx: Context, cmd: dict) -> Decision:
     writer = cmd["writer"]
     expected = cmd["expectedHeadId"]
@@ -186,7 +202,7 @@ def _fork_ids(cmd: dict) -> None:
         raise invalid_entry(f"created_at must be a finite number, got {cmd['createdAt']!r}")
 
 
-@handles("threadlog.cmd.ForkCheckpoint")
+@handles("threadlog.cmd.ForkCheckpoint", global_ids=True)
 def fork_source_step(ctx: Context, cmd: dict) -> Decision:
     """Step 1, on the source thread's partition: the source checkpoint exists there."""
     _fork_ids(cmd)
@@ -210,11 +226,11 @@ def fork_source_step(ctx: Context, cmd: dict) -> Decision:
         "createdAt": cmd["createdAt"],
         "writer": cmd["writer"],
     }
-    # No reply here: the destination step answers the client (same command id).
+    # No answer here: the destination step answers the client.
     return Decision(reply=False, follow_ups=[FollowUp(destination, "threadlog.cmd.ForkCheckpointInto", follow)])
 
 
-@handles("threadlog.cmd.ForkCheckpointInto")
+@handles("threadlog.cmd.ForkCheckpointInto", global_ids=True)
 def fork_destination_step(ctx: Context, cmd: dict) -> Decision:
     """Step 2, on the destination thread's partition: writer, emptiness, then the fork root."""
     source = from_wire(cmd["source"])

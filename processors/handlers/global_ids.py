@@ -1,37 +1,40 @@
-"""Where a global id (run, interrupt, artifact, generation run) lives, seen from a handler.
+"""Where a global id (checkpoint, run, interrupt, artifact, generation run) lives, seen from a handler.
 
-Ids are indexed id -> thread by folds on the thread's partition; every host
-folds every partition. A handler's view of its OWN partition is current, but
-another partition's facts are current only after `ctx.sync_global()` (a
-ListOffsets round trip, then waiting for the follower). So the lookup syncs
-whenever the answer could depend on another partition: the id is not found
-here, or it lives on another thread (whose record must be read fresh).
+Ids are indexed per thread with history (projections/global_ids.py). A
+handler asks `ctx.holders(kind, id)`: its own partition as of now, every other
+partition as of the positions the proposal was made at. So the answer -- and
+the verdict -- is the same for every judge and every rebuild.
 
-`own_thread` is the other half: the thread a command names must be its
+`own_thread` is the other half: the thread a proposal names must be its
 partition key, or it is forged.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from threadlog.errors import invalid_argument
 
 from . import Context
 
 
-def locate(ctx: Context, thread_of: Callable[[], str | None]) -> str | None:
-    """The thread owning the id, as of every write acknowledged before this command."""
-    thread = thread_of()
-    if thread == ctx.key:
-        return thread
-    ctx.sync_global()
-    return thread_of()
+def locate(ctx: Context, kind: str, ident: str) -> str | None:
+    """The thread holding the id (its own thread first), or None."""
+    threads = ctx.holders(kind, ident)
+    if not threads:
+        return None
+    return ctx.key if ctx.key in threads else threads[0]
+
+
+def elsewhere(thread_id: str) -> dict:
+    """The result of a create-or-resume whose id lives on another thread's
+    partition: the record is not this partition's to read, so the client reads
+    it (after a read barrier) instead of the judge copying another partition's
+    state into a verdict."""
+    return {"$elsewhere": thread_id}
 
 
 def own_thread(ctx: Context, thread_id: str) -> str:
-    """The command's thread, which must be its partition key: the partition key
-    decides where a command is decided, so a command naming another thread is forged."""
+    """The proposal's thread, which must be its partition key: the partition key
+    decides where a proposal is judged, so one naming another thread is forged."""
     if thread_id != ctx.key:
-        raise invalid_argument(f"command for thread {thread_id!r} sent with key {ctx.key!r}")
+        raise invalid_argument(f"proposal for thread {thread_id!r} sent with key {ctx.key!r}")
     return thread_id

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+from threadlog.projections import global_ids as gid
 from threadlog.projections.folds import interrupts as state
 
 from threadlog.errors import invalid_argument
@@ -20,7 +21,7 @@ from .global_ids import locate, own_thread
 DECISIONS = ("resolved", "cancelled")
 
 
-@handles("threadlog.cmd.CreateInterrupt")
+@handles("threadlog.cmd.CreateInterrupt", global_ids=True)
 def create(ctx: Context, cmd: dict) -> Decision:
     try:
         payload = json.loads(cmd["payload"])
@@ -30,7 +31,7 @@ def create(ctx: Context, cmd: dict) -> Decision:
                             "payload": payload})
     own_thread(ctx, cmd["threadId"])
     # Insert-if-absent across every thread: an existing id is never overwritten.
-    if locate(ctx, lambda: state.thread_of(ctx.view, record["interruptId"])) is not None:
+    if locate(ctx, gid.INTERRUPT, record["interruptId"]) is not None:
         return Decision()
     return Decision(events=[("threadlog.evt.InterruptCreated", {
         "interruptId": record["interruptId"], "runId": record["runId"], "threadId": record["threadId"],
@@ -58,7 +59,7 @@ def decide(ctx: Context, cmd: dict) -> Decision:
     if record["status"] != "pending":
         return Decision(result=record)  # the first decision is final
     event = {"interruptId": interrupt_id, "threadId": thread_id, "status": cmd["status"],
-             # The decider's clock, carried in the event: folds never read one.
+             # The judged time of the proposal: folds never read a clock.
              "resolvedAt": ctx.now, "response": response}
     decided = {**record, "status": cmd["status"], "resolvedAt": ctx.now}
     if response is not None:

@@ -6,28 +6,31 @@ older client); the facade's own checks only spare a round trip.
 
 from __future__ import annotations
 
+from threadlog.projections import global_ids as gid
 from threadlog.projections.folds import runs as state
 
-from threadlog.errors import RUN_NOT_FOUND, RUN_TERMINAL, ThreadLogError
-from threadlog.records import RUN_PATCH, decode_run, is_terminal, new_run, patch_from_command
+from threadlog.errors import RUN_NOT_FOUND, ThreadLogError, invalid_argument
+from threadlog.records import RUN_PATCH, decode_run, new_run, patch_from_command
 from threadlog.validation import dumps, require_id
 
-from . import Context, Decision, OutRecord, handles
-from .global_ids import locate, own_thread
+from . import Context, Decision, handles
+from .global_ids import elsewhere, locate, own_thread
 
 
 def _load(ctx: Context, thread_id: str, run_id: str) -> dict | None:
     return decode_run(ctx.view.get(state.record_key(thread_id, run_id)))
 
 
-@handles("threadlog.cmd.CreateOrResumeRun")
+@handles("threadlog.cmd.CreateOrResumeRun", global_ids=True)
 def create_or_resume(ctx: Context, cmd: dict) -> Decision:
     record = new_run(cmd["runId"], cmd["threadId"], cmd["startedAt"], cmd.get("status"))
     own_thread(ctx, cmd["threadId"])
     run_id = record["runId"]
     # A run id is global: if it exists on any thread, return it unchanged and
     # ignore every argument -- resuming must never revive a finished run.
-    owner = locate(ctx, lambda: state.thread_of(ctx.view, run_id))
+    owner = locate(ctx, gid.RUN, run_id)
+    if owner is not None and owner != ctx.key:
+        return Decision(result=elsewhere(owner))
     if owner is not None:
         existing = _load(ctx, owner, run_id)
         if existing is not None:
@@ -48,24 +51,23 @@ def update(ctx: Context, cmd: dict) -> Decision:
 
 @handles("threadlog.cmd.ClaimRun")
 def claim(ctx: Context, cmd: dict) -> Decision:
+    """Mirror a claim into the run record.
+
+    The epoch is granted by the run's DELIVERY partition (projections/run_index.py),
+    the one place that fences drivers, so a claim can never be granted there
+    and missed by the fence. This step only makes the run record show it:
+    `driverEpoch` becomes the granted epoch if it is newer than any epoch the
+    run ever had (a late mirror of an older claim changes nothing).
+    """
     run_id = require_id(cmd["runId"], "runId")
     thread_id = own_thread(ctx, cmd["threadId"])
+    epoch = cmd.get("epoch")
+    if not isinstance(epoch, int) or epoch < 1:
+        raise invalid_argument("a claim mirrors an epoch granted by the run's delivery partition (epoch >= 1)")
     record = _load(ctx, thread_id, run_id)
     if record is None:
         raise ThreadLogError(RUN_NOT_FOUND, f"run {run_id!r} does not exist")
-    if is_terminal(record):
-        raise ThreadLogError(RUN_TERMINAL, f"run {run_id!r} is {record['status']}; a finished run cannot be claimed")
-    # One more than the greatest epoch the run EVER had: `update` may have
-    # cleared or lowered driverEpoch, and an epoch handed out twice would let
-    # two drivers both believe they hold the run.
-    current = record.get("driverEpoch", 0)
-    epoch = max(state.max_epoch(ctx.view, thread_id, run_id), current if isinstance(current, int) else 0) + 1
-    marker = {"runId": run_id, "kind": "claim", "epoch": epoch, "chunks": [], "writtenAt": ctx.now,
-              "batch": b"", "count": 0}
-    return Decision(
-        events=[("threadlog.evt.RunClaimed", {"runId": run_id, "threadId": thread_id, "epoch": epoch})],
-        # Same transaction as the event: a reader of the delivery log sees the
-        # claim marker exactly when the claim is decided, and fences older drivers.
-        records=[OutRecord("deliveries", run_id, "threadlog.Delivery", marker)],
-        result=epoch,
-    )
+    if epoch <= state.max_epoch(ctx.view, thread_id, run_id):
+        return Decision(result=epoch)
+    return Decision(events=[("threadlog.evt.RunClaimed", {"runId": run_id, "threadId": thread_id, "epoch": epoch})],
+                    result=epoch)

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from .. import global_ids
 from ..fold import EventMeta, folds
 from ..keys import key, split
 from ..view import View
@@ -61,6 +62,8 @@ def artifact_saved(view: View, meta: EventMeta, ev: dict) -> None:
     view.put_json(record_key(thread_id, artifact_id), record)
     view.put(index_key(artifact_id), thread_id.encode("utf-8"))
     view.put(by_run_key(record["runId"], thread_id, artifact_id), b"")
+    if old is None:
+        global_ids.mark(view, meta, global_ids.ARTIFACT, artifact_id, thread_id, True)
 
 
 @folds("threadlog.evt.ArtifactDeleted")
@@ -73,4 +76,5 @@ def artifact_deleted(view: View, meta: EventMeta, ev: dict) -> None:
     view.delete(by_run_key(old["runId"], thread_id, artifact_id))
     if thread_of(view, artifact_id) == thread_id:
         view.delete(index_key(artifact_id))
+    global_ids.mark(view, meta, global_ids.ARTIFACT, artifact_id, thread_id, False)
     presence.add(view, thread_id, presence.ARTIFACT, -1)

@@ -23,6 +23,7 @@ import json
 
 from threadlog.checkpoint_rules import blob_keys, record_json
 
+from .. import global_ids
 from ..fold import EventMeta, folds
 from ..keys import key, split
 from ..view import View
@@ -111,12 +112,13 @@ def get_lease(view, thread_id: str) -> dict | None:
 
 
 # -- folds ---------------------------------------------------------------------------
-def _store(view: View, wire: dict) -> None:
+def _store(view: View, meta: EventMeta, wire: dict) -> None:
     """Store a checkpoint (as its Avro record) and make it the head of its thread."""
     thread, cid = wire["threadId"], wire["id"]
     rk = record_key(thread, wire["createdAt"], cid)
     view.put(rk, record_json(wire))
     view.put(index_key(cid, thread), rk)
+    global_ids.mark(view, meta, global_ids.CHECKPOINT, cid, thread, True)
     view.put(head_key(thread), cid.encode("utf-8"))
     for blob in blob_keys(wire):
         _add_ref(view, blob, thread, 1)
@@ -158,7 +160,7 @@ def writer_released(view: View, meta: EventMeta, ev: dict) -> None:
 
 @folds("threadlog.evt.CheckpointAppended")
 def checkpoint_appended(view: View, meta: EventMeta, ev: dict) -> None:
-    _store(view, ev["checkpoint"])
+    _store(view, meta, ev["checkpoint"])
 
 
 @folds("threadlog.evt.CheckpointHeadDeleted")
@@ -169,6 +171,7 @@ def checkpoint_head_deleted(view: View, meta: EventMeta, ev: dict) -> None:
         return
     view.delete(record_key(thread, cp["createdAt"], cid))
     view.delete(index_key(cid, thread))
+    global_ids.mark(view, meta, global_ids.CHECKPOINT, cid, thread, False)
     parent = cp.get("parentCheckpointId")
     if parent is not None:
         view.put(head_key(thread), parent.encode("utf-8"))
@@ -182,7 +185,7 @@ def checkpoint_head_deleted(view: View, meta: EventMeta, ev: dict) -> None:
 @folds("threadlog.evt.CheckpointForked")
 def checkpoint_forked(view: View, meta: EventMeta, ev: dict) -> None:
     root = ev["checkpoint"]
-    _store(view, root)
+    _store(view, meta, root)
     # The destination transcript becomes the copied conversation, in the same
     # event as the root: a fork is never visible half-done.
     view.put(transcript_key(root["threadId"]), root["conversation"].encode("utf-8"))

@@ -13,6 +13,7 @@ import json
 
 from threadlog.records import apply_patch
 
+from .. import global_ids
 from ..fold import EventMeta, folds
 from ..keys import key
 from ..view import View
@@ -46,6 +47,7 @@ def generation_run_created(view: View, meta: EventMeta, ev: dict) -> None:
     k = record_key(ev["threadId"], ev["runId"])
     if view.get(k) is None:
         presence.add(view, ev["threadId"], presence.GENERATION_RUN)
+        global_ids.mark(view, meta, global_ids.GENERATION_RUN, ev["runId"], ev["threadId"], True)
     view.put_json(k, {f: ev[f] for f in FIELDS})
     view.put(index_key(ev["runId"]), ev["threadId"].encode("utf-8"))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from .. import global_ids
 from ..fold import EventMeta, folds
 from ..keys import key, split
 from ..view import View
@@ -59,6 +60,7 @@ def interrupt_created(view: View, meta: EventMeta, ev: dict) -> None:
         "requestedAt": ev["requestedAt"], "payload": json.loads(ev["payload"]),
     })
     view.put(index_key(interrupt_id), thread_id.encode("utf-8"))
+    global_ids.mark(view, meta, global_ids.INTERRUPT, interrupt_id, thread_id, True)
     view.put(by_run_key(ev["runId"], thread_id, interrupt_id), b"")
     presence.add(view, thread_id, presence.INTERRUPT)
 

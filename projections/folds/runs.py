@@ -16,6 +16,7 @@ import json
 
 from threadlog.records import apply_patch
 
+from .. import global_ids
 from ..fold import EventMeta, folds
 from ..keys import key
 from ..view import View
@@ -85,6 +86,7 @@ def run_created(view: View, meta: EventMeta, ev: dict) -> None:
     view.put(index_key(ev["runId"]), ev["threadId"].encode("utf-8"))
     if not existed:
         presence.add(view, ev["threadId"], presence.RUN)
+        global_ids.mark(view, meta, global_ids.RUN, ev["runId"], ev["threadId"], True)
 
 
 @folds("threadlog.evt.RunUpdated")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from ..errors import unavailable
 from ..projections.store import Store
 
 if TYPE_CHECKING:
@@ -22,6 +24,17 @@ class StoreFacade:
 
     async def _send(self, type_name: str, key: str, payload: dict) -> Any:
         return await self._tl.send(type_name, key, payload)
+
+    async def _resolve_elsewhere(self, result: Any, get: Callable[[str], Awaitable[Any]], ident: str) -> Any:
+        """A create-or-resume of an id that lives on another thread's partition is
+        answered "elsewhere" by the judge (it reads no other partition's records);
+        the record is then read here, after a read barrier, like any `get`."""
+        if isinstance(result, dict) and "$elsewhere" in result:
+            found = await get(ident)
+            if found is None:  # pragma: no cover - an id index never loses a record
+                raise unavailable(f"{ident!r} is held by thread {result['$elsewhere']!r} but cannot be read")
+            return found
+        return result
 
     async def _read_barrier(self, *keys: str) -> None:
         """Wait for every acknowledged write to the partitions of `keys`

@@ -12,6 +12,7 @@ and for blob references (both span threads).
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,10 +52,11 @@ class WriterLease:
         self.renew_after_ms: int = grant["renewAfterMs"]
 
     async def renew(self) -> float:
-        """Extend the lease by the deciding processor's lease length; `WRITER_LOST` unless
+        """Extend the lease by this client's lease length; `WRITER_LOST` unless
         it is still the current, unexpired lease of its thread. Returns the new `expires_at`."""
         result = await self._store._send("threadlog.cmd.RenewCheckpointWriter", self.thread_id,
-                                         {"writer": writer_record(self)})
+                                         {"writer": writer_record(self),
+                                          "leaseDurationMs": self._store._tl.opts.lease_duration_ms})
         self.expires_at = result["expiresAt"]
         return self.expires_at
 
@@ -80,7 +82,13 @@ def _require_writable(writer: dict) -> None:
 class CheckpointStore(StoreFacade):
     async def acquire_writer(self, thread_id: str) -> WriterLease:
         require_id(thread_id, "thread_id")
-        grant = await self._send("threadlog.cmd.AcquireCheckpointWriter", thread_id, {"threadId": thread_id})
+        opts = self._tl.opts
+        # The proposer draws the owner token (a capability: 128 random bits);
+        # the judge only checks it, so every judge grants the same lease.
+        grant = await self._send("threadlog.cmd.AcquireCheckpointWriter", thread_id, {
+            "threadId": thread_id, "ownerToken": secrets.token_hex(16),
+            "leaseDurationMs": opts.lease_duration_ms, "renewAfterMs": opts.renew_after_ms,
+        })
         return WriterLease(self, grant)
 
     async def append(self, *, checkpoint: dict, expected_head_id: str | None, writer: Any) -> str:

@@ -20,10 +20,11 @@ class GenerationRunStore(StoreFacade):
     async def create_or_resume(self, *, run_id: str, thread_id: str, activity: str, provider: str, model: str,
                                started_at: float, status: str | None = None) -> dict:
         record = new_generation_run(run_id, thread_id, activity, provider, model, started_at, status)
-        return await self._send("threadlog.cmd.CreateOrResumeGenerationRun", thread_id, {
+        result = await self._send("threadlog.cmd.CreateOrResumeGenerationRun", thread_id, {
             **{k: record[k] for k in ("runId", "threadId", "activity", "provider", "model", "startedAt")},
             "status": status,
         })
+        return await self._resolve_elsewhere(result, self.get, run_id)
 
     async def update(self, run_id: str, patch: dict[str, Any]) -> None:
         await send_run_patch(self, "threadlog.cmd.UpdateGenerationRun", run_id, patch, GENERATION_RUN_PATCH,

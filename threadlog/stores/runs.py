@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import RUN_NOT_FOUND, ThreadLogError, invalid_argument
+from ..errors import RUN_NOT_FOUND, RUN_TERMINAL, ThreadLogError, invalid_argument
 from ..projections.folds import runs as state
 from ..projections.keys import dec_num, dec_str
-from ..records import RUN_PATCH, check_patch, decode_run, new_run, require_timestamp
+from ..records import RUN_PATCH, check_patch, decode_run, is_terminal, new_run, require_timestamp
 from ..validation import dumps, is_finite, require_id
 from .base import StoreFacade
 
@@ -43,10 +43,11 @@ class RunStore(StoreFacade):
         """Create the run (status `running` unless given), or return the existing
         record unchanged: every argument is still validated, then ignored."""
         record = new_run(run_id, thread_id, started_at, status)
-        return await self._send("threadlog.cmd.CreateOrResumeRun", thread_id, {
+        result = await self._send("threadlog.cmd.CreateOrResumeRun", thread_id, {
             "runId": record["runId"], "threadId": record["threadId"],
             "startedAt": record["startedAt"], "status": status,
         })
+        return await self._resolve_elsewhere(result, self.get, run_id)
 
     async def update(self, run_id: str, patch: dict[str, Any]) -> None:
         """Patch a run; None clears a field. The patch is validated first (even
@@ -101,9 +102,25 @@ class RunStore(StoreFacade):
         had. RUN_NOT_FOUND for an unknown run, RUN_TERMINAL for a finished one."""
         require_id(run_id, "run_id")
         thread_id = await self._thread_of(run_id)
-        if thread_id is None:
+        record = None if thread_id is None else decode_run(self._store.get(state.record_key(thread_id, run_id)))
+        if thread_id is None or record is None:
             raise ThreadLogError(RUN_NOT_FOUND, f"run {run_id!r} does not exist")
-        return int(await self._send("threadlog.cmd.ClaimRun", thread_id, {"runId": run_id, "threadId": thread_id}))
+        if is_terminal(record):
+            raise ThreadLogError(RUN_TERMINAL, f"run {run_id!r} is {record['status']}; "
+                                               "a finished run cannot be claimed")
+        # The epoch is granted on the run's delivery partition, where drivers are
+        # fenced: one more than the greatest epoch the log granted or the record
+        # had (`update` may have raised or cleared driverEpoch: the floor).
+        current = record.get("driverEpoch", 0)
+        floor = max(state.max_epoch(self._store, thread_id, run_id), current if isinstance(current, int) else 0)
+        delivery = self._tl._delivery
+        assert delivery is not None
+        epoch = await delivery.claim(run_id, floor)
+        # Then the run record shows it (a mirror: a claim that loses a race to a
+        # newer one leaves the newer epoch in place).
+        await self._send("threadlog.cmd.ClaimRun", thread_id, {"runId": run_id, "threadId": thread_id,
+                                                               "epoch": epoch})
+        return epoch
 
     # -- helpers ---------------------------------------------------------------
     async def _thread_of(self, run_id: str) -> str | None:

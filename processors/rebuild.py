@@ -1,4 +1,9 @@
-"""Rebuild a store from offset 0 of `<ns>.events`, with progress."""
+"""Rebuild a store from offset 0 of `<ns>.events`, with progress.
+
+A rebuild is a judge starting from nothing: it judges every proposal again
+and, the rules being deterministic, reaches the verdicts every other judge
+reached (tests/test_judging.py compares them).
+"""
 
 from __future__ import annotations
 
@@ -7,15 +12,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
+from threadlog.projections.barrier import ReadBarrier
+from threadlog.projections.fold import load_all
+from threadlog.projections.store import Store
 from threadlog.schemas import default_codec
 
 from threadlog import kafka_config
 from threadlog.topics import Topics, describe
 
-from .barrier import ReadBarrier
-from .fold import load_all
-from .follower import Follower
-from .store import Store
+from .handlers import load_all as load_handlers
+from .judge import Judge
 
 
 def rebuild(
@@ -27,14 +33,14 @@ def rebuild(
 ) -> dict:
     """Drop the store at `store_path` and fold every event again. Returns stats."""
     load_all()
+    load_handlers()
     topics = Topics(namespace)
     admin = AdminClient(kafka_config.base(bootstrap, f"{namespace}.rebuild.admin"))
     layout = describe(admin, topics, time.monotonic() + 30)
     store = Store(store_path)
     store.destroy()
     store = Store(store_path)
-    follower = Follower(bootstrap, topics.events, layout.events, store, default_codec(),
-                        f"{namespace}.rebuild")
+    follower = Judge(bootstrap, topics.events, layout.events, store, default_codec(), f"{namespace}.rebuild")
     barrier = ReadBarrier(admin, follower)
     started = time.monotonic()
     try:
@@ -53,7 +59,7 @@ def rebuild(
                 follower.wait_sync(targets, timeout=1.0)
             except Exception:
                 pass
-        return {"offsets": total, "seconds": time.monotonic() - started, "skipped": follower.skipped}
+        return {"offsets": total, "seconds": time.monotonic() - started, "skipped": follower.stats["poison"]}
     finally:
         follower.stop()
         store.close()

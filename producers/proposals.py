@@ -1,0 +1,191 @@
+"""Propose a change, learn its verdict.
+
+A proposal (`threadlog.Proposal`) is produced straight to its key's partition
+of `<ns>.events` through an idempotent producer (acks=all, linger 0): no
+command topic, no decider hop, no transaction. Its offset comes back with the
+broker's ack; the partition's judge decides it in offset order, and the caller
+learns the verdict at that offset (`Verdicts.on_verdict`). Refused: a
+`ThreadLogError` with the rule's code, and nothing changed anywhere.
+
+What a verdict asks the proposer to do next, it does here, in order:
+- `effects`: idempotent records for other topics (blob chunk tombstones),
+  derived from the accepted proposal -- no transaction spans topics, so they
+  are written after the verdict; writing one twice is harmless, and one lost
+  with a crashed proposer only delays reclamation;
+- `follow`: the next step of a saga on another partition (fork), proposed
+  with the same time; its verdict is the answer.
+
+Proposals that check ids held on other partitions carry `seen`: the end
+offset of every events partition when the proposer began. The judge answers
+"who holds this id" as of those fixed positions (projections/global_ids.py),
+which keeps the verdict the same for every judge, and includes every write
+acknowledged before this call began (read-your-writes across hosts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from confluent_kafka import Producer
+from threadlog.processors.handlers import reads_other_partitions
+from threadlog.schemas import Codec
+
+from threadlog import kafka_config
+from threadlog.errors import ThreadLogError, invalid_argument, unavailable
+from threadlog.partitioning import partition_for
+from threadlog.topics import TopicLayout, Topics
+
+from .pump import ProducerPump
+
+# A proposal's effects are about as large as the proposal: keep 1 MiB of
+# headroom under the topics' 16 MiB record limit.
+MAX_PROPOSAL_BYTES = 15 * 1024 * 1024
+
+
+class Verdicts(Protocol):
+    """Where a proposer learns verdicts: the local judge, or a partition's owner."""
+
+    def on_verdict(self, partition: int, offset: int, callback: Callable[[dict], None]) -> None: ...
+
+    def forget(self, partition: int, offset: int, callback: Callable[[dict], None]) -> None: ...
+
+
+class ProposalBus:
+    def __init__(
+        self,
+        *,
+        bootstrap: str,
+        topics: Topics,
+        layout: TopicLayout,
+        codec: Codec,
+        client_id: str,
+        verdicts: Verdicts,
+        end_offsets: Callable[[], Awaitable[dict[int, int]]],
+        clock: Callable[[], float] | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self.topics = topics
+        self.layout = layout
+        self.codec = codec
+        self.verdicts = verdicts
+        self.end_offsets = end_offsets
+        self.clock = clock or (lambda: time.time() * 1000.0)
+        self.timeout = timeout
+        self.producer = Producer(kafka_config.producer(
+            bootstrap, f"{client_id}.proposals",
+            # A proposal is awaited: send at once (batches still form from what
+            # queues while a request is in flight). librdkafka reports every
+            # record within message.timeout.ms, so no write is left unknown.
+            **{"linger.ms": 0, "message.timeout.ms": int(timeout * 1000)},
+        ))
+        self._pump = ProducerPump(self.producer, f"proposals-pump:{client_id}")
+
+    def close(self) -> None:
+        self._pump.stop()
+
+    # -- the verb ---------------------------------------------------------------------
+    async def send(self, type_name: str, key: str, payload: dict, timeout: float | None = None) -> Any:
+        """Propose; return the accepted proposal's result or raise its refusal."""
+        body = self.codec.encode(type_name, payload)
+        verdict = await self.propose(type_name, key, body, timeout=timeout)
+        return await self._conclude(verdict, timeout)
+
+    async def send_encoded(self, type_name: str, key: str, payload: bytes, timeout: float | None = None) -> Any:
+        """Propose a payload that is already encoded (tests send broken ones)."""
+        return await self._conclude(await self.propose(type_name, key, payload, timeout=timeout), timeout)
+
+    async def _conclude(self, verdict: dict, timeout: float | None) -> Any:
+        if not verdict.get("ok"):
+            raise ThreadLogError(verdict.get("code") or "INVALID_ARGUMENT", verdict.get("message") or "refused")
+        if verdict.get("effects"):
+            await self._emit(verdict["effects"])
+        result = verdict.get("result")
+        for step in verdict.get("follow") or ():
+            result = await self.send(step["type"], step["key"], step["payload"], timeout)
+        return result
+
+    async def propose(self, type_name: str, key: str, payload: bytes, *, timeout: float | None = None,
+                      proposal_id: str | None = None) -> dict:
+        """Produce one proposal (payload already encoded) and return its verdict."""
+        timeout = self.timeout if timeout is None else timeout
+        seen: list[int] = []
+        if reads_other_partitions(type_name):
+            ends = await self.end_offsets()
+            seen = [ends[p] for p in range(self.layout.events)]
+        env = {
+            "proposalId": proposal_id or uuid.uuid4().hex,
+            "key": key,
+            "type": type_name,
+            "at": float(self.clock()),
+            "rules": 2,
+            "seen": seen,
+            "payload": payload,
+        }
+        value = self.codec.encode("threadlog.Proposal", env)
+        if len(value) > MAX_PROPOSAL_BYTES:
+            raise invalid_argument(f"{type_name} is {len(value)} bytes; the limit is {MAX_PROPOSAL_BYTES} "
+                                   "(store large content in tl.blobs)")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
+        partition = partition_for(key, self.layout.events)
+        where: list[int] = []
+
+        def judged(verdict: dict) -> None:
+            loop.call_soon_threadsafe(_settle, fut, None, verdict)
+
+        def delivered(err, msg) -> None:
+            # On the pump thread: hand the offset straight to the verdict source.
+            if err is not None:
+                loop.call_soon_threadsafe(_settle, fut, unavailable(f"proposal not written: {err}"), None)
+                return
+            where.append(msg.offset())
+            self.verdicts.on_verdict(partition, msg.offset(), judged)
+
+        try:
+            self.producer.produce(self.topics.events, value, key.encode("utf-8"), partition=partition,
+                                  on_delivery=delivered)
+        except BufferError:
+            raise unavailable("proposal producer queue is full") from None
+        except Exception as exc:
+            raise invalid_argument(f"proposal not sent: {exc}") from None
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            if where:
+                self.verdicts.forget(partition, where[0], judged)
+                raise unavailable(f"{type_name} was written at {self.topics.events}[{partition}]@{where[0]} "
+                                  f"but not judged within {timeout}s: it may still be accepted") from None
+            raise unavailable(f"{type_name} not acknowledged by the cluster within {timeout}s") from None
+
+    async def _emit(self, effects: list[dict]) -> None:
+        """Write the idempotent records a verdict derived (tombstones), awaiting their acks."""
+        loop = asyncio.get_running_loop()
+        futures = []
+        for eff in effects:
+            if eff["topic"] != "blobs":
+                continue  # a newer judge's effect kind: not ours to write
+            fut: asyncio.Future = loop.create_future()
+            futures.append(fut)
+
+            def done(err, _msg, fut=fut) -> None:
+                loop.call_soon_threadsafe(_settle, fut, None if err is None else unavailable(str(err)), None)
+
+            k = eff["key"]
+            self.producer.produce(self.topics.blobs, None, k.encode("utf-8"),
+                                  partition=partition_for(k, self.layout.blobs), on_delivery=done)
+        if futures:
+            await asyncio.wait_for(asyncio.gather(*futures), self.timeout)
+
+
+def _settle(fut: asyncio.Future, exc: BaseException | None, value: Any) -> None:
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(value)
+

@@ -1,0 +1,187 @@
+"""Core v2: the log is the arbiter.
+
+Every record of `<ns>.events` is a proposal judged by a deterministic fold, so:
+- two independent judges (two hosts, each folding into its own store) and a
+  rebuild from offset 0 in another process reach identical verdicts, proposal
+  by proposal, under racing writers, lease expiry by an injected clock and
+  checks of ids held on other partitions;
+- nothing written straight to a topic changes state without passing the rules:
+  garbage, a proposal on the wrong partition, a forged claim, a chunk of an
+  epoch nobody granted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import uuid
+
+from checkpoint_helpers import MutableClock, checkpoint, refused, threads_on_distinct_partitions
+from confluent_kafka import Producer
+from delivery_support import chunk, collect
+from support import state_of, within
+from threadlog.processors.judge import all_verdicts, decision_time
+from threadlog.projections.store import Store
+
+from threadlog.errors import (
+    INVALID_ARGUMENT,
+    INVALID_MESSAGE,
+    RUN_CLAIM_LOST,
+    STALE_HEAD,
+    WRITER_CONFLICT,
+    WRITER_LOST,
+    ThreadLogError,
+)
+from threadlog.partitioning import partition_for
+
+
+def _verdicts(store: Store, partitions: int) -> dict[int, list]:
+    return {p: all_verdicts(store, p) for p in range(partitions)}
+
+
+async def _race_appends(tl, thread: str, writer, rounds: int) -> list:
+    """`rounds` pairs of appends racing for the same head: one of each pair wins."""
+    outcomes = []
+    head = None
+    for i in range(rounds):
+        calls = [tl.checkpoints.append(checkpoint=checkpoint(f"{thread}-{i}-{side}", thread, head),
+                                       expected_head_id=head, writer=writer) for side in "ab"]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        won = [r for r in results if isinstance(r, str)]
+        lost = [r for r in results if isinstance(r, ThreadLogError)]
+        assert len(won) == 1 and len(lost) == 1, results
+        assert lost[0].code in (STALE_HEAD, "SANDBOX_SNAPSHOT_PARENT_MISMATCH")
+        head = won[0]
+        outcomes.append(head)
+    return outcomes
+
+
+async def test_two_judges_and_a_rebuild_reach_identical_verdicts(open_client, bootstrap, namespace, tmp_path):
+    clock = MutableClock()
+    a = await open_client(clock=clock, lease_duration_ms=10_000, renew_after_ms=1_000)
+    b = await open_client(clock=clock, lease_duration_ms=10_000, renew_after_ms=1_000)
+    threads = threads_on_distinct_partitions(a, 3, "judged")
+    leases = [await within(a.checkpoints.acquire_writer(t)) for t in threads]
+    # Racing writers on two hosts, each racing pair on one thread.
+    await within(asyncio.gather(*[_race_appends(cl, t, lease, 4)
+                                  for cl, t, lease in zip([a, b, a], threads, leases, strict=True)]), 60)
+    # A duplicate checkpoint id held on ANOTHER partition: judged as of `seen`.
+    dup = checkpoint(f"{threads[0]}-0-a", threads[1], None) | {"id": (await a.checkpoints.list(threads[0]))[0]["id"]}
+    lease1 = leases[1]
+    head1 = await a.checkpoints.get_head(threads[1])
+    await refused(b.checkpoints.append(checkpoint=dup | {"parentCheckpointId": head1}, expected_head_id=head1,
+                                       writer=lease1), "SANDBOX_SNAPSHOT_DUPLICATE_ID")
+    # Lease expiry by the injected clock, carried in the proposals.
+    await refused(b.checkpoints.acquire_writer(threads[2]), WRITER_CONFLICT)
+    clock.advance(10_000)
+    successor = await within(b.checkpoints.acquire_writer(threads[2]))
+    assert successor.fence == leases[2].fence + 1
+    await refused(a.checkpoints.append(checkpoint=checkpoint("late", threads[2], "x"), expected_head_id="x",
+                                       writer=leases[2]), WRITER_LOST)
+    # Runs, claims, interrupts, transcripts: the other rule sets too.
+    await within(a.runs.create_or_resume(run_id="r1", thread_id=threads[0], started_at=1))
+    await within(b.runs.create_or_resume(run_id="r1", thread_id=threads[1], started_at=2))  # exists elsewhere
+    assert [await within(cl.runs.claim("r1")) for cl in (a, b)] == [1, 2]
+    await within(b.messages.save_thread(threads[2], [{"n": 1}]))
+
+    partitions = a.runtime.layout.events
+    await a.read_barrier(None)
+    await b.read_barrier(None)
+    va, vb = _verdicts(a.runtime.store, partitions), _verdicts(b.runtime.store, partitions)
+    assert sum(len(v) for v in va.values()) > 20
+    assert any(not verdict["ok"] for vs in va.values() for _, verdict in vs)
+    assert va == vb
+    # A rebuild from offset 0 in another process judges everything again, alike.
+    path = tmp_path / "rebuilt"
+    proc = subprocess.run([sys.executable, "-m", "threadlog", "rebuild", "--bootstrap", bootstrap,
+                           "--namespace", namespace, "--store", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rebuilt = Store(path)
+    try:
+        assert _verdicts(rebuilt, partitions) == va
+    finally:
+        rebuilt.close()
+
+
+async def test_garbage_and_misrouted_proposals_are_refused_and_change_nothing(tl, bootstrap):
+    await within(tl.messages.save_thread("t", [{"n": 1}]))
+    before = await state_of(tl)
+    topic, partitions = tl.runtime.topics.events, tl.runtime.layout.events
+    p = partition_for("t", partitions)
+    wrong = (p + 1) % partitions
+    codec = tl.runtime.codec
+    forged = codec.encode("threadlog.Proposal", {
+        "proposalId": uuid.uuid4().hex, "key": "t", "type": "threadlog.cmd.SaveTranscript", "at": 1.0,
+        "rules": 2, "seen": [],
+        "payload": codec.encode("threadlog.cmd.SaveTranscript", {"threadId": "t", "messages": "[]"})})
+    old_event = codec.encode("threadlog.Event", {"key": "t", "seq": 9, "decidedAt": 1.0, "commandId": "x",
+                                                 "type": "threadlog.evt.TranscriptSaved",
+                                                 "payload": codec.encode("threadlog.evt.TranscriptSaved",
+                                                                         {"threadId": "t", "messages": "[]"})})
+    producer = Producer({"bootstrap.servers": bootstrap})
+    sent = []
+    for part, value in [(p, b"\xc3\x01garbage"), (p, old_event), (wrong, forged)]:
+        producer.produce(topic, value, b"t", partition=part,
+                         on_delivery=lambda err, msg: sent.append((msg.partition(), msg.offset())))
+    assert producer.flush(30) == 0 and len(sent) == 3
+    assert await state_of(tl) == before
+    assert await within(tl.messages.load_thread("t")) == [{"n": 1}]
+    codes = [tl.runtime.judge.verdict(part, off)["code"] for part, off in sent]
+    assert codes == [INVALID_MESSAGE, INVALID_MESSAGE, INVALID_ARGUMENT]
+    # The judge is still judging.
+    await within(tl.messages.save_thread("t", [{"n": 2}]))
+    assert await within(tl.messages.load_thread("t")) == [{"n": 2}]
+
+
+async def test_an_epoch_claim_never_granted_is_refused_and_never_read(tl, bootstrap):
+    await within(tl.runs.create_or_resume(run_id="r", thread_id="t", started_at=1))
+    assert await within(tl.runs.claim("r")) == 1
+    assert await within(tl.runs.claim("r")) == 2
+    current = tl.delivery("r", epoch=2)
+    await within(current.append([chunk(0)]))
+    # A driver that makes an epoch up holds nothing.
+    await refused(tl.delivery("r", epoch=7).append([chunk(99)]), RUN_CLAIM_LOST)
+    # Nor does a record of that epoch forged straight onto the topic, nor a
+    # forged claim marker: a claim is granted by the fold, it never names its epoch.
+    svc = tl._delivery
+    producer = Producer({"bootstrap.servers": bootstrap})
+    part = svc.writer.partition_of("r")
+    forged_chunk = svc.writer.encode({"runId": "r", "kind": "chunks", "epoch": 7, "chunks": ['{"i": 98}']})
+    producer.produce(svc.topic, forged_chunk, b"r", partition=part)
+    assert producer.flush(30) == 0
+    await within(current.append([chunk(1)]))  # still the holder: epoch 2
+    forged_claim = svc.writer.encode({"runId": "r", "kind": "claim", "epoch": 99})
+    producer.produce(svc.topic, forged_claim, b"r", partition=part)
+    assert producer.flush(30) == 0
+    await refused(current.append([chunk(2)]), RUN_CLAIM_LOST)  # the forged claim is a claim: epoch 100
+    assert await within(tl.runs.claim("r")) == 101
+    await within(tl.delivery("r", epoch=101).close())
+    got = [c for _, c in await within(collect(tl.delivery("r").read("-1")))]
+    assert got == [chunk(0), chunk(1)]
+
+
+async def test_decision_time_is_the_proposals_monotonic_and_bounded_by_the_broker():
+    broker = 1_700_000_000_000
+    assert decision_time(0.0, 1_000.0, broker) == 1_000.0  # an injected clock in the past works
+    assert decision_time(5_000.0, 1_000.0, broker) == 5_000.0  # never backwards per partition
+    lead = decision_time(0.0, broker + 10 ** 9, broker)
+    assert lead == broker + 15 * 60 * 1000  # a clock far ahead is capped
+    assert decision_time(7.0, float("nan"), broker) == 7.0
+
+
+async def test_a_lease_granted_on_one_host_expires_by_record_time_on_another(open_client):
+    clock = MutableClock()
+    a = await open_client(clock=clock, lease_duration_ms=5_000, renew_after_ms=1_000)
+    b = await open_client()  # its own real clock: it proposes nothing about time
+    lease = await within(a.checkpoints.acquire_writer("t"))
+    await refused(b.checkpoints.acquire_writer("t"), WRITER_CONFLICT)
+    clock.advance(5_000)
+    # Expired by A's clock, but B's proposals carry B's (real, earlier-or-equal)
+    # time... and time only moves forward per partition: B's grant is judged at
+    # the later of the two, so it is refused or granted exactly as every judge says.
+    grant = await within(a.checkpoints.acquire_writer("t"))
+    assert grant.fence == lease.fence + 1
+    await refused(b.checkpoints.append(checkpoint=checkpoint("c", "t"), expected_head_id=None, writer=lease),
+                  WRITER_LOST)
