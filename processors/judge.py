@@ -218,11 +218,14 @@ class Judge(Follower):
 
     def _publish(self, positions: dict[int, int], verdicts: dict[tuple[int, int], dict]) -> None:
         calls: list[tuple[Callable[[dict], None], dict]] = []
-        with self._cond:
+        # One critical section for both: a waiter registers only while its offset
+        # is not yet applied, so taking the waiters and moving the positions must
+        # not be separable (a registration in between would never be answered).
+        with self._cond:  # an RLock: advance() takes it again
             for pos, verdict in verdicts.items():
                 for cb in self._verdict_waiters.pop(pos, ()):
                     calls.append((cb, verdict))
-        self.advance(positions)
+            self.advance(positions)
         for cb, verdict in calls:
             try:
                 cb(verdict)
