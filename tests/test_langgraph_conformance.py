@@ -6,13 +6,14 @@ parametrized here, and each item gets its saver from the suite's own
 `@checkpointer_test` registration, so the factory is the one `validate()`
 would use. The base capabilities (put, put_writes, get_tuple, list,
 delete_thread) are the required 58 tests; delete_for_runs, copy_thread and
-prune the optional 23.
+prune the optional 23. One more test runs the suite's own `validate()` over
+everything once and checks its verdict.
 """
 
 from __future__ import annotations
 
 import pytest
-from langgraph.checkpoint.conformance import checkpointer_test
+from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import (
     ALL_CAPABILITIES,
     BASE_CAPABILITIES,
@@ -71,6 +72,16 @@ async def test_every_capability_is_detected(registered):
     async with registered.create() as saver:
         detected = DetectedCapabilities.from_instance(saver)
     assert detected.missing == frozenset()
+
+
+async def test_validate_reports_full_conformance(registered):
+    """The suite's own runner, once over all of it (one namespace): its verdict is FULL."""
+    report = await validate(registered)
+    failures = {name: r.failures for name, r in report.results.items() if r.failures}
+    assert failures == {}
+    assert report.passed_all_base() and report.passed_all()
+    assert report.conformance_level() == "FULL"
+    assert sum(r.tests_passed for r in report.results.values()) == 81
 
 
 @pytest.mark.parametrize(("capability", "conformance_test"), CASES)
