@@ -19,7 +19,8 @@ from threadlog.integrations.langgraph import AsyncThreadLogSaver
 SCRIPT = Path(__file__).with_name("langgraph_approval.py")
 
 
-async def run_second_host(*args: str, timeout: float = 120.0) -> dict:
+async def run_second_host(*args: str, timeout: float = 90.0) -> dict:
+    # Below pytest's 120 s timeout, so a hung host is killed here and its stderr reported.
     proc = await asyncio.create_subprocess_exec(
         sys.executable, str(SCRIPT), *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -29,7 +30,7 @@ async def run_second_host(*args: str, timeout: float = 120.0) -> dict:
     except TimeoutError:
         proc.kill()
         await proc.wait()
-        raise
+        raise AssertionError(f"the second host did not finish within {timeout}s") from None
     assert proc.returncode == 0, err.decode(errors="replace")[-4000:]
     return json.loads(out.decode().strip().splitlines()[-1])
 

@@ -75,6 +75,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from .. import client as _client
 from ..errors import invalid_argument, unavailable
 from ..projections.folds import langgraph as state
+from ..projections.store import Store
 from ..validation import is_int, require_id
 
 __all__ = ["AsyncThreadLogSaver", "ThreadLogSaver"]
@@ -173,7 +174,7 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
 
     # -- plumbing ------------------------------------------------------------------------------
     @property
-    def _store(self):
+    def _store(self) -> Store:
         store = self.tl.runtime.store
         if store is None:
             raise unavailable("the threadlog client is not started")
