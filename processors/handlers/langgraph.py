@@ -1,0 +1,281 @@
+"""LangGraph checkpointer commands (threadlog.integrations.langgraph), decided on the thread's partition.
+
+Every command names one thread and is keyed by it; a handler reads only that
+thread's keys (projections/folds/langgraph.py) and is a pure function of
+(state, command): no clock, no randomness (upload ids are drawn by the
+client), no other partition. Operations LangGraph defines across threads are
+driven by the client: `copy_thread` reads the source after a read barrier and
+sends everything in one LangGraphCopyThread to the target's partition;
+`prune` and `delete_for_runs` send one command per thread.
+
+A value too large to travel inline is staged first (LangGraphStageChunk on
+the same partition, so the commands are decided in order) and named by the
+command that commits it; the handler checks that every chunk is there and
+that no upload is named twice, so the fold can move the chunks under the
+value that owns them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+from threadlog.projections.folds import langgraph as state
+from threadlog.projections.keys import key
+
+from threadlog.errors import invalid_argument
+from threadlog.validation import is_int, is_text, require_id
+
+from . import Context, Decision, handles
+
+MAX_CHUNK = 4 * 1024 * 1024  # a sanity bound: the client stages 1 MiB chunks
+MAX_CHUNKS = 1 << 16  # 64 Ki chunks of 4 MiB: 256 GiB, far beyond any channel value
+STRATEGIES = ("keep_latest", "delete")
+
+
+# -- input -----------------------------------------------------------------------------------
+def _thread(ctx: Context, cmd: dict) -> str:
+    thread = require_id(cmd["threadId"], "thread_id")
+    # State of a thread is decided on the partition its key maps to, or two
+    # deciders could change one thread concurrently.
+    if ctx.key != thread:
+        raise invalid_argument(f"a LangGraph command for thread {thread!r} must be keyed by it, not {ctx.key!r}")
+    return thread
+
+
+def _text(value: object, label: str) -> str:
+    if not is_text(value):
+        raise invalid_argument(f"{label} must be a well-formed Unicode string, got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+class _Values:
+    """Checks the values of one command; an upload may be named once."""
+
+    def __init__(self, ctx: Context, thread: str) -> None:
+        self.ctx = ctx
+        self.thread = thread
+        self.uploads: set[str] = set()
+
+    def check(self, wire: dict, label: str) -> None:
+        if not _text(wire["type"], f"{label} serde type"):
+            raise invalid_argument(f"{label} has an empty serde type")
+        staged = wire["staged"]
+        if (wire["data"] is None) == (staged is None):
+            raise invalid_argument(f"{label} must be either inline data or a staged upload")
+        if staged is not None:
+            self.check_staged(staged, label)
+
+    def check_staged(self, staged: dict, label: str) -> None:
+        upload = require_id(staged["uploadId"], f"{label} upload id")
+        if upload in self.uploads:
+            raise invalid_argument(f"upload {upload!r} is named twice")
+        self.uploads.add(upload)
+        count, size = staged["chunks"], staged["size"]
+        if not 1 <= count <= MAX_CHUNKS or size < 0:
+            raise invalid_argument(f"{label}: impossible staged upload of {count} chunks, {size} bytes")
+        total = 0
+        for i in range(count):
+            raw = self.ctx.view.get(state.stage_key(self.thread, upload, i))
+            if raw is None:
+                raise invalid_argument(f"{label}: chunk {i} of upload {upload!r} was not staged "
+                                       f"on thread {self.thread!r} (or is already committed)")
+            total += len(raw)
+        if total != size:
+            raise invalid_argument(f"{label}: upload {upload!r} holds {total} bytes, not {size}")
+
+
+def _check_checkpoint(values: _Values, cp: dict) -> None:
+    _text(cp["checkpointNs"], "checkpoint_ns")
+    cid = require_id(cp["checkpointId"], "checkpoint id")
+    if cp["parentCheckpointId"] is not None:
+        require_id(cp["parentCheckpointId"], "parent checkpoint id")
+    if cp["runId"] is not None:
+        _text(cp["runId"], "run_id")
+    for channel, version in cp["channelVersions"].items():
+        _text(channel, "channel name")
+        require_id(version, f"version of channel {channel!r}")
+    values.check(cp["body"], f"checkpoint {cid!r}")
+    values.check(cp["metadata"], f"metadata of checkpoint {cid!r}")
+
+
+def _check_blob(values: _Values, blob: dict) -> None:
+    _text(blob["checkpointNs"], "checkpoint_ns")
+    _text(blob["channel"], "channel name")
+    require_id(blob["version"], "channel version")
+    values.check(blob["value"], f"value of channel {blob['channel']!r}")
+
+
+def _check_write(values: _Values, w: dict) -> None:
+    _text(w["checkpointNs"], "checkpoint_ns")
+    require_id(w["checkpointId"], "checkpoint id")
+    require_id(w["taskId"], "task id")
+    if not is_int(w["idx"]):
+        raise invalid_argument(f"write idx must be an int, got {w['idx']!r}")
+    _text(w["channel"], "channel name")
+    _text(w["taskPath"], "task path")
+    values.check(w["value"], f"write {w['channel']!r} of task {w['taskId']!r}")
+
+
+# -- staging -----------------------------------------------------------------------------------
+@handles("threadlog.cmd.LangGraphStageChunk")
+def stage_chunk(ctx: Context, cmd: dict) -> Decision:
+    thread = _thread(ctx, cmd)
+    upload = require_id(cmd["uploadId"], "upload id")
+    index = cmd["index"]
+    if not 0 <= index < MAX_CHUNKS:
+        raise invalid_argument(f"chunk index must be within 0..{MAX_CHUNKS - 1}, got {index}")
+    if not 0 < len(cmd["data"]) <= MAX_CHUNK:
+        raise invalid_argument(f"a chunk holds 1..{MAX_CHUNK} bytes, got {len(cmd['data'])}")
+    if ctx.view.get(state.stage_key(thread, upload, index)) == cmd["data"]:
+        return Decision()  # a resent chunk: already staged
+    return Decision(events=[("threadlog.evt.LangGraphChunkStaged", {
+        "threadId": thread, "uploadId": upload, "index": index, "data": cmd["data"]})])
+
+
+# -- put, put_writes -----------------------------------------------------------------------------
+@handles("threadlog.cmd.LangGraphPut")
+def put(ctx: Context, cmd: dict) -> Decision:
+    thread = _thread(ctx, cmd)
+    values = _Values(ctx, thread)
+    cp = cmd["checkpoint"]
+    _check_checkpoint(values, cp)
+    for blob in cmd["blobs"]:
+        _check_blob(values, blob)
+        if blob["checkpointNs"] != cp["checkpointNs"]:
+            raise invalid_argument("a put's channel values belong to the checkpoint's namespace")
+    # No parent check: LangGraph forks from any checkpoint (time travel) and a
+    # parent may have been pruned; the parent id is kept as given.
+    return Decision(events=[("threadlog.evt.LangGraphCheckpointPut",
+                             {"threadId": thread, "checkpoint": cp, "blobs": cmd["blobs"]})])
+
+
+@handles("threadlog.cmd.LangGraphPutWrites")
+def put_writes(ctx: Context, cmd: dict) -> Decision:
+    thread = _thread(ctx, cmd)
+    values = _Values(ctx, thread)
+    accepted: list[dict] = []
+    discarded: list[dict] = []
+    seen: set[tuple] = set()
+    for w in cmd["writes"]:
+        _check_write(values, w)
+        k = (w["checkpointNs"], w["checkpointId"], w["taskId"], w["idx"])
+        # A regular write (idx >= 0) is written once: a task that is retried
+        # re-sends its writes, and the first ones stand. The special negative
+        # indices (WRITES_IDX_MAP: error, interrupt, resume, ...) replace.
+        if w["idx"] >= 0 and (k in seen or ctx.view.get(state.write_key(thread, *k)) is not None):
+            if w["value"]["staged"] is not None:
+                discarded.append(w["value"]["staged"])
+            continue
+        seen.add(k)
+        accepted.append(w)
+    if not accepted and not discarded:
+        return Decision()
+    return Decision(events=[("threadlog.evt.LangGraphWritesPut",
+                             {"threadId": thread, "writes": accepted, "discarded": discarded})])
+
+
+# -- deletes ---------------------------------------------------------------------------------------
+def _thread_is_empty(ctx: Context, thread: str) -> bool:
+    for tag in state.THREAD_TAGS:
+        for _ in ctx.view.scan(key(tag, thread)):
+            return False
+    return True
+
+
+@handles("threadlog.cmd.LangGraphDeleteThread")
+def delete_thread(ctx: Context, cmd: dict) -> Decision:
+    thread = _thread(ctx, cmd)
+    if _thread_is_empty(ctx, thread):
+        return Decision()  # deleting an unknown thread is silent and writes nothing
+    return Decision(events=[("threadlog.evt.LangGraphThreadDeleted", {"threadId": thread})])
+
+
+def _checkpoints(ctx: Context, thread: str) -> dict[str, dict[str, dict]]:
+    """ns -> checkpoint id -> channel versions, for every checkpoint of the thread."""
+    out: dict[str, dict[str, dict]] = defaultdict(dict)
+    for k, raw in ctx.view.scan(state.ckpt_prefix(thread)):
+        _, ns, cid = state.split_ckpt_key(k)
+        out[ns][cid] = _versions(raw)
+    return out
+
+
+def _versions(raw: bytes) -> dict:
+    return json.loads(raw)["versions"]
+
+
+def _deletion(ctx: Context, thread: str, doomed: set[tuple[str, str]], *, orphan_writes: bool) -> Decision:
+    """Delete `doomed` (ns, id) checkpoints with their writes, the channel values no
+    survivor of their namespaces references, and say which checkpoint is each
+    touched namespace's newest afterwards."""
+    by_ns = _checkpoints(ctx, thread)
+    doomed = {(ns, cid) for ns, cid in doomed if cid in by_ns.get(ns, {})}
+    touched = {ns for ns, _ in doomed}
+    if orphan_writes:
+        # Writes whose checkpoint does not exist (or is doomed) can never be read: reclaim them too.
+        for k, _ in ctx.view.scan(state.write_prefix(thread)):
+            _, ns, cid, _, _ = state.split_write_key(k)
+            if cid not in by_ns.get(ns, {}) or (ns, cid) in doomed:
+                doomed.add((ns, cid))
+    blobs: list[dict] = []
+    heads: list[dict] = []
+    for ns in sorted(touched):
+        survivors = {cid: v for cid, v in by_ns[ns].items() if (ns, cid) not in doomed}
+        referenced = {(ch, ver) for versions in survivors.values() for ch, ver in versions.items()}
+        for k, _ in ctx.view.scan(state.blob_prefix(thread, ns)):
+            _, _, channel, version = state.split_blob_key(k)
+            if (channel, version) not in referenced:
+                blobs.append({"checkpointNs": ns, "channel": channel, "version": version})
+        heads.append({"checkpointNs": ns, "checkpointId": max(survivors) if survivors else None})
+    if not doomed:
+        return Decision()
+    refs = [{"checkpointNs": ns, "checkpointId": cid} for ns, cid in sorted(doomed)]
+    return Decision(events=[("threadlog.evt.LangGraphCheckpointsDeleted",
+                             {"threadId": thread, "checkpoints": refs, "blobs": blobs, "heads": heads})])
+
+
+@handles("threadlog.cmd.LangGraphPrune")
+def prune(ctx: Context, cmd: dict) -> Decision:
+    thread = _thread(ctx, cmd)
+    strategy = cmd["strategy"]
+    if strategy not in STRATEGIES:
+        raise invalid_argument(f"prune strategy must be one of {STRATEGIES}, got {strategy!r}")
+    doomed: set[tuple[str, str]] = set()
+    for ns, ids in _checkpoints(ctx, thread).items():
+        keep = {max(ids)} if strategy == "keep_latest" else set()
+        doomed |= {(ns, cid) for cid in ids if cid not in keep}
+    return _deletion(ctx, thread, doomed, orphan_writes=True)
+
+
+@handles("threadlog.cmd.LangGraphDeleteRuns")
+def delete_runs(ctx: Context, cmd: dict) -> Decision:
+    thread = _thread(ctx, cmd)
+    doomed: set[tuple[str, str]] = set()
+    for run_id in cmd["runIds"]:
+        _text(run_id, "run_id")
+        for k, _ in ctx.view.scan(state.runt_prefix(thread, run_id)):
+            _, _, ns, cid = state.split_runt_key(k)
+            doomed.add((ns, cid))
+    return _deletion(ctx, thread, doomed, orphan_writes=False)
+
+
+# -- copy ------------------------------------------------------------------------------------------
+@handles("threadlog.cmd.LangGraphCopyThread")
+def copy_thread(ctx: Context, cmd: dict) -> Decision:
+    thread = _thread(ctx, cmd)
+    source = require_id(cmd["sourceThreadId"], "source thread_id")
+    if source == thread:
+        raise invalid_argument(f"cannot copy thread {thread!r} onto itself")
+    values = _Values(ctx, thread)
+    for cp in cmd["checkpoints"]:
+        _check_checkpoint(values, cp)
+    for blob in cmd["blobs"]:
+        _check_blob(values, blob)
+    for w in cmd["writes"]:
+        _check_write(values, w)
+    if not (cmd["checkpoints"] or cmd["blobs"] or cmd["writes"]):
+        return Decision()
+    # Merged into the target: ids are kept, an id the target already holds is replaced.
+    return Decision(events=[("threadlog.evt.LangGraphThreadCopied", {
+        "threadId": thread, "sourceThreadId": source, "checkpoints": cmd["checkpoints"],
+        "blobs": cmd["blobs"], "writes": cmd["writes"]})])

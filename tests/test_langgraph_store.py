@@ -1,0 +1,247 @@
+"""The LangGraph store beyond the conformance suite: large values, reclaiming, refusals,
+cross-host reads, the sync saver, and state that folds identically on every host."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+
+import pytest
+from langgraph.checkpoint.base import ERROR, WRITES_IDX_MAP
+from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from support import within
+from threadlog.projections.folds import langgraph as state
+from threadlog.projections.keys import key
+
+from threadlog import ThreadLogError
+from threadlog.integrations.langgraph import AsyncThreadLogSaver, ThreadLogSaver
+
+LG_PREFIX = b"lg\x00"
+SMALL = {"inline_max_bytes": 64 * 1024, "chunk_bytes": 32 * 1024, "command_budget_bytes": 256 * 1024}
+
+
+def lg_state(tl) -> dict[bytes, bytes]:
+    """Every LangGraph key of a client's store."""
+    return dict(tl.runtime.store.scan(LG_PREFIX))
+
+
+def thread_keys(tl, thread: str) -> list[bytes]:
+    store = tl.runtime.store
+    keys = [k for tag in state.THREAD_TAGS for k, _ in store.scan(key(tag, thread))]
+    keys += [k for k, _ in store.scan(state.RUN) if state.split_run_key(k)[1] == thread]
+    return keys
+
+
+async def put(saver, thread: str, values: dict, *, parent: dict | None = None, versions: dict | None = None,
+              ns: str = "", **metadata) -> dict:
+    versions = versions or {k: saver.get_next_version(None, None) for k in values}
+    cp = generate_checkpoint(channel_values=values, channel_versions=dict(versions))
+    config = generate_config(thread, checkpoint_ns=ns)
+    if parent is not None:
+        config["configurable"]["checkpoint_id"] = parent["configurable"]["checkpoint_id"]
+    return await within(saver.aput(config, cp, generate_metadata(**metadata), versions))
+
+
+async def test_large_values_are_staged_and_read_back_on_another_host(open_client):
+    writer = AsyncThreadLogSaver(await open_client(), **SMALL)
+    big = os.urandom(300 * 1024)  # above inline_max_bytes: staged in 10 chunks
+    medium = {f"m{i}": os.urandom(40 * 1024) for i in range(10)}  # each inline, 400 KiB together: over budget
+    stored = await put(writer, "t-big", {"big": big, **medium})
+    await within(writer.aput_writes(stored, [("out", os.urandom(100 * 1024)), ("small", "x")], "task-1"))
+
+    reader = AsyncThreadLogSaver(await open_client())  # another host: its own store, folded from the log
+    tup = await within(reader.aget_tuple(generate_config("t-big")))
+    assert tup.checkpoint["channel_values"] == {"big": big, **medium}
+    assert [(w[0], w[1]) for w in tup.pending_writes] == [("task-1", "out"), ("task-1", "small")]
+    # Staged chunks were consumed by the commits that named them: nothing is left staged.
+    for tl in (writer.tl, reader.tl):
+        await tl.read_barrier(None)
+        assert list(tl.runtime.store.scan(key(state.STAGE, "t-big"))) == []
+        assert list(tl.runtime.store.scan(key(state.CHUNK, "t-big")))
+    assert lg_state(writer.tl) == lg_state(reader.tl)  # the decider's folds and a follower's agree
+
+
+async def test_a_channel_value_larger_than_a_kafka_record(open_client):
+    saver = AsyncThreadLogSaver(await open_client())
+    huge = os.urandom(20 * 1024 * 1024)  # the topics take 16 MiB per record
+    stored = await put(saver, "t-huge", {"blob": huge, "note": "small"})
+    tup = await within(saver.aget_tuple(stored), 60)
+    assert tup.checkpoint["channel_values"]["blob"] == huge
+    assert tup.checkpoint["channel_values"]["note"] == "small"
+
+
+async def test_copy_then_prune_then_delete_reclaim_every_key(open_client):
+    tl = await open_client()
+    saver = AsyncThreadLogSaver(tl, **SMALL)
+    v1 = {"a": os.urandom(100 * 1024), "b": "unchanged"}
+    first = await put(saver, "src", v1, versions={"a": "1", "b": "1"}, run_id="run-1")
+    v2 = {"a": os.urandom(100 * 1024), "b": "unchanged"}
+    cp2 = generate_checkpoint(channel_values=v2, channel_versions={"a": "2", "b": "1"})
+    cfg = generate_config("src")
+    cfg["configurable"]["checkpoint_id"] = first["configurable"]["checkpoint_id"]
+    second = await within(saver.aput(cfg, cp2, generate_metadata(step=1, run_id="run-2"), {"a": "2"}))
+    await within(saver.aput_writes(second, [("w", os.urandom(80 * 1024))], "task"))
+
+    await within(saver.acopy_thread("src", "dst"))
+    src = [t async for t in saver.alist(generate_config("src"))]
+    dst = [t async for t in saver.alist(generate_config("dst"))]
+    assert [t.checkpoint for t in dst] == [t.checkpoint for t in src]
+    assert [t.pending_writes for t in dst] == [t.pending_writes for t in src]
+    assert [t.parent_config["configurable"]["checkpoint_id"] if t.parent_config else None for t in dst] == \
+        [t.parent_config["configurable"]["checkpoint_id"] if t.parent_config else None for t in src]
+
+    # keep_latest: the first checkpoint goes, and with it the version of `a` only it referenced;
+    # `b` at version 1 is still the latest's value and stays.
+    await within(saver.aprune(["src"], strategy="keep_latest"))
+    store = tl.runtime.store
+    blobs = sorted(state.split_blob_key(k)[2:] for k, _ in store.scan(state.blob_prefix("src")))
+    assert blobs == [("a", '"2"'), ("b", '"1"')]
+    latest = await within(saver.aget_tuple(generate_config("src")))
+    assert latest.checkpoint["channel_values"] == v2
+    assert latest.parent_config is not None  # the parent id is kept, though pruned
+    assert await within(saver.aget_tuple(first)) is None
+    # Every chunk left belongs to a value still stored: a, version 2 and the write.
+    assert len(list(store.scan(key(state.CHUNK, "src")))) == 4 + 3
+
+    # run-2 is the latest of both threads (the copy kept its metadata): it goes from both.
+    await within(saver.adelete_for_runs(["run-2"]))
+    assert await within(saver.aget_tuple(generate_config("src"))) is None
+    remaining = [t async for t in saver.alist(generate_config("dst"))]
+    assert [t.checkpoint["id"] for t in remaining] == [first["configurable"]["checkpoint_id"]]
+    assert remaining[0].checkpoint["channel_values"] == v1
+
+    await within(saver.adelete_thread("src"))
+    await within(saver.adelete_thread("dst"))
+    await tl.read_barrier(None)
+    assert thread_keys(tl, "src") == [] and thread_keys(tl, "dst") == []
+
+
+async def test_special_writes_replace_and_regular_writes_are_written_once(open_client):
+    a = AsyncThreadLogSaver(await open_client())
+    b = AsyncThreadLogSaver(await open_client())  # a second host retrying the same task
+    stored = await put(a, "t-w", {})
+    await within(a.aput_writes(stored, [("ch", "first"), (ERROR, "boom-1")], "task"))
+    await within(b.aput_writes(stored, [("ch", "second"), (ERROR, "boom-2")], "task"))
+    tup = await within(a.aget_tuple(stored))
+    assert sorted(tup.pending_writes) == [("task", ERROR, "boom-2"), ("task", "ch", "first")]
+    # Two hosts writing the same (task, idx) at once: exactly one value stands, on both.
+    await asyncio.gather(a.aput_writes(stored, [("race", "a")], "task-2"),
+                         b.aput_writes(stored, [("race", "b")], "task-2"))
+    seen = [[w for w in (await within(s.aget_tuple(stored))).pending_writes if w[0] == "task-2"] for s in (a, b)]
+    assert seen[0] == seen[1] and len(seen[0]) == 1
+    assert WRITES_IDX_MAP[ERROR] < 0
+
+
+@pytest.mark.parametrize("case", ["wrong key", "missing chunk", "upload named twice", "bad strategy",
+                                  "inline and staged", "copy onto itself"])
+async def test_forged_commands_are_refused_and_change_nothing(open_client, case):
+    tl = await open_client()
+    saver = AsyncThreadLogSaver(tl)
+    await put(saver, "t", {"x": 1})
+    await tl.read_barrier(None)
+    before = lg_state(tl)
+    value = {"type": "msgpack", "data": b"\x01", "staged": None}
+    cp = {"checkpointNs": "", "checkpointId": "c-1", "parentCheckpointId": None, "runId": None,
+          "channelVersions": {}, "body": value, "metadata": value}
+    staged = {"uploadId": "u-1", "chunks": 1, "size": 3}
+    if case == "wrong key":
+        args = ("threadlog.cmd.LangGraphPut", "other", {"threadId": "t", "checkpoint": cp, "blobs": []})
+    elif case == "missing chunk":
+        args = ("threadlog.cmd.LangGraphPut", "t", {"threadId": "t", "blobs": [], "checkpoint": {
+            **cp, "body": {"type": "msgpack", "data": None, "staged": staged}}})
+    elif case == "upload named twice":
+        await tl.send("threadlog.cmd.LangGraphStageChunk", "t",
+                      {"threadId": "t", "uploadId": "u-1", "index": 0, "data": b"abc"})
+        await tl.read_barrier(None)
+        before = lg_state(tl)
+        ref = {"type": "msgpack", "data": None, "staged": staged}
+        args = ("threadlog.cmd.LangGraphPut", "t", {"threadId": "t", "blobs": [], "checkpoint": {
+            **cp, "body": ref, "metadata": dict(ref)}})
+    elif case == "bad strategy":
+        args = ("threadlog.cmd.LangGraphPrune", "t", {"threadId": "t", "strategy": "keep_some"})
+    elif case == "inline and staged":
+        args = ("threadlog.cmd.LangGraphPut", "t", {"threadId": "t", "blobs": [], "checkpoint": {
+            **cp, "body": {"type": "msgpack", "data": b"x", "staged": staged}}})
+    else:
+        args = ("threadlog.cmd.LangGraphCopyThread", "t", {"threadId": "t", "sourceThreadId": "t",
+                                                           "checkpoints": [cp], "blobs": [], "writes": []})
+    with pytest.raises(ThreadLogError) as err:
+        await within(tl.send(*args))
+    assert err.value.code == "INVALID_ARGUMENT"
+    await tl.read_barrier(None)
+    assert lg_state(tl) == before
+
+
+async def test_refusals_before_anything_is_sent(open_client):
+    saver = AsyncThreadLogSaver(await open_client())
+    with pytest.raises(ThreadLogError, match="thread_id"):
+        await saver.aget_tuple({"configurable": {}})
+    with pytest.raises(ThreadLogError, match="strategy"):
+        await saver.aprune(["t"], strategy="everything")
+    with pytest.raises(ThreadLogError, match="checkpoint_id"):
+        await saver.aput_writes(generate_config("t"), [("c", 1)], "task")
+    with pytest.raises(ThreadLogError, match="onto itself"):
+        await saver.acopy_thread("t", "t")
+
+
+async def test_list_without_config_and_delete_for_runs_span_threads(open_client):
+    saver = AsyncThreadLogSaver(await open_client(), **SMALL)
+    run = str(uuid.uuid4())
+    for thread in ("t-1", "t-2", "t-3"):
+        await put(saver, thread, {"v": os.urandom(70 * 1024)}, run_id=run if thread != "t-3" else "other")
+    every = [t async for t in saver.alist(None)]
+    assert sorted(t.config["configurable"]["thread_id"] for t in every) == ["t-1", "t-2", "t-3"]
+    assert [t.checkpoint["id"] for t in every] == sorted((t.checkpoint["id"] for t in every), reverse=True)
+    assert len([t async for t in saver.alist(None, filter={"run_id": run})]) == 2
+
+    await within(saver.adelete_for_runs([run]))
+    assert [t.config["configurable"]["thread_id"] async for t in saver.alist(None)] == ["t-3"]
+    await saver.tl.read_barrier(None)
+    assert list(saver.tl.runtime.store.scan(state.run_prefix(run))) == []
+    assert thread_keys(saver.tl, "t-1") == []  # checkpoint, value and its chunks all reclaimed
+
+
+async def test_sync_saver_owns_its_loop_and_follows_its_serde(bootstrap, namespace, tmp_path, open_client):
+    def use() -> tuple:
+        strict = JsonPlusSerializer(allowed_msgpack_modules=None)  # strict msgpack: allowlists derive new serdes
+        with ThreadLogSaver(bootstrap, namespace, serde=strict, state_dir=str(tmp_path / "sync"), timeout=60) as saver:
+            cp = generate_checkpoint(channel_values={"k": "v"}, channel_versions={"k": "1"})
+            stored = saver.put(generate_config("t-sync"), cp, generate_metadata(), {"k": "1"})
+            saver.put_writes(stored, [("c", {"n": 1})], "task")
+            tup = saver.get_tuple(generate_config("t-sync"))
+            listed = list(saver.list(generate_config("t-sync"), limit=5))
+            # LangGraph's compile() clones the saver with a derived serde: the clone must use it.
+            clone = saver.with_allowlist([("some", "module", "Cls")])
+            assert clone.serde is not saver.serde
+            assert clone.get_tuple(generate_config("t-sync")).checkpoint["id"] == cp["id"]
+            assert clone._inner_saver().serde is clone.serde and saver._inner_saver().serde is saver.serde
+            saver.prune(["t-sync"], strategy="delete")
+            gone = saver.get_tuple(generate_config("t-sync"))
+        with pytest.raises(ThreadLogError):
+            saver.get_tuple(generate_config("t-sync"))  # closed
+        return tup, listed, gone
+
+    tup, listed, gone = await within(asyncio.to_thread(use), 90)
+    assert tup.checkpoint["channel_values"] == {"k": "v"}
+    assert tup.pending_writes == [("task", "c", {"n": 1})]
+    assert [t.checkpoint["id"] for t in listed] == [tup.checkpoint["id"]]
+    assert gone is None
+    # What the sync saver wrote is durable for other hosts, here an async one.
+    other = AsyncThreadLogSaver(await open_client())
+    assert await within(other.aget_tuple(generate_config("t-sync"))) is None
+
+
+async def test_the_async_saver_serves_sync_callers_from_other_threads(open_client):
+    saver = AsyncThreadLogSaver(await open_client(), serde=JsonPlusSerializer())
+    cp = generate_checkpoint(channel_values={"k": [1, 2]}, channel_versions={"k": "1"})
+
+    def sync_side():
+        stored = saver.put(generate_config("t-x"), cp, generate_metadata(), {"k": "1"})
+        return saver.get_tuple(stored)
+
+    tup = await within(asyncio.to_thread(sync_side))
+    assert tup.checkpoint["channel_values"] == {"k": [1, 2]}
+    with pytest.raises(RuntimeError, match="thread other than"):
+        saver.get_tuple(generate_config("t-x"))  # on its own loop it would deadlock: refused

@@ -1,0 +1,741 @@
+"""LangGraph checkpointers on threadlog: `AsyncThreadLogSaver` and `ThreadLogSaver` (sync).
+
+Both implement langgraph-checkpoint 4.x `BaseCheckpointSaver` -- put,
+put_writes, get_tuple, list, delete_thread, copy_thread, prune,
+delete_for_runs, get_next_version -- serializing with the saver's `serde`.
+
+How it maps onto threadlog
+--------------------------
+- Every write is a command keyed by the LangGraph thread id, decided on the
+  thread's partition (processors/handlers/langgraph.py) and recorded as an
+  Avro event (schemas/avro/threadlog.*.LangGraph*.avsc) that the folds
+  (projections/folds/langgraph.py) turn into RocksDB state. A call returns
+  once its events are committed: nothing acknowledged is lost.
+- Every read first passes a read barrier on the thread's partition (every
+  partition for `list(None)` and `delete_for_runs`), so it sees every write
+  acknowledged before it began, from any process (read-your-writes across
+  hosts).
+- State is native, not a blob of the whole thread: checkpoints of each
+  (thread, checkpoint_ns) keyed by id (a tree: any checkpoint may be a parent,
+  "latest" is the greatest id), channel values stored once per (channel,
+  version) as in LangGraph's own savers, pending writes keyed (task_id, idx)
+  -- a regular write is kept once, the special negative indices of
+  `WRITES_IDX_MAP` replace -- and thread delete / copy / prune, each one
+  event, so atomic.
+
+Large values: a Kafka record holds at most ~15 MiB. A serialized value above
+`inline_max_bytes`, or the largest values of a command whose inline total
+would pass `command_budget_bytes`, is first staged as chunks
+(LangGraphStageChunk commands on the same thread's partition, invisible until
+committed) and named by the command that commits it. So a channel value or a
+pending write may have any size. Chunks of a put that never committed (the
+process died between staging and committing) stay staged, unread, until the
+thread is deleted.
+
+Cross-thread operations are client-driven, so every handler reads only its
+own thread's state: `copy_thread` reads the source after a read barrier and
+sends everything (ids kept, merged into the target) in ONE command to the
+target's partition -- a snapshot of the source as of that barrier; writes to
+the source racing the copy may or may not be in it. `prune` and
+`delete_for_runs` send one command per thread (each atomic for its thread).
+
+The sync `ThreadLogSaver` owns a client on a background event loop thread
+(one per saver); its blocking methods wait at most `timeout` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+try:
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.checkpoint.base import (
+        WRITES_IDX_MAP,
+        BaseCheckpointSaver,
+        ChannelVersions,
+        Checkpoint,
+        CheckpointMetadata,
+        CheckpointTuple,
+        get_checkpoint_id,
+        get_checkpoint_metadata,
+    )
+    from langgraph.checkpoint.serde.base import SerializerProtocol
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "threadlog.integrations.langgraph needs langgraph-checkpoint: pip install 'threadlog[langgraph]'"
+    ) from exc
+
+from .. import client as _client
+from ..errors import invalid_argument, unavailable
+from ..projections.folds import langgraph as state
+from ..projections.store import Store
+from ..validation import is_int, require_id
+
+__all__ = ["AsyncThreadLogSaver", "ThreadLogSaver"]
+
+T = TypeVar("T")
+
+DEFAULT_INLINE_MAX_BYTES = 512 * 1024
+DEFAULT_CHUNK_BYTES = 1024 * 1024
+# The commands topic takes 15 MiB per record; the budget leaves room for the
+# envelope, ids and base64-free Avro framing of many small values.
+DEFAULT_COMMAND_BUDGET_BYTES = 8 * 1024 * 1024
+STAGE_CONCURRENCY = 4
+# A read that meets a value deleted under it (a prune racing it) starts over.
+READ_ATTEMPTS = 3
+STRATEGIES = ("keep_latest", "delete")
+
+
+class _Torn(Exception):
+    """A record named a value that was deleted while it was being read."""
+
+
+def _version_key(version: Any) -> str:
+    """The stored key of a channel version: its JSON text, so 1, 1.5 and "1" stay distinct."""
+    if isinstance(version, bool) or not isinstance(version, (int, float, str)):
+        raise invalid_argument(f"channel versions must be int, float or str, got {version!r}")
+    return json.dumps(version)
+
+
+def _thread_id(config: RunnableConfig) -> str:
+    try:
+        thread = config["configurable"]["thread_id"]
+    except (KeyError, TypeError):
+        raise invalid_argument("config['configurable']['thread_id'] is required") from None
+    # LangGraph accepts any thread id; like its SQL savers, it is stored as text.
+    return require_id(str(thread), "thread_id")
+
+
+def _config(thread: str, ns: str, checkpoint_id: str) -> RunnableConfig:
+    return {"configurable": {"thread_id": thread, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
+
+
+class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
+    """A LangGraph checkpointer on a connected `threadlog.ThreadLog` (not closed by the saver).
+
+    ```python
+    async with threadlog.open(bootstrap, namespace="app") as tl:
+        graph = builder.compile(checkpointer=AsyncThreadLogSaver(tl))
+    # or: async with AsyncThreadLogSaver.open(bootstrap, namespace="app") as saver: ...
+    ```
+
+    The sync methods (`get_tuple`, `put`, ...) work from other threads than the
+    one running the saver's event loop, like LangGraph's AsyncSqliteSaver.
+    """
+
+    def __init__(
+        self,
+        tl: _client.ThreadLog,
+        *,
+        serde: SerializerProtocol | None = None,
+        inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        command_budget_bytes: int = DEFAULT_COMMAND_BUDGET_BYTES,
+    ) -> None:
+        super().__init__(serde=serde)
+        for name, value in (("inline_max_bytes", inline_max_bytes), ("chunk_bytes", chunk_bytes),
+                            ("command_budget_bytes", command_budget_bytes)):
+            if not is_int(value) or value <= 0:
+                raise invalid_argument(f"{name} must be a positive int, got {value!r}")
+        if chunk_bytes > 4 * 1024 * 1024:
+            raise invalid_argument("chunk_bytes must be at most 4 MiB (the deciders' chunk bound)")
+        self.tl = tl
+        self.inline_max_bytes = inline_max_bytes
+        self.chunk_bytes = chunk_bytes
+        self.command_budget_bytes = command_budget_bytes
+        # Each operation is bounded by the client's request timeout per round
+        # trip; a sync caller gives up after a few of them.
+        self.sync_timeout = 4 * tl.opts.request_timeout
+        try:
+            self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self.loop = None
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls,
+        bootstrap_servers: str = "127.0.0.1:9092",
+        namespace: str = "threadlog",
+        *,
+        serde: SerializerProtocol | None = None,
+        **open_kwargs: Any,
+    ) -> AsyncIterator[AsyncThreadLogSaver]:
+        """Open a client for the saver and close it on exit; `open_kwargs` go to `threadlog.open`."""
+        async with _client.open(bootstrap_servers, namespace, **open_kwargs) as tl:
+            yield cls(tl, serde=serde)
+
+    # -- plumbing ------------------------------------------------------------------------------
+    @property
+    def _store(self) -> Store:
+        store = self.tl.runtime.store
+        if store is None:
+            raise unavailable("the threadlog client is not started")
+        return store
+
+    def _wire(self, value: Any) -> dict:
+        kind, data = self.serde.dumps_typed(value)
+        return {"type": kind, "data": bytes(data), "staged": None}
+
+    async def _pack(self, thread: str, values: list[dict]) -> None:
+        """Stage (in place) the values that must not travel inline in the command."""
+        inline = sorted((v for v in values if len(v["data"]) <= self.inline_max_bytes),
+                        key=lambda v: len(v["data"]), reverse=True)
+        staged = [v for v in values if len(v["data"]) > self.inline_max_bytes]
+        total = sum(len(v["data"]) for v in inline)
+        for v in inline:  # largest first: the fewest values staged to fit the budget
+            if total <= self.command_budget_bytes:
+                break
+            staged.append(v)
+            total -= len(v["data"])
+        if staged:
+            await self._stage(thread, staged)
+
+    async def _stage(self, thread: str, values: list[dict]) -> None:
+        gate = asyncio.Semaphore(STAGE_CONCURRENCY)
+
+        async def send(upload: str, index: int, data: bytes) -> None:
+            async with gate:
+                await self.tl.send("threadlog.cmd.LangGraphStageChunk", thread,
+                                   {"threadId": thread, "uploadId": upload, "index": index, "data": data})
+
+        sends = []
+        for v in values:
+            data: bytes = v["data"]
+            upload = uuid.uuid4().hex  # drawn here: handlers never draw randomness
+            pieces = [data[i:i + self.chunk_bytes] for i in range(0, len(data), self.chunk_bytes)]
+            sends += [send(upload, i, piece) for i, piece in enumerate(pieces)]
+            v["staged"] = {"uploadId": upload, "chunks": len(pieces), "size": len(data)}
+            v["data"] = None
+        await asyncio.gather(*sends)
+
+    def _value(self, thread: str, owner: bytes, slot: bytes, ref: dict) -> Any:
+        data = state.read_value(self._store, thread, owner, slot, ref)
+        if data is None:
+            raise _Torn
+        return self.serde.loads_typed((ref["type"], data))
+
+    def _load(self, thread: str, ns: str, checkpoint_id: str, config: RunnableConfig | None,
+              rec: dict | None = None, metadata: Any = None) -> CheckpointTuple | None:
+        """The tuple of one stored checkpoint, or None if it is gone."""
+        store = self._store
+        for _ in range(READ_ATTEMPTS):
+            ck = state.ckpt_key(thread, ns, checkpoint_id)
+            if rec is None:
+                rec = store.get_json(ck)
+                if rec is None:
+                    return None
+            try:
+                checkpoint = self._value(thread, ck, state.SLOT_BODY, rec["body"])
+                if metadata is None:
+                    metadata = self._value(thread, ck, state.SLOT_METADATA, rec["metadata"])
+                values: dict[str, Any] = {}
+                for channel, version in rec["versions"].items():
+                    bk = state.blob_key(thread, ns, channel, version)
+                    ref = store.get_json(bk)
+                    if ref is None or ref["type"] == "empty":
+                        continue  # as InMemorySaver: a version without a value is an empty channel
+                    values[channel] = self._value(thread, bk, state.SLOT_VALUE, ref)
+                found = []
+                for k, raw in store.scan(state.write_prefix(thread, ns, checkpoint_id)):
+                    _, _, _, task_id, idx = state.split_write_key(k)
+                    w = json.loads(raw)
+                    found.append((w["taskPath"], task_id, idx, w["channel"], k, w["value"]))
+                found.sort(key=lambda f: f[:3])  # writes_sort_key order, as get_tuple must return
+                pending = [(task_id, channel, self._value(thread, k, state.SLOT_VALUE, ref))
+                           for _, task_id, _, channel, k, ref in found]
+            except _Torn:
+                rec = metadata = None
+                continue
+            parent = rec["parent"]
+            return CheckpointTuple(
+                config=config or _config(thread, ns, checkpoint_id),
+                checkpoint={**checkpoint, "channel_values": values},
+                metadata=metadata,
+                parent_config=_config(thread, ns, parent) if parent else None,
+                pending_writes=pending,
+            )
+        raise unavailable(f"checkpoint {checkpoint_id!r} of thread {thread!r} kept changing while being read")
+
+    def _sync(self, coro: Awaitable[T]) -> T:
+        """Run one of the async methods from another thread (LangGraph's sync API)."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if self.loop is None or running is self.loop:
+            coro.close()  # type: ignore[attr-defined]
+            raise RuntimeError("AsyncThreadLogSaver's sync methods run only from a thread other than its "
+                               "event loop's: use the async methods (ainvoke/astream), or ThreadLogSaver")
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+        try:
+            return fut.result(self.sync_timeout)
+        except TimeoutError:
+            fut.cancel()
+            raise unavailable(f"no answer from threadlog within {self.sync_timeout}s") from None
+
+    # -- reads ---------------------------------------------------------------------------------
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        thread = _thread_id(config)
+        ns = config["configurable"].get("checkpoint_ns", "")
+        checkpoint_id = get_checkpoint_id(config)
+        await self.tl.read_barrier([thread])
+        if checkpoint_id:
+            return self._load(thread, ns, checkpoint_id, config)
+        for _ in range(READ_ATTEMPTS):
+            head = self._store.get(state.head_key(thread, ns))
+            if head is None:
+                return None
+            found = self._load(thread, ns, head.decode("utf-8"), None)
+            if found is not None:
+                return found  # else: deleted since the head was read; read the new head
+        raise unavailable(f"the latest checkpoint of thread {thread!r} kept changing while being read")
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """Checkpoints by checkpoint id descending (newest first). `config=None` lists every thread;
+        a config without `checkpoint_ns` lists every namespace of its thread."""
+        if config is None:
+            await self.tl.read_barrier(None)
+            prefix = state.CKPT
+            wanted_id = None
+        else:
+            thread = _thread_id(config)
+            await self.tl.read_barrier([thread])
+            prefix = state.ckpt_prefix(thread, config["configurable"].get("checkpoint_ns"))
+            wanted_id = get_checkpoint_id(config)
+        before_id = get_checkpoint_id(before) if before else None
+        # Keys only: records are read one at a time, as the caller consumes them.
+        found = [state.split_ckpt_key(k) for k, _ in self._store.scan(prefix)]
+        found.sort(key=lambda f: (f[2], f[0], f[1]), reverse=True)
+        left = limit
+        for thread_id, ns, checkpoint_id in found:
+            if left is not None and left <= 0:
+                return
+            if wanted_id and checkpoint_id != wanted_id:
+                continue
+            if before_id and checkpoint_id >= before_id:
+                continue
+            metadata = None
+            rec = None
+            if filter:
+                rec = self._store.get_json(state.ckpt_key(thread_id, ns, checkpoint_id))
+                if rec is None:
+                    continue
+                try:
+                    metadata = self._value(thread_id, state.ckpt_key(thread_id, ns, checkpoint_id),
+                                           state.SLOT_METADATA, rec["metadata"])
+                except _Torn:
+                    continue  # deleted under us
+                if not all(metadata.get(k) == v for k, v in filter.items()):
+                    continue
+            tup = self._load(thread_id, ns, checkpoint_id, None, rec, metadata)
+            if tup is None:
+                continue
+            if left is not None:
+                left -= 1
+            yield tup
+
+    # -- writes --------------------------------------------------------------------------------
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        thread = _thread_id(config)
+        ns = config["configurable"].get("checkpoint_ns", "")
+        body = dict(checkpoint)
+        # Channel values are stored apart, once per (channel, version): a
+        # checkpoint repeats only the versions of channels it did not change.
+        values: dict[str, Any] = body.pop("channel_values", None) or {}
+        full_metadata = get_checkpoint_metadata(config, metadata)
+        run_id = full_metadata.get("run_id")
+        blobs = [
+            {"checkpointNs": ns, "channel": channel, "version": _version_key(version),
+             "value": self._wire(values[channel]) if channel in values
+             else {"type": "empty", "data": b"", "staged": None}}
+            for channel, version in new_versions.items()
+        ]
+        cp = {
+            "checkpointNs": ns,
+            "checkpointId": require_id(checkpoint["id"], "checkpoint id"),
+            "parentCheckpointId": config["configurable"].get("checkpoint_id"),
+            "runId": None if run_id is None else str(run_id),
+            "channelVersions": {ch: _version_key(v) for ch, v in checkpoint["channel_versions"].items()},
+            "body": self._wire(body),
+            "metadata": self._wire(full_metadata),
+        }
+        await self._pack(thread, [cp["body"], cp["metadata"], *(b["value"] for b in blobs)])
+        await self.tl.send("threadlog.cmd.LangGraphPut", thread,
+                           {"threadId": thread, "checkpoint": cp, "blobs": blobs})
+        return _config(thread, ns, checkpoint["id"])
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        thread = _thread_id(config)
+        ns = config["configurable"].get("checkpoint_ns", "")
+        checkpoint_id = get_checkpoint_id(config)
+        if not checkpoint_id:
+            raise invalid_argument("put_writes needs config['configurable']['checkpoint_id']")
+        if not writes:
+            return
+        payload = [
+            {"checkpointNs": ns, "checkpointId": checkpoint_id, "taskId": task_id,
+             "idx": WRITES_IDX_MAP.get(channel, idx), "channel": channel, "taskPath": task_path,
+             "value": self._wire(value)}
+            for idx, (channel, value) in enumerate(writes)
+        ]
+        await self._pack(thread, [w["value"] for w in payload])
+        await self.tl.send("threadlog.cmd.LangGraphPutWrites", thread, {"threadId": thread, "writes": payload})
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        thread = require_id(str(thread_id), "thread_id")
+        await self.tl.send("threadlog.cmd.LangGraphDeleteThread", thread, {"threadId": thread})
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Per thread, atomically: `keep_latest` keeps the newest checkpoint of each namespace
+        (with its writes), `delete` removes every checkpoint; channel values no kept checkpoint
+        references and writes of missing checkpoints are reclaimed."""
+        if strategy not in STRATEGIES:
+            raise invalid_argument(f"prune strategy must be one of {STRATEGIES}, got {strategy!r}")
+        threads = sorted({require_id(str(t), "thread_id") for t in thread_ids})
+        await self._each(threads, lambda t: self.tl.send(
+            "threadlog.cmd.LangGraphPrune", t, {"threadId": t, "strategy": strategy}))
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete every checkpoint whose metadata `run_id` is one of `run_ids`, with its writes."""
+        runs = sorted({str(r) for r in run_ids})
+        if not runs:
+            return
+        # Which threads hold these runs: the run lookup, after a barrier on every partition.
+        await self.tl.read_barrier(None)
+        by_thread: dict[str, set[str]] = {}
+        for run in runs:
+            for k, _ in self._store.scan(state.run_prefix(run)):
+                _, thread, _, _ = state.split_run_key(k)
+                by_thread.setdefault(thread, set()).add(run)
+        await self._each(sorted(by_thread), lambda t: self.tl.send(
+            "threadlog.cmd.LangGraphDeleteRuns", t, {"threadId": t, "runIds": sorted(by_thread[t])}))
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint, channel value and pending write of the source, ids kept,
+        into the target (an id the target holds is replaced) in one atomic command."""
+        source = require_id(str(source_thread_id), "source thread_id")
+        target = require_id(str(target_thread_id), "target thread_id")
+        if source == target:
+            raise invalid_argument(f"cannot copy thread {source!r} onto itself")
+        await self.tl.read_barrier([source])
+        for _ in range(READ_ATTEMPTS):
+            try:
+                checkpoints, blobs, writes = self._read_thread(source)
+                break
+            except _Torn:
+                continue
+        else:
+            raise unavailable(f"thread {source!r} kept changing while being copied")
+        if not (checkpoints or blobs or writes):
+            return  # nothing to copy: the target is left as it is
+        values = [v for cp in checkpoints for v in (cp["body"], cp["metadata"])]
+        values += [b["value"] for b in blobs] + [w["value"] for w in writes]
+        await self._pack(target, values)
+        await self.tl.send("threadlog.cmd.LangGraphCopyThread", target, {
+            "threadId": target, "sourceThreadId": source,
+            "checkpoints": checkpoints, "blobs": blobs, "writes": writes})
+
+    def _read_thread(self, thread: str) -> tuple[list[dict], list[dict], list[dict]]:
+        """Everything of a thread as wire records, values as the serde wrote them (never re-serialized)."""
+        store = self._store
+
+        def wire(owner: bytes, slot: bytes, ref: dict) -> dict:
+            data = state.read_value(store, thread, owner, slot, ref)
+            if data is None:
+                raise _Torn
+            return {"type": ref["type"], "data": data, "staged": None}
+
+        checkpoints = []
+        for k, raw in store.scan(state.ckpt_prefix(thread)):
+            _, ns, checkpoint_id = state.split_ckpt_key(k)
+            rec = json.loads(raw)
+            checkpoints.append({
+                "checkpointNs": ns, "checkpointId": checkpoint_id, "parentCheckpointId": rec["parent"],
+                "runId": rec["runId"], "channelVersions": rec["versions"],
+                "body": wire(k, state.SLOT_BODY, rec["body"]),
+                "metadata": wire(k, state.SLOT_METADATA, rec["metadata"]),
+            })
+        blobs = []
+        for k, raw in store.scan(state.blob_prefix(thread)):
+            _, ns, channel, version = state.split_blob_key(k)
+            blobs.append({"checkpointNs": ns, "channel": channel, "version": version,
+                          "value": wire(k, state.SLOT_VALUE, json.loads(raw))})
+        writes = []
+        for k, raw in store.scan(state.write_prefix(thread)):
+            _, ns, checkpoint_id, task_id, idx = state.split_write_key(k)
+            w = json.loads(raw)
+            writes.append({"checkpointNs": ns, "checkpointId": checkpoint_id, "taskId": task_id, "idx": idx,
+                           "channel": w["channel"], "taskPath": w["taskPath"],
+                           "value": wire(k, state.SLOT_VALUE, w["value"])})
+        return checkpoints, blobs, writes
+
+    @staticmethod
+    async def _each(threads: list[str], send) -> None:
+        gate = asyncio.Semaphore(16)
+
+        async def one(thread: str) -> None:
+            async with gate:
+                await send(thread)
+
+        await asyncio.gather(*(one(t) for t in threads))
+
+    def get_next_version(self, current: str | None, channel: None = None) -> str:
+        """Like LangGraph's own savers: a zero-padded counter, then a random tiebreak."""
+        if current is None:
+            current_v = 0
+        elif isinstance(current, int):
+            current_v = current
+        else:
+            current_v = int(str(current).split(".")[0])
+        return f"{current_v + 1:032}.{random.random():016}"
+
+    # -- sync API (from threads other than the saver's loop) -----------------------------------
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return self._sync(self.aget_tuple(config))
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        async def collect() -> list[CheckpointTuple]:
+            return [t async for t in self.alist(config, filter=filter, before=before, limit=limit)]
+
+        yield from self._sync(collect())
+
+    def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+            new_versions: ChannelVersions) -> RunnableConfig:
+        return self._sync(self.aput(config, checkpoint, metadata, new_versions))
+
+    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+                   task_path: str = "") -> None:
+        self._sync(self.aput_writes(config, writes, task_id, task_path))
+
+    def delete_thread(self, thread_id: str) -> None:
+        self._sync(self.adelete_thread(thread_id))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        self._sync(self.adelete_for_runs(run_ids))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        self._sync(self.acopy_thread(source_thread_id, target_thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        self._sync(self.aprune(thread_ids, strategy=strategy))
+
+
+class ThreadLogSaver(BaseCheckpointSaver[str]):
+    """A blocking LangGraph checkpointer: owns a threadlog client on its own event loop thread.
+
+    ```python
+    with ThreadLogSaver(bootstrap, namespace="app") as saver:
+        graph = builder.compile(checkpointer=saver)
+        graph.invoke(inputs, {"configurable": {"thread_id": "t-1"}})
+    ```
+
+    Each blocking call waits at most `timeout` seconds (then `UNAVAILABLE`).
+    The async methods work too (from any other loop), so async graphs can use it.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str = "127.0.0.1:9092",
+        namespace: str = "threadlog",
+        *,
+        serde: SerializerProtocol | None = None,
+        timeout: float = 60.0,
+        inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        command_budget_bytes: int = DEFAULT_COMMAND_BUDGET_BYTES,
+        **open_kwargs: Any,
+    ) -> None:
+        super().__init__(serde=serde)
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
+            raise invalid_argument(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self.timeout = float(timeout)
+        self._limits = {"inline_max_bytes": inline_max_bytes, "chunk_bytes": chunk_bytes,
+                        "command_budget_bytes": command_budget_bytes}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"threadlog-langgraph:{namespace}",
+                                        daemon=True)
+        self._thread.start()
+        self._inner: AsyncThreadLogSaver | None = None
+        self._closed = False
+
+        async def start() -> _client.ThreadLog:
+            return await _client.open(bootstrap_servers, namespace, **open_kwargs)
+
+        try:
+            self.tl = self._call(start())
+            self._inner_saver()  # validates the limits now
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def _inner_saver(self) -> AsyncThreadLogSaver:
+        # with_allowlist() clones this saver with another serde: the async
+        # saver doing the work always serializes with this saver's serde.
+        if self._inner is None or self._inner.serde is not self.serde:
+            self._inner = AsyncThreadLogSaver(self.tl, serde=self.serde, **self._limits)
+            self._inner.loop = self._loop
+        return self._inner
+
+    def _call(self, coro: Awaitable[T]) -> T:
+        if threading.current_thread() is self._thread or self._closed:
+            coro.close()  # type: ignore[attr-defined]
+            if self._closed:
+                raise unavailable("this ThreadLogSaver is closed")
+            raise RuntimeError("a blocking ThreadLogSaver call from its own loop thread would deadlock")
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+        try:
+            return fut.result(self.timeout)
+        except TimeoutError:
+            fut.cancel()
+            raise unavailable(f"no answer from threadlog within {self.timeout}s") from None
+
+    async def _acall(self, coro: Awaitable[T]) -> T:
+        if self._closed:
+            coro.close()  # type: ignore[attr-defined]
+            raise unavailable("this ThreadLogSaver is closed")
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(fut), self.timeout)
+        except TimeoutError:
+            fut.cancel()
+            raise unavailable(f"no answer from threadlog within {self.timeout}s") from None
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    def close(self) -> None:
+        """Close the client and stop the loop thread (idempotent)."""
+        if self._closed:
+            return
+        try:
+            self._call(self.tl.close())
+        finally:
+            self._closed = True
+            self._stop_loop()
+
+    def __enter__(self) -> ThreadLogSaver:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- the blocking API --------------------------------------------------------------------------
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return self._call(self._inner_saver().aget_tuple(config))
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        inner = self._inner_saver()
+
+        async def collect() -> list[CheckpointTuple]:
+            return [t async for t in inner.alist(config, filter=filter, before=before, limit=limit)]
+
+        yield from self._call(collect())
+
+    def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+            new_versions: ChannelVersions) -> RunnableConfig:
+        return self._call(self._inner_saver().aput(config, checkpoint, metadata, new_versions))
+
+    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+                   task_path: str = "") -> None:
+        self._call(self._inner_saver().aput_writes(config, writes, task_id, task_path))
+
+    def delete_thread(self, thread_id: str) -> None:
+        self._call(self._inner_saver().adelete_thread(thread_id))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        self._call(self._inner_saver().adelete_for_runs(run_ids))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        self._call(self._inner_saver().acopy_thread(source_thread_id, target_thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        self._call(self._inner_saver().aprune(thread_ids, strategy=strategy))
+
+    def get_next_version(self, current: str | None, channel: None = None) -> str:
+        return self._inner_saver().get_next_version(current, channel)
+
+    # -- the async API, run on the saver's loop ------------------------------------------------------
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await self._acall(self._inner_saver().aget_tuple(config))
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        inner = self._inner_saver()
+
+        async def collect() -> list[CheckpointTuple]:
+            return [t async for t in inner.alist(config, filter=filter, before=before, limit=limit)]
+
+        for tup in await self._acall(collect()):
+            yield tup
+
+    async def aput(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+                   new_versions: ChannelVersions) -> RunnableConfig:
+        return await self._acall(self._inner_saver().aput(config, checkpoint, metadata, new_versions))
+
+    async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+                          task_path: str = "") -> None:
+        await self._acall(self._inner_saver().aput_writes(config, writes, task_id, task_path))
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await self._acall(self._inner_saver().adelete_thread(thread_id))
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await self._acall(self._inner_saver().adelete_for_runs(run_ids))
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await self._acall(self._inner_saver().acopy_thread(source_thread_id, target_thread_id))
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await self._acall(self._inner_saver().aprune(thread_ids, strategy=strategy))
+
