@@ -238,97 +238,122 @@ class Judge(Follower):
 
     # -- one proposal -----------------------------------------------------------------------
     def _judge(self, view: View, p: int, msg, progress: dict[int, int]) -> dict:
-        """Judge the proposal at (p, offset) against `view`; fold its effects if
-        accepted; store and return the verdict. Raises _Blocked (nothing written)."""
-        offset = msg.offset()
-        verdict = self._decide(view, p, msg, progress)
+        """Judge the record at (p, offset) (see `judge_record`) and count it."""
+        ts_type, ts = msg.timestamp()
+        rec = Record(p, msg.offset(), msg.value(), ts if ts_type != 0 else None)
+        verdict = judge_record(view, rec, codec=self.codec, partitions=self.partitions, progress=progress,
+                               topic=self.topic)
         self.stats["judged"] += 1
         self.stats["accepted" if verdict["ok"] else "refused"] += 1
-        view.put(verdict_key(p, offset), dumps(verdict).encode())
+        if verdict.get("code") == INVALID_MESSAGE:
+            self.stats["poison"] += 1
         return verdict
 
-    def _decide(self, view: View, p: int, msg, progress: dict[int, int]) -> dict:
-        offset = msg.offset()
-        try:
-            _, env = self.codec.decode(msg.value(), expect="threadlog.Proposal")
-        except CodecError as exc:
-            self.stats["poison"] += 1
-            log.warning("undecodable record at %s[%d]@%d judged refused: %s", self.topic, p, offset, exc.message)
-            return refusal(INVALID_MESSAGE, f"not a proposal: {exc.message}")
-        if env["rules"] > RULES:
-            log.error("%s[%d]@%d needs judging rules %d; this judge knows %d: the partition waits for an "
-                      "upgraded judge", self.topic, p, offset, env["rules"], RULES)
-            raise _Blocked(-1, 0)
-        if partition_for(env["key"], self.partitions) != p:
-            # One partition owns each key's state: a proposal for a key on another
-            # partition would let two partitions change one thread.
-            return refusal(INVALID_ARGUMENT, f"proposal keyed {env['key']!r} was written to partition {p}")
-        # Decision time: monotonic per partition, bounded by the broker's clock.
-        ts_type, ts = msg.timestamp()
-        prev_raw = view.get(clock_key(p))
-        prev = struct.unpack(">d", prev_raw)[0] if prev_raw is not None else 0.0
-        now = decision_time(prev, env["at"], ts if ts_type != 0 else None)
-        if now != prev:
-            view.put(clock_key(p), struct.pack(">d", now))
-        first = view.get(applied_key(env["proposalId"]))
-        if first is not None:
-            # Re-sent after an unknown outcome (idempotence lasts one producer
-            # session): answered with the first verdict, never applied twice.
-            where = json.loads(first)
-            earlier = view.get(verdict_key(where["p"], where["o"]))
-            answer = json.loads(earlier) if earlier is not None else {"ok": True}
-            return {**answer, "effects": [], "follow": [], "duplicateOf": where}
-        try:
-            ptype, payload = self.codec.decode(env["payload"], expect=env["type"])
-        except CodecError as exc:
-            return refusal(INVALID_MESSAGE, f"proposal payload undecodable: {exc.message}")
-        handler = HANDLERS.get(ptype)
-        if handler is None:
-            return refusal(INVALID_ARGUMENT, f"unknown proposal type {ptype}")
-        child = view.child()
-        seen = env["seen"]
-        limits = {q: o for q, o in enumerate(seen) if q != p} if len(seen) == self.partitions else {}
 
-        def holders(kind: str, ident: str) -> list[str]:
-            for q, need in limits.items():
-                if progress.get(q, 0) < need:
-                    raise _Blocked(q, need)
-            return index_holders(child, kind, ident, p, limits, self._partition_of)
+@dataclass(frozen=True)
+class Record:
+    """What judging needs of a Kafka record."""
 
-        ctx = Context(now=now, key=env["key"], command_id=env["proposalId"], partition=p, view=child,
-                      holders=holders)
-        try:
-            decision = handler(ctx, payload)
-            effects = self._fold_effects(ctx, p, offset, decision)
-        except _Blocked:
-            raise
-        except ThreadLogError as exc:
-            return refusal(exc.code, exc.message)
-        except Exception as exc:  # a rule's bug refuses the proposal; it never stops the judge
-            log.exception("judging %s at %s[%d]@%d failed", ptype, self.topic, p, offset)
-            return refusal(INVALID_ARGUMENT, f"could not judge {ptype}: {exc!r}")
+    partition: int
+    offset: int
+    value: bytes | None
+    broker_ms: int | None  # LogAppendTime (or CreateTime); None if the record has none
+
+
+def judge_record(view: View, rec: Record, *, codec: Codec, partitions: int, progress: dict[int, int],
+                 topic: str = "events") -> dict:
+    """THE judging step, a pure function of (state before the record, the record).
+
+    Decides the proposal at (rec.partition, rec.offset) against `view`, folds
+    its effects into `view` if accepted, stores the verdict there and returns
+    it. `progress` (partition -> next offset judged) only says whether the
+    positions the proposal names are judged yet: if not, raises `_Blocked`
+    having written nothing (the answer, once it can be given, does not depend
+    on how far the other partitions got). Never raises for bad input.
+    """
+    verdict = _decide(view, rec, codec, partitions, progress, topic)
+    view.put(verdict_key(rec.partition, rec.offset), dumps(verdict).encode())
+    return verdict
+
+
+def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: dict[int, int], topic: str) -> dict:
+    p, offset = rec.partition, rec.offset
+    try:
+        _, env = codec.decode(rec.value, expect="threadlog.Proposal")
+    except CodecError as exc:
+        log.warning("undecodable record at %s[%d]@%d judged refused: %s", topic, p, offset, exc.message)
+        return refusal(INVALID_MESSAGE, f"not a proposal: {exc.message}")
+    if env["rules"] > RULES:
+        log.error("%s[%d]@%d needs judging rules %d; this judge knows %d: the partition waits for an "
+                  "upgraded judge", topic, p, offset, env["rules"], RULES)
+        raise _Blocked(-1, 0)
+    if partition_for(env["key"], partitions) != p:
+        # One partition owns each key's state: a proposal for a key on another
+        # partition would let two partitions change one thread.
+        return refusal(INVALID_ARGUMENT, f"proposal keyed {env['key']!r} was written to partition {p}")
+    # Decision time: monotonic per partition, bounded by the broker's clock.
+    prev_raw = view.get(clock_key(p))
+    prev = struct.unpack(">d", prev_raw)[0] if prev_raw is not None else 0.0
+    now = decision_time(prev, env["at"], rec.broker_ms)
+    first = view.get(applied_key(env["proposalId"]))
+    if first is not None:
+        # Re-sent after an unknown outcome (idempotence lasts one producer
+        # session): answered with the first verdict, never applied twice.
+        where = json.loads(first)
+        earlier = view.get(verdict_key(where["p"], where["o"]))
+        answer = json.loads(earlier) if earlier is not None else {"ok": True}
+        return {**answer, "effects": [], "follow": [], "duplicateOf": where}
+    try:
+        ptype, payload = codec.decode(env["payload"], expect=env["type"])
+    except CodecError as exc:
+        return refusal(INVALID_MESSAGE, f"proposal payload undecodable: {exc.message}")
+    handler = HANDLERS.get(ptype)
+    if handler is None:
+        return refusal(INVALID_ARGUMENT, f"unknown proposal type {ptype}")
+    child = view.child()
+    seen = env["seen"]
+    limits = {q: o for q, o in enumerate(seen) if q != p} if len(seen) == partitions else {}
+
+    def holders(kind: str, ident: str) -> list[str]:
+        for q, need in limits.items():
+            if progress.get(q, 0) < need:
+                raise _Blocked(q, need)
+        return index_holders(child, kind, ident, p, limits, lambda thread: partition_for(thread, partitions))
+
+    ctx = Context(now=now, key=env["key"], command_id=env["proposalId"], partition=p, view=child, holders=holders)
+    try:
+        decision = handler(ctx, payload)
+        effects = _fold_effects(ctx, p, offset, decision)
+    except _Blocked:
+        raise
+    except ThreadLogError as exc:
+        verdict = refusal(exc.code, exc.message)
+    except Exception as exc:  # a rule's bug refuses the proposal; it never stops the judge
+        log.exception("judging %s at %s[%d]@%d failed", ptype, topic, p, offset)
+        verdict = refusal(INVALID_ARGUMENT, f"could not judge {ptype}: {exc!r}")
+    else:
         child.merge()
         if effects:
             view.put(applied_key(env["proposalId"]), dumps({"p": p, "o": offset}).encode())
-        verdict: dict = {"ok": True}
+        verdict = {"ok": True}
         if decision.reply and decision.result is not None:
             verdict["result"] = decision.result
         if decision.records:
-            verdict["effects"] = [{"topic": r.topic, "key": r.key} for r in decision.records
-                                  if r.payload is None]
+            verdict["effects"] = [{"topic": r.topic, "key": r.key} for r in decision.records if r.payload is None]
         if decision.follow_ups:
             verdict["follow"] = [{"key": f.key, "type": f.type, "payload": f.payload} for f in decision.follow_ups]
-        return verdict
+    # Time moves on with every judged proposal, accepted or refused.
+    if now != prev:
+        view.put(clock_key(p), struct.pack(">d", now))
+    return verdict
 
-    def _fold_effects(self, ctx: Context, p: int, offset: int, decision: Decision) -> int:
-        seq = current_seq(ctx.view, ctx.key)
-        for etype, payload in decision.events:
-            seq += 1
-            apply_event(ctx.view, EventMeta(ctx.key, seq, ctx.now, ctx.command_id, etype, p, offset), payload)
-        return len(decision.events)
 
-    def _partition_of(self, thread: str) -> int:
-        return partition_for(thread, self.partitions)
+def _fold_effects(ctx: Context, p: int, offset: int, decision: Decision) -> int:
+    seq = current_seq(ctx.view, ctx.key)
+    for etype, payload in decision.events:
+        seq += 1
+        apply_event(ctx.view, EventMeta(ctx.key, seq, ctx.now, ctx.command_id, etype, p, offset), payload)
+    return len(decision.events)
 
 
 def all_verdicts(store: Store, partition: int) -> list[tuple[int, dict]]:

@@ -1,0 +1,190 @@
+"""The judging step as a pure function, without a broker.
+
+`processors.judge.judge_record` is what every judge runs on every record. Fed
+the same records, two stores (real RocksDB in a temp dir, real Avro) must end
+with the same verdicts and the same state; time, tokens and other partitions
+enter only through the records. These tests run in milliseconds, beside the
+Kafka tests that prove the same properties end to end.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from checkpoint_helpers import checkpoint
+from threadlog.processors.handlers import load_all as load_handlers
+from threadlog.processors.judge import Record, _Blocked, all_verdicts, decision_time, judge_record
+from threadlog.projections.fold import load_all as load_folds
+from threadlog.projections.store import Store
+from threadlog.projections.view import View
+from threadlog.schemas import default_codec
+
+from threadlog.checkpoint_rules import to_wire
+from threadlog.partitioning import partition_for
+
+PARTITIONS = 4
+BROKER_MS = 1_700_000_000_000
+codec = default_codec()
+load_handlers()
+load_folds()
+
+
+class Log:
+    """A hand-built log: proposals appended to partitions, in order."""
+
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+        self.ends = dict.fromkeys(range(PARTITIONS), 0)
+
+    def propose(self, type_name: str, key: str, payload: dict, *, at: float = 1_000.0, seen: bool = False,
+                proposal_id: str | None = None) -> Record:
+        p = partition_for(key, PARTITIONS)
+        env = {"proposalId": proposal_id or uuid.uuid4().hex, "key": key, "type": type_name, "at": at,
+               "rules": 2, "seen": [self.ends[q] for q in range(PARTITIONS)] if seen else [],
+               "payload": codec.encode(type_name, payload)}
+        return self.raw(p, codec.encode("threadlog.Proposal", env))
+
+    def raw(self, p: int, value: bytes | None) -> Record:
+        rec = Record(p, self.ends[p], value, BROKER_MS)
+        self.ends[p] += 1
+        self.records.append(rec)
+        return rec
+
+
+def judge_all(store: Store, records: list[Record]) -> list[dict]:
+    """Judge in log order (records of one partition in offset order)."""
+    view = View(store)
+    progress = dict.fromkeys(range(PARTITIONS), 0)
+    out = []
+    for rec in records:
+        out.append(judge_record(view, rec, codec=codec, partitions=PARTITIONS, progress=progress))
+        progress[rec.partition] = rec.offset + 1
+    store.apply(view.buffer, {})
+    return out
+
+
+@pytest.fixture
+def stores(tmp_path):
+    opened = [Store(tmp_path / f"s{n}") for n in range(2)]
+    yield opened
+    for s in opened:
+        s.close()
+
+
+def acquire(log: Log, thread: str, token: str, at: float = 1_000.0, lease_ms: int = 10_000,
+            proposal_id: str | None = None) -> Record:
+    return log.propose("threadlog.cmd.AcquireCheckpointWriter", thread,
+                       {"threadId": thread, "ownerToken": token, "leaseDurationMs": lease_ms, "renewAfterMs": 1},
+                       at=at, proposal_id=proposal_id)
+
+
+def append(log: Log, cp: dict, expected: str | None, token: str, fence: int, at: float = 1_000.0) -> Record:
+    return log.propose("threadlog.cmd.AppendCheckpoint", cp["threadId"], {
+        "checkpoint": to_wire(cp), "expectedHeadId": expected,
+        "writer": {"threadId": cp["threadId"], "ownerToken": token, "fence": fence}}, at=at, seen=True)
+
+
+def test_the_same_log_gives_the_same_verdicts_and_state(stores):
+    log = Log()
+    tok = "t" * 32
+    acquire(log, "a", tok)
+    append(log, checkpoint("c1", "a"), None, tok, 1)
+    append(log, checkpoint("c2", "a", "c1"), "c1", tok, 1)
+    append(log, checkpoint("c3", "a", "c1"), "c1", tok, 1)  # stale head: refused
+    log.raw(0, b"garbage")
+    log.propose("threadlog.cmd.SaveTranscript", "b", {"threadId": "b", "messages": "[1]"})
+    first = judge_all(stores[0], log.records)
+    second = judge_all(stores[1], log.records)
+    assert first == second
+    assert [v["ok"] for v in first] == [True, True, True, False, False, True]
+    assert first[3]["code"] == "SANDBOX_SNAPSHOT_STALE_HEAD" and first[4]["code"] == "INVALID_MESSAGE"
+    assert dict(stores[0].scan(b"")) == dict(stores[1].scan(b""))
+    assert all_verdicts(stores[0], 0) == all_verdicts(stores[1], 0)
+
+
+def test_lease_expiry_is_judged_by_the_proposals_time(stores):
+    log = Log()
+    old, new = "o" * 32, "n" * 32
+    acquire(log, "a", old, at=1_000, lease_ms=10_000)
+    acquire(log, "a", new, at=10_999)  # one ms before expiry: conflict
+    acquire(log, "a", new, at=11_000)  # expired: granted, fence 2
+    append(log, checkpoint("c1", "a"), None, old, 1, at=11_001)  # the old holder lost it
+    verdicts = judge_all(stores[0], log.records)
+    assert [v.get("code") for v in verdicts] == [None, "SANDBOX_SNAPSHOT_WRITER_CONFLICT", None,
+                                                 "SANDBOX_SNAPSHOT_WRITER_LOST"]
+    assert verdicts[2]["result"]["fence"] == 2 and verdicts[2]["result"]["expiresAt"] == 21_000
+
+
+def test_time_never_runs_backwards_within_a_partition(stores):
+    log = Log()
+    tok = "t" * 32
+    acquire(log, "a", tok, at=50_000, lease_ms=10_000)  # expires at 60 000
+    # A proposer whose clock is behind does not bring the lease back to life later.
+    acquire(log, "a", "x" * 32, at=65_000)
+    acquire(log, "a", "y" * 32, at=1_000)  # judged at 65 000: the grant of 65 000 holds
+    verdicts = judge_all(stores[0], log.records)
+    assert verdicts[1]["ok"] and verdicts[2]["code"] == "SANDBOX_SNAPSHOT_WRITER_CONFLICT"
+    assert decision_time(65_000.0, 1_000.0, BROKER_MS) == 65_000.0
+
+
+def test_a_duplicate_id_on_another_partition_is_judged_as_of_the_positions_named(stores):
+    threads = {}
+    n = 0
+    while len(threads) < 2:
+        threads.setdefault(partition_for(f"t{n}", PARTITIONS), f"t{n}")
+        n += 1
+    ta, tb = threads.values()
+    log = Log()
+    tok = "t" * 32
+    acquire(log, ta, tok)
+    acquire(log, tb, tok)
+    before = append(log, checkpoint("shared-early", tb), None, tok, 1)  # proposed before it exists
+    append(log, checkpoint("shared", ta), None, tok, 1)
+    after = append(log, checkpoint("shared", tb), None, tok, 1)  # its `seen` includes ta's append
+    verdicts = judge_all(stores[0], log.records)
+    by_offset = {(r.partition, r.offset): v for r, v in zip(log.records, verdicts, strict=True)}
+    assert by_offset[(before.partition, before.offset)]["ok"]
+    assert by_offset[(after.partition, after.offset)]["code"] == "SANDBOX_SNAPSHOT_DUPLICATE_ID"
+
+
+def test_a_proposal_naming_positions_not_yet_judged_waits_and_writes_nothing(stores):
+    log = Log()
+    tok = "t" * 32
+    acquire(log, "a", tok)
+    pa = partition_for("a", PARTITIONS)
+    log.ends[(pa + 1) % PARTITIONS] = 5  # another partition is 5 records ahead of this judge
+    rec = append(log, checkpoint("c1", "a"), None, tok, 1)
+    view = View(stores[0])
+    progress = dict.fromkeys(range(PARTITIONS), 0)
+    judge_record(view, log.records[0], codec=codec, partitions=PARTITIONS, progress=progress)
+    progress[pa] = 1
+    before = dict(view.buffer)
+    with pytest.raises(_Blocked) as blocked:
+        judge_record(view, rec, codec=codec, partitions=PARTITIONS, progress=progress)
+    assert (blocked.value.q, blocked.value.offset) == ((pa + 1) % PARTITIONS, 5)
+    assert view.buffer == before
+    progress[(pa + 1) % PARTITIONS] = 5
+    assert judge_record(view, rec, codec=codec, partitions=PARTITIONS, progress=progress)["ok"]
+
+
+def test_a_re_sent_proposal_is_answered_with_its_first_verdict_and_applied_once(stores):
+    log = Log()
+    tok = "t" * 32
+    acquire(log, "a", tok, proposal_id="grant-1")
+    acquire(log, "a", tok, proposal_id="grant-1")  # the same proposal, re-sent
+    verdicts = judge_all(stores[0], log.records)
+    assert verdicts[1]["result"] == verdicts[0]["result"]
+    assert verdicts[1]["duplicateOf"] == {"p": log.records[0].partition, "o": 0}
+    # Applied once: a third, new grant conflicts with the one lease there is (fence 1).
+    acquire(log, "a", "z" * 32)
+    assert judge_all(stores[1], log.records)[2]["code"] == "SANDBOX_SNAPSHOT_WRITER_CONFLICT"
+
+
+def test_a_proposal_on_the_wrong_partition_is_refused(stores):
+    log = Log()
+    p = partition_for("a", PARTITIONS)
+    env = {"proposalId": "x", "key": "a", "type": "threadlog.cmd.SaveTranscript", "at": 1.0, "rules": 2, "seen": [],
+           "payload": codec.encode("threadlog.cmd.SaveTranscript", {"threadId": "a", "messages": "[]"})}
+    log.raw((p + 1) % PARTITIONS, codec.encode("threadlog.Proposal", env))
+    assert judge_all(stores[0], log.records)[0]["code"] == "INVALID_ARGUMENT"
