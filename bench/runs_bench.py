@@ -1,14 +1,15 @@
-"""Run-record updates through the decider, beside raw Kafka on the same broker, same run.
+"""Run updates, claims and interrupt resolutions judged by the log, beside raw Kafka on the same broker, same run.
 
     .venv/bin/python bench/runs_bench.py [--bootstrap B] [--count N] [--clients C] [--runs R]
 
 `tl.runs.update(run_id, patch)` is a global read barrier (to resolve the run's
 thread through the run index: one ListOffsets round trip, shared by concurrent
-calls) followed by a command whose reply arrives once the update is committed
-in a Kafka transaction. The baseline is raw confluent-kafka producing the very
-bytes of that command (an encoded threadlog.Command carrying an UpdateRun) with
-acks=all, each writer awaiting its ack, at the same concurrency. `claim` is
-reported too (same path plus a delivery-topic marker in the transaction).
+calls) followed by a proposal on the thread's partition, answered once judged.
+The baseline is raw confluent-kafka producing the very bytes of that proposal
+(an encoded threadlog.Proposal carrying an UpdateRun) with acks=all, each
+writer awaiting its ack, at the same concurrency. `claim` (a claim granted on
+the run's delivery partition, then mirrored on the run record) and
+`interrupts.resolve` are reported too.
 """
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ def command_bytes(run_id: str, thread_id: str) -> bytes:
     codec = default_codec()
     body = codec.encode("threadlog.cmd.UpdateRun", {"runId": run_id, "threadId": thread_id,
                                                    "patch": dumps(patch_for(12345))})
-    return codec.encode("threadlog.Command", {
-        "commandId": uuid.uuid4().hex, "clientId": "bench.client-000000000000", "replyPartition": 0,
-        "key": thread_id, "type": "threadlog.cmd.UpdateRun", "sentAt": time.time() * 1000, "payload": body})
+    return codec.encode("threadlog.Proposal", {
+        "proposalId": uuid.uuid4().hex, "key": thread_id, "type": "threadlog.cmd.UpdateRun",
+        "at": time.time() * 1000, "rules": 2, "seen": [], "payload": body})
 
 
 async def updates(tl, total: int, concurrency: int, runs: list[str]) -> Result:
@@ -64,6 +65,16 @@ async def claims(tl, total: int, concurrency: int, runs: list[str]) -> Result:
     per = total // concurrency
     return await closed_loop(f"runs.claim, {concurrency} concurrent callers", concurrency, per,
                              lambda c, i: tl.runs.claim(runs[(c * per + i) % len(runs)]))
+
+
+async def resolves(tl, total: int, concurrency: int) -> Result:
+    """interrupts.resolve of `total` pending interrupts (each decided once)."""
+    per = total // concurrency
+    await closed_loop("create", concurrency, per, lambda c, i: tl.interrupts.create({
+        "interruptId": f"i-{c}-{i}", "runId": f"run-{c}", "threadId": f"thread-{c}", "requestedAt": i,
+        "payload": {"tool": "approve", "n": i}}))
+    return await closed_loop(f"interrupts.resolve, {concurrency} concurrent callers", concurrency, per,
+                             lambda c, i: tl.interrupts.resolve(f"i-{c}-{i}", {"approved": True}))
 
 
 async def main() -> None:
@@ -91,12 +102,13 @@ async def main() -> None:
                 uc = await updates(tl, args.count, args.clients, run_ids)
                 c1 = await claims(tl, args.count // 8, 1, run_ids)
                 cc = await claims(tl, args.count // 2, args.clients, run_ids)
+                rc = await resolves(tl, args.count // 2, args.clients)
                 stats = dict(tl.runtime.judge.stats)
                 check = await tl.runs.get(run_ids[0])
                 assert check is not None and check["status"] == "running"
         print(f"\nbroker {bootstrap}; command {len(payload)} B; {args.partitions} partitions; "
               f"{args.runs} runs on 16 threads\n")
-        report([(raw1, None), (rawc, None), (u1, raw1), (uc, rawc), (c1, raw1), (cc, rawc)])
+        report([(raw1, None), (rawc, None), (u1, raw1), (uc, rawc), (c1, raw1), (cc, rawc), (rc, rawc)])
         print("\nratio = store rate / raw closed-loop produce rate of the same command bytes at the same concurrency")
         print(judge_line(stats))
     finally:
