@@ -3,6 +3,7 @@
 from .client import ThreadLog, open
 from .errors import ThreadLogError
 from .stores.checkpoints import Writer, WriterLease
+from .sync import SyncThreadLog, connect
 from .types import (
     Artifact,
     ArtifactInput,
@@ -68,6 +69,7 @@ __all__ = [
     "RunError",
     "RunPatch",
     "RunStatus",
+    "SyncThreadLog",
     "TextPart",
     "ThreadLog",
     "ThreadLogError",
@@ -77,6 +79,7 @@ __all__ = [
     "Writer",
     "WriterLease",
     "WriterLike",
+    "connect",
     "open",
 ]
 __version__ = "0.1.0"
