@@ -13,12 +13,13 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from importlib import import_module
 
 import pytest
 from checkpoint_helpers import artifact, checkpoint, file_key
 
 import threadlog
-from threadlog import ThreadLogError
+from threadlog import ThreadLogError, sync
 
 # Every wait in a test is bounded; the client bounds each call by its request
 # timeout too, so this only catches a test that waits on a thread that hangs.
@@ -469,3 +470,31 @@ def test_artifact_helper_shape_is_accepted_in_a_checkpoint(tl):
     cp = checkpoint("ca", "thread-art", artifacts=[artifact()])
     tl.checkpoints.append(checkpoint=cp, expected_head_id=None, writer=lease)
     assert tl.checkpoints.get("ca")["artifacts"] == [artifact()]
+
+
+# -- parity ---------------------------------------------------------------------------------------------------------
+def _public(cls: type) -> set[str]:
+    return {name for name in dir(cls) if not name.startswith("_") and callable(getattr(cls, name))}
+
+
+@pytest.mark.parametrize(("async_cls", "sync_cls"), [
+    ("stores.messages.MessageStore", "SyncMessageStore"),
+    ("stores.checkpoints.CheckpointStore", "SyncCheckpointStore"),
+    ("stores.runs.RunStore", "SyncRunStore"),
+    ("stores.interrupts.InterruptStore", "SyncInterruptStore"),
+    ("stores.generation_runs.GenerationRunStore", "SyncGenerationRunStore"),
+    ("stores.metadata.MetadataStore", "SyncMetadataStore"),
+    ("stores.artifacts.ArtifactStore", "SyncArtifactStore"),
+    ("stores.blobs.BlobStore", "SyncBlobStore"),
+    ("stores.checkpoints.WriterLease", "SyncWriterLease"),
+])
+def test_the_sync_stores_have_the_async_stores_methods(async_cls, sync_cls):
+    module, _, name = async_cls.rpartition(".")
+    async_methods = _public(getattr(import_module(f"threadlog.{module}"), name))
+    if name == "BlobStore":
+        async_methods.discard("close")  # plumbing of ThreadLog.close(), not a user method
+    assert _public(getattr(sync, sync_cls)) == async_methods
+
+
+def test_the_sync_delivery_log_has_the_spec_methods():
+    assert _public(sync.SyncDeliveryLog) == {"append", "read", "snapshot", "close", "upsert"}

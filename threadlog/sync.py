@@ -209,8 +209,8 @@ class SyncThreadLog:
         try:
             return fut.result()
         except concurrent.futures.CancelledError:
-            # Only close() cancels a call that did not time out.
-            raise unavailable(f"{what} was cancelled: the client was closed") from None
+            why = "the client was closed" if self._closed else "cancelled on the loop"
+            raise unavailable(f"{what} did not finish: {why}") from None
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self._wait(self._submit(coro))
@@ -255,7 +255,9 @@ class SyncThreadLog:
             await asyncio.wait(tasks, timeout=self.request_timeout)
         # Readers left mid-iteration hold subscriptions of the async client:
         # finish them while it is still open.
-        for reader in builtins.list(self._readers):
+        with self._lock:  # readers are registered from callers' threads
+            readers = builtins.list(self._readers)
+        for reader in readers:
             await reader._finish()
         if self._tl is not None:
             await self._tl.close()
@@ -722,23 +724,26 @@ class SyncDeliveryLog:
 
         return self._c._run(call())
 
-    def read(self, after: DeliveryPosition) -> SyncDeliveryReader:
+    def read(self, after: DeliveryPosition, *, follow: bool = True) -> SyncDeliveryReader:
         """A blocking iterator of (offset, chunk) strictly after `after`; errors
-        surface at the first `next()`; ends when the log is closed."""
-        return SyncDeliveryReader(self._c, lambda: self._log.read(after))
+        surface at the first `next()`; ends when the log is closed (or, with
+        `follow=False`, at what is stored when the iteration starts)."""
+        return SyncDeliveryReader(self._c, lambda: self._log.read(after, follow=follow))
 
 
 class SyncDeliveryReader(Iterator[DeliveryEntry]):
     """The blocking side of `read`: each `next()` waits for the next chunk, at most
     the request timeout (then UNAVAILABLE: resume with `read(last offset)`).
-    Close it (or use `with`) when leaving before the log ends."""
+    Close it (or use `with`) when leaving before the log ends. One reader is
+    iterated by one thread at a time; any number of readers may run at once."""
 
     def __init__(self, client: SyncThreadLog, make: Callable[[], AsyncIterator[DeliveryEntry]]) -> None:
         self._c = client
         self._make = make
         self._it: AsyncIterator[DeliveryEntry] | None = None
         self._finished = False
-        client._readers.add(self)
+        with client._lock:
+            client._readers.add(self)
 
     def __iter__(self) -> SyncDeliveryReader:
         return self
