@@ -357,7 +357,8 @@ class SyncCheckpointStore(_SyncStore):
 
         return SyncWriterLease(self, self._run(call()))
 
-    def append(self, *, checkpoint: CheckpointInput, expected_head_id: str | None, writer: WriterLike) -> str:
+    def append(self, *, checkpoint: CheckpointInput | Checkpoint, expected_head_id: str | None,
+               writer: WriterLike) -> str:
         async def call() -> str:
             return await self._tl().checkpoints.append(checkpoint=checkpoint, expected_head_id=expected_head_id,
                                                        writer=writer)
@@ -553,7 +554,7 @@ class SyncMetadataStore(_SyncStore):
 
 
 class SyncArtifactStore(_SyncStore):
-    def save(self, record: ArtifactInput) -> None:
+    def save(self, record: ArtifactInput | Artifact) -> None:
         async def call() -> None:
             await self._tl().artifacts.save(record)
 

@@ -135,7 +135,8 @@ class Checkpoint(TypedDict):
 
 
 class CheckpointInput(TypedDict):
-    """What `append` takes: a parent, label or sourceRunId of None counts as absent."""
+    """What `append` takes (besides a `Checkpoint` read back): a parent, label or
+    sourceRunId of None counts as absent."""
 
     id: str
     threadId: str
@@ -272,7 +273,8 @@ class Artifact(TypedDict):
 
 
 class ArtifactInput(TypedDict):
-    """What `artifacts.save` takes: a blobKey or sourceUrl of None counts as absent."""
+    """What `artifacts.save` takes (besides an `Artifact` read back): a blobKey or
+    sourceUrl of None counts as absent."""
 
     artifactId: str
     runId: str

@@ -24,7 +24,7 @@ def _ordered(records: list[dict]) -> list[dict]:
 
 
 class ArtifactStore(StoreFacade):
-    async def save(self, record: ArtifactInput) -> None:
+    async def save(self, record: ArtifactInput | Artifact) -> None:
         """Insert or replace the artifact (exactly the SPEC fields; optional None = absent)."""
         checked = new_artifact(record)
         await self._send("threadlog.cmd.SaveArtifact", checked["threadId"],

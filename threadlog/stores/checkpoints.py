@@ -84,7 +84,8 @@ class CheckpointStore(StoreFacade):
         grant = await self._send("threadlog.cmd.AcquireCheckpointWriter", thread_id, {"threadId": thread_id})
         return WriterLease(self, grant)
 
-    async def append(self, *, checkpoint: CheckpointInput, expected_head_id: str | None, writer: WriterLike) -> str:
+    async def append(self, *, checkpoint: CheckpointInput | Checkpoint, expected_head_id: str | None,
+                     writer: WriterLike) -> str:
         check_checkpoint_ids(checkpoint)
         w = writer_record(writer)
         require_optional_id(expected_head_id, "expected_head_id")
