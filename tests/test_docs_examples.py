@@ -149,3 +149,14 @@ def test_the_reference_documents_every_error_code():
 def test_the_reference_documents_every_public_type():
     doc = REFERENCE.read_text(encoding="utf-8")
     assert not [name for name in threadlog.types.__all__ if f"`{name}`" not in doc]
+
+
+def test_record_types_know_their_optional_fields_at_run_time():
+    # Tools that read TypedDicts at run time (pydantic, __required_keys__) see
+    # what the reference says is optional.
+    assert threadlog.Run.__required_keys__ == {"runId", "threadId", "status", "startedAt"}
+    assert threadlog.Artifact.__optional_keys__ == {"blobKey", "sourceUrl"}
+    assert threadlog.Interrupt.__optional_keys__ == {"resolvedAt", "response"}
+    assert threadlog.Checkpoint.__optional_keys__ == {"label", "sourceRunId"}
+    assert threadlog.Blob.__optional_keys__ == {"contentType", "customMetadata", "range"}
+    assert threadlog.BlobListPage.__required_keys__ == {"objects"}

@@ -14,8 +14,9 @@ Conventions the types encode:
   type checker accepts an `int` for (PEP 484's numeric tower).
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: TypedDict reads Required /
+# NotRequired from evaluated annotations, and tools that introspect these types
+# at run time (`__required_keys__`, pydantic) need them right.
 from typing import Any, Literal, NotRequired, Protocol, TypeAlias, TypedDict
 
 __all__ = [
