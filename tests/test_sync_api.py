@@ -90,6 +90,19 @@ def test_bad_options_are_refused_by_connect_before_any_thread_starts(bootstrap, 
     assert loops() == before
 
 
+def test_an_unreachable_cluster_fails_connect_within_its_bound(tmp_path):
+    def loops() -> int:
+        return sum(t.name == "threadlog-sync-loop" for t in threading.enumerate())
+
+    before = loops()
+    started = time.monotonic()
+    # Port 1 refuses connections: topic creation gives up after the request timeout.
+    assert code_of(threadlog.connect, "127.0.0.1:1", namespace="nobody-home", request_timeout_ms=1_500,
+                   state_dir=str(tmp_path / "s")) == "UNAVAILABLE"
+    assert time.monotonic() - started < 1.5 + 30  # the request timeout + connect's grace for opening
+    assert loops() == before  # the loop thread was stopped
+
+
 # -- messages ---------------------------------------------------------------------------------
 def test_messages_round_trip_ui_messages(tl):
     transcript = [
