@@ -26,13 +26,9 @@ import threading
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from .client import ThreadLog
-from .client import open as open_async
-from .delivery import DeliveryLog
 from .errors import ThreadLogError, unavailable
-from .stores.checkpoints import WriterLease
 from .types import (
     Artifact,
     ArtifactInput,
@@ -57,6 +53,13 @@ from .types import (
     Timestamp,
     WriterLike,
 )
+
+if TYPE_CHECKING:
+    # Only what the public API hands out (`threadlog.open`'s client, its leases
+    # and delivery logs); nothing below reaches into how they work.
+    from .client import ThreadLog
+    from .delivery import DeliveryLog
+    from .stores.checkpoints import WriterLease
 
 __all__ = [
     "SyncArtifactStore",
@@ -812,6 +815,8 @@ def connect(
 
     Bad options raise `ThreadLogError(INVALID_ARGUMENT)` here, before any thread starts.
     """
+    from . import open as open_async  # the public entry point (imported here: threadlog imports this module)
+
     opener = open_async(
         bootstrap_servers, namespace, processors, lease_duration_ms, renew_after_ms, clock,
         first_chunk_wait_ms, state_dir, partitions=partitions, request_timeout_ms=request_timeout_ms,
