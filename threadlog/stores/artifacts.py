@@ -10,10 +10,11 @@ save naming another thread is refused (delete first; see the handler).
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import builtins
 
 from ..projections.folds import artifacts as state
 from ..records import decode_artifact, new_artifact
+from ..types import Artifact, ArtifactInput
 from ..validation import require_id
 from .base import StoreFacade
 
@@ -23,20 +24,20 @@ def _ordered(records: list[dict]) -> list[dict]:
 
 
 class ArtifactStore(StoreFacade):
-    async def save(self, record: dict[str, Any]) -> None:
+    async def save(self, record: ArtifactInput | Artifact) -> None:
         """Insert or replace the artifact (exactly the SPEC fields; optional None = absent)."""
         checked = new_artifact(record)
         await self._send("threadlog.cmd.SaveArtifact", checked["threadId"],
                          {"artifact": {**{k: None for k in state.OPTIONAL}, **checked}})
 
-    async def get(self, artifact_id: str) -> dict | None:
+    async def get(self, artifact_id: str) -> Artifact | None:
         require_id(artifact_id, "artifact_id")
         thread_id = await self._thread_of(artifact_id)
         if thread_id is None:
             return None
         return decode_artifact(self._store.get(state.record_key(thread_id, artifact_id)))
 
-    async def list(self, run_id: str) -> list[dict]:
+    async def list(self, run_id: str) -> list[Artifact]:
         require_id(run_id, "run_id")
         await self._read_barrier()
         out = []
@@ -47,7 +48,7 @@ class ArtifactStore(StoreFacade):
                 out.append(record)
         return _ordered(out)
 
-    async def list_for_thread(self, thread_id: str) -> list[dict]:
+    async def list_for_thread(self, thread_id: str) -> builtins.list[Artifact]:
         require_id(thread_id, "thread_id")
         await self._read_barrier(thread_id)
         return _ordered([decode_artifact(v) for _, v in self._store.scan(state.thread_prefix(thread_id))])

@@ -20,6 +20,7 @@ from typing import Any
 from ..errors import UNAVAILABLE, ThreadLogError, invalid_argument, unavailable
 from ..producers.blob_chunks import ChunkGone, ChunkReader, ChunkRef, ChunkSink, ChunkWriter, new_version
 from ..projections.folds import blobs as state
+from ..types import Blob, BlobInfo, BlobListPage, BlobRange
 from ..validation import is_int, is_valid_id, require_id
 from .base import StoreFacade
 
@@ -76,7 +77,7 @@ class BlobStore(StoreFacade):
         content_type: str | None = None,
         custom_metadata: Mapping[str, str] | None = None,
         expected_length: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> BlobInfo:
         require_id(key, "blob key")
         if content_type is not None:
             _require_text(content_type, "content_type")
@@ -139,12 +140,12 @@ class BlobStore(StoreFacade):
         await self._send("threadlog.cmd.DeleteBlob", state.partition_key(key), {"key": key})
 
     # -- reads ---------------------------------------------------------------------
-    async def head(self, key: str) -> dict[str, Any] | None:
+    async def head(self, key: str) -> BlobInfo | None:
         require_id(key, "blob key")
         await self._read_barrier(state.partition_key(key))
         return self._store.get_json(state.record_key(key))
 
-    async def get(self, key: str, *, range: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    async def get(self, key: str, *, range: BlobRange | None = None) -> Blob | None:
         require_id(key, "blob key")
         wanted_range = _range(range)  # a malformed range is refused before the key is looked up
         return await self._get(key, wanted_range)
@@ -210,7 +211,7 @@ class BlobStore(StoreFacade):
         prefix: str | None = None,
         cursor: str | None = None,
         limit: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> BlobListPage:
         if prefix is not None:
             _require_text(prefix, "prefix")
         after = None if cursor is None else _decode_cursor(cursor)

@@ -11,10 +11,10 @@ and for blob references (both span threads).
 
 from __future__ import annotations
 
+import builtins
 import json
 import secrets
 from dataclasses import dataclass
-from typing import Any
 
 from ..checkpoint_rules import (
     check_checkpoint_body,
@@ -28,6 +28,7 @@ from ..checkpoint_rules import (
 )
 from ..errors import FORK_SOURCE_THREAD_MISMATCH, ThreadLogError
 from ..projections.folds import checkpoints as state
+from ..types import BlobReference, Checkpoint, CheckpointInput, Timestamp, WriterLike
 from .base import StoreFacade
 
 
@@ -91,7 +92,8 @@ class CheckpointStore(StoreFacade):
         })
         return WriterLease(self, grant)
 
-    async def append(self, *, checkpoint: dict, expected_head_id: str | None, writer: Any) -> str:
+    async def append(self, *, checkpoint: CheckpointInput | Checkpoint, expected_head_id: str | None,
+                     writer: WriterLike) -> str:
         check_checkpoint_ids(checkpoint)
         w = writer_record(writer)
         require_optional_id(expected_head_id, "expected_head_id")
@@ -103,7 +105,7 @@ class CheckpointStore(StoreFacade):
         payload = {"checkpoint": to_wire(checkpoint), "expectedHeadId": expected_head_id, "writer": w}
         return await self._send("threadlog.cmd.AppendCheckpoint", checkpoint["threadId"], payload)
 
-    async def delete_head(self, *, thread_id: str, checkpoint_id: str, writer: Any) -> None:
+    async def delete_head(self, *, thread_id: str, checkpoint_id: str, writer: WriterLike) -> None:
         require_id(thread_id, "thread_id")
         require_id(checkpoint_id, "checkpoint_id")
         w = writer_record(writer)
@@ -120,9 +122,9 @@ class CheckpointStore(StoreFacade):
         source_checkpoint_id: str,
         destination_thread_id: str,
         destination_checkpoint_id: str,
-        created_at: float,
-        writer: Any,
-    ) -> dict:
+        created_at: Timestamp,
+        writer: WriterLike,
+    ) -> Checkpoint:
         require_id(source_thread_id, "source_thread_id")
         require_id(source_checkpoint_id, "source_checkpoint_id")
         require_id(destination_thread_id, "destination_thread_id")
@@ -146,7 +148,7 @@ class CheckpointStore(StoreFacade):
         return await self._send("threadlog.cmd.ForkCheckpoint", source_thread_id, payload)
 
     # -- reads -----------------------------------------------------------------------
-    async def get(self, checkpoint_id: str) -> dict | None:
+    async def get(self, checkpoint_id: str) -> Checkpoint | None:
         require_id(checkpoint_id, "checkpoint_id")
         await self._read_barrier()  # the id may live on any thread
         for thread in state.threads_holding(self._store, checkpoint_id):
@@ -155,7 +157,7 @@ class CheckpointStore(StoreFacade):
                 return record
         return None
 
-    async def list(self, thread_id: str) -> list[dict]:
+    async def list(self, thread_id: str) -> list[Checkpoint]:
         """The thread's checkpoints by createdAt, then id bytes (the key order)."""
         require_id(thread_id, "thread_id")
         await self._read_barrier(thread_id)
@@ -166,7 +168,7 @@ class CheckpointStore(StoreFacade):
         await self._read_barrier(thread_id)
         return state.get_head(self._store, thread_id)
 
-    async def list_blob_references(self) -> list[dict]:
+    async def list_blob_references(self) -> builtins.list[BlobReference]:
         """Every referenced blob key with its count of referencing checkpoints, by key bytes."""
         await self._read_barrier()
         out: list[dict] = []

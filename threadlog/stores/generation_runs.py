@@ -7,10 +7,9 @@ run, validated patches with explicit clears, unknown run = no-op; the index
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..projections.folds import generation_runs as state
 from ..records import GENERATION_RUN_PATCH, decode_generation_run, new_generation_run
+from ..types import GenerationRun, GenerationRunPatch, RunStatus, Timestamp
 from ..validation import require_id
 from .base import StoreFacade
 from .runs import send_run_patch
@@ -18,7 +17,7 @@ from .runs import send_run_patch
 
 class GenerationRunStore(StoreFacade):
     async def create_or_resume(self, *, run_id: str, thread_id: str, activity: str, provider: str, model: str,
-                               started_at: float, status: str | None = None) -> dict:
+                               started_at: Timestamp, status: RunStatus | None = None) -> GenerationRun:
         record = new_generation_run(run_id, thread_id, activity, provider, model, started_at, status)
         result = await self._send("threadlog.cmd.CreateOrResumeGenerationRun", thread_id, {
             **{k: record[k] for k in ("runId", "threadId", "activity", "provider", "model", "startedAt")},
@@ -26,18 +25,18 @@ class GenerationRunStore(StoreFacade):
         })
         return await self._resolve_elsewhere(result, self.get, run_id)
 
-    async def update(self, run_id: str, patch: dict[str, Any]) -> None:
+    async def update(self, run_id: str, patch: GenerationRunPatch) -> None:
         await send_run_patch(self, "threadlog.cmd.UpdateGenerationRun", run_id, patch, GENERATION_RUN_PATCH,
                              "generation run")
 
-    async def get(self, run_id: str) -> dict | None:
+    async def get(self, run_id: str) -> GenerationRun | None:
         require_id(run_id, "run_id")
         thread_id = await self._thread_of(run_id)
         if thread_id is None:
             return None
         return decode_generation_run(self._store.get(state.record_key(thread_id, run_id)))
 
-    async def find_latest_for_thread(self, thread_id: str) -> dict | None:
+    async def find_latest_for_thread(self, thread_id: str) -> GenerationRun | None:
         """The generation run with the greatest startedAt (ties: the last by run id bytes)."""
         require_id(thread_id, "thread_id")
         await self._read_barrier(thread_id)

@@ -7,10 +7,12 @@ ascending by requestedAt, then interrupt id bytes.
 
 from __future__ import annotations
 
+import builtins
 from typing import Any
 
 from ..projections.folds import interrupts as state
 from ..records import decode_interrupt, new_interrupt, require_json_value
+from ..types import Interrupt, InterruptInput
 from ..validation import dumps, require_id
 from .base import StoreFacade
 
@@ -20,7 +22,7 @@ def _ordered(records: list[dict]) -> list[dict]:
 
 
 class InterruptStore(StoreFacade):
-    async def create(self, record: dict[str, Any]) -> None:
+    async def create(self, record: InterruptInput) -> None:
         """Store a pending interrupt; an existing id (on any thread) is left as it is."""
         checked = new_interrupt(record)
         await self._send("threadlog.cmd.CreateInterrupt", checked["threadId"], {
@@ -28,40 +30,40 @@ class InterruptStore(StoreFacade):
             "requestedAt": checked["requestedAt"], "payload": dumps(checked["payload"]),
         })
 
-    async def resolve(self, interrupt_id: str, response: Any = None) -> dict | None:
+    async def resolve(self, interrupt_id: str, response: Any = None) -> Interrupt | None:
         """Resolve a pending interrupt (response None: no response key). Returns the
         stored record after the call; None for an unknown id."""
         require_id(interrupt_id, "interrupt_id")
         text = None if response is None else dumps(require_json_value(response, "response"))
         return await self._decide(interrupt_id, "resolved", text)
 
-    async def cancel(self, interrupt_id: str) -> dict | None:
+    async def cancel(self, interrupt_id: str) -> Interrupt | None:
         require_id(interrupt_id, "interrupt_id")
         return await self._decide(interrupt_id, "cancelled", None)
 
-    async def get(self, interrupt_id: str) -> dict | None:
+    async def get(self, interrupt_id: str) -> Interrupt | None:
         require_id(interrupt_id, "interrupt_id")
         thread_id = await self._thread_of(interrupt_id)
         if thread_id is None:
             return None
         return decode_interrupt(self._store.get(state.record_key(thread_id, interrupt_id)))
 
-    async def list(self, thread_id: str) -> list[dict]:
+    async def list(self, thread_id: str) -> list[Interrupt]:
         require_id(thread_id, "thread_id")
         await self._read_barrier(thread_id)
         return self._thread_interrupts(thread_id)
 
-    async def list_pending(self, thread_id: str) -> list[dict]:
+    async def list_pending(self, thread_id: str) -> builtins.list[Interrupt]:
         require_id(thread_id, "thread_id")
         await self._read_barrier(thread_id)
         return [r for r in self._thread_interrupts(thread_id) if r["status"] == "pending"]
 
-    async def list_by_run(self, run_id: str) -> list[dict]:
+    async def list_by_run(self, run_id: str) -> builtins.list[Interrupt]:
         require_id(run_id, "run_id")
         await self._read_barrier()
         return self._run_interrupts(run_id)
 
-    async def list_pending_by_run(self, run_id: str) -> list[dict]:
+    async def list_pending_by_run(self, run_id: str) -> builtins.list[Interrupt]:
         require_id(run_id, "run_id")
         await self._read_barrier()
         return [r for r in self._run_interrupts(run_id) if r["status"] == "pending"]

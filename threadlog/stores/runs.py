@@ -13,6 +13,7 @@ from ..errors import RUN_NOT_FOUND, RUN_TERMINAL, ThreadLogError, invalid_argume
 from ..projections.folds import runs as state
 from ..projections.keys import dec_num, dec_str
 from ..records import RUN_PATCH, check_patch, decode_run, is_terminal, new_run, require_timestamp
+from ..types import Run, RunPatch, RunStatus, Timestamp
 from ..validation import dumps, is_finite, require_id
 from .base import StoreFacade
 
@@ -38,8 +39,8 @@ async def send_run_patch(store: StoreFacade, command: str, run_id: str, patch: d
 
 
 class RunStore(StoreFacade):
-    async def create_or_resume(self, *, run_id: str, thread_id: str, started_at: float,
-                               status: str | None = None) -> dict:
+    async def create_or_resume(self, *, run_id: str, thread_id: str, started_at: Timestamp,
+                               status: RunStatus | None = None) -> Run:
         """Create the run (status `running` unless given), or return the existing
         record unchanged: every argument is still validated, then ignored."""
         record = new_run(run_id, thread_id, started_at, status)
@@ -49,32 +50,32 @@ class RunStore(StoreFacade):
         })
         return await self._resolve_elsewhere(result, self.get, run_id)
 
-    async def update(self, run_id: str, patch: dict[str, Any]) -> None:
+    async def update(self, run_id: str, patch: RunPatch) -> None:
         """Patch a run; None clears a field. The patch is validated first (even
         for an unknown run); a valid patch on an unknown run is a no-op."""
         await send_run_patch(self, "threadlog.cmd.UpdateRun", run_id, patch, RUN_PATCH, "run")
 
-    async def get(self, run_id: str) -> dict | None:
+    async def get(self, run_id: str) -> Run | None:
         require_id(run_id, "run_id")
         thread_id = await self._thread_of(run_id)
         if thread_id is None:
             return None
         return decode_run(self._store.get(state.record_key(thread_id, run_id)))
 
-    async def list_by_thread(self, thread_id: str) -> list[dict]:
+    async def list_by_thread(self, thread_id: str) -> list[Run]:
         """Every run of the thread, ascending by startedAt, then run id bytes."""
         require_id(thread_id, "thread_id")
         await self._read_barrier(thread_id)
         return self._thread_runs(thread_id)
 
-    async def find_active_run(self, thread_id: str) -> dict | None:
+    async def find_active_run(self, thread_id: str) -> Run | None:
         """The `running` run with the greatest startedAt (ties: the last by id bytes)."""
         require_id(thread_id, "thread_id")
         await self._read_barrier(thread_id)
         running = [r for r in self._thread_runs(thread_id) if r["status"] == "running"]
         return running[-1] if running else None
 
-    async def list_reclaimable(self, *, now: float, ttl_ms: float) -> list[dict]:
+    async def list_reclaimable(self, *, now: Timestamp, ttl_ms: float) -> list[Run]:
         """Runs with status `running`, `detachedSince` set and
         `detachedSince <= now - ttl_ms` (inclusive), by detachedSince then run id."""
         require_timestamp(now, "now")

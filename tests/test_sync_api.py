@@ -1,0 +1,513 @@
+"""The blocking client `threadlog.connect(...)` end to end, on a real broker.
+
+A representative part of the suite driven through the sync API: every store,
+the delivery log as a blocking iterator, error codes, the request-timeout
+bound, close semantics, and use from several OS threads at once. No asyncio
+here: these tests are what a Django view, a Flask route or a script does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from importlib import import_module
+
+import pytest
+from checkpoint_helpers import artifact, checkpoint, file_key
+
+import threadlog
+from threadlog import ThreadLogError, sync
+
+# Every wait in a test is bounded; the client bounds each call by its request
+# timeout too, so this only catches a test that waits on a thread that hangs.
+WAIT = 60
+
+
+@pytest.fixture
+def connect(bootstrap, namespace, tmp_path):
+    """Factory: `connect(**options)` opens a blocking client, closed after the test."""
+    opened: list[threadlog.SyncThreadLog] = []
+    slots = itertools.count()
+
+    def factory(**kwargs) -> threadlog.SyncThreadLog:
+        kwargs.setdefault("namespace", namespace)
+        # A state dir per client: two clients of a test are two hosts.
+        kwargs.setdefault("state_dir", str(tmp_path / f"sync-{next(slots)}"))
+        client = threadlog.connect(bootstrap, **kwargs)
+        opened.append(client)
+        return client
+
+    yield factory
+    for client in reversed(opened):
+        client.close()
+
+
+@pytest.fixture
+def tl(connect):
+    return connect()
+
+
+def code_of(call, *args, **kwargs) -> str:
+    with pytest.raises(ThreadLogError) as err:
+        call(*args, **kwargs)
+    return err.value.code
+
+
+def ui(mid: str, role: str, text: str) -> dict:
+    """A UIMessage, the shape @tanstack/ai-client's hydrate() takes."""
+    return {"id": mid, "role": role, "parts": [{"type": "text", "content": text}]}
+
+
+# -- lifecycle ----------------------------------------------------------------------------
+def test_connect_is_a_context_manager_with_one_loop_thread(bootstrap, namespace, tmp_path):
+    before = set(threading.enumerate())
+    with threadlog.connect(bootstrap, namespace=namespace, state_dir=str(tmp_path / "s")) as tl:
+        assert isinstance(tl, threadlog.SyncThreadLog)
+        loops = [t for t in set(threading.enumerate()) - before if t.name == "threadlog-sync-loop"]
+        assert len(loops) == 1
+        tl.messages.save_thread("t", [ui("m1", "user", "hi")])
+        assert tl.messages.load_thread("t") == [ui("m1", "user", "hi")]
+    assert tl.closed
+    assert not loops[0].is_alive()
+    assert code_of(tl.messages.load_thread, "t") == "UNAVAILABLE"
+    tl.close()  # closing twice is harmless
+
+
+@pytest.mark.parametrize("options", [
+    {"namespace": "bad namespace!"},
+    {"renew_after_ms": 5_000, "lease_duration_ms": 5_000},
+    {"lease_duration_ms": 0},
+])
+def test_bad_options_are_refused_by_connect_before_any_thread_starts(bootstrap, options):
+    def loops() -> int:
+        return sum(t.name == "threadlog-sync-loop" for t in threading.enumerate())
+
+    before = loops()
+    assert code_of(threadlog.connect, bootstrap, **options) == "INVALID_ARGUMENT"
+    assert loops() == before
+
+
+def test_an_unreachable_cluster_fails_connect_within_its_bound(tmp_path):
+    def loops() -> int:
+        return sum(t.name == "threadlog-sync-loop" for t in threading.enumerate())
+
+    before = loops()
+    started = time.monotonic()
+    # Port 1 refuses connections: topic creation gives up after the request timeout.
+    assert code_of(threadlog.connect, "127.0.0.1:1", namespace="nobody-home", request_timeout_ms=1_500,
+                   state_dir=str(tmp_path / "s")) == "UNAVAILABLE"
+    assert time.monotonic() - started < 1.5 + 30  # the request timeout + connect's grace for opening
+    assert loops() == before  # the loop thread was stopped
+
+
+# -- messages ---------------------------------------------------------------------------------
+def test_messages_round_trip_ui_messages(tl):
+    transcript = [
+        ui("m1", "system", "You are terse."),
+        ui("m2", "user", "héllo — 你好 🌍"),
+        {"id": "m3", "role": "assistant", "parts": [{"type": "text", "content": "hi"},
+                                                    {"type": "tool-call", "id": "c1", "arguments": "{}"}]},
+    ]
+    assert tl.messages.load_thread("thread-1") == []
+    tl.messages.save_thread("thread-1", transcript)
+    loaded = tl.messages.load_thread("thread-1")
+    assert loaded == transcript
+    loaded[0]["id"] = "mutated"  # a fresh copy
+    tl.messages.save_thread("thread-1", transcript[:1])  # replaces the whole transcript
+    assert tl.messages.load_thread("thread-1") == transcript[:1]
+    assert code_of(tl.messages.save_thread, "", []) == "INVALID_ARGUMENT"
+
+
+# -- checkpoints ----------------------------------------------------------------------------------
+def test_checkpoint_lease_append_cas_and_head(tl):
+    lease = tl.checkpoints.acquire_writer("thread-a")
+    assert (lease.thread_id, lease.fence) == ("thread-a", 1)
+    assert lease.renew_after_ms == 45_000 and lease.expires_at > 0
+    assert code_of(tl.checkpoints.acquire_writer, "thread-a") == "SANDBOX_SNAPSHOT_WRITER_CONFLICT"
+    old_expiry = lease.expires_at
+    assert lease.renew() >= old_expiry and lease.expires_at >= old_expiry
+
+    assert tl.checkpoints.append(checkpoint=checkpoint("c1", "thread-a"), expected_head_id=None, writer=lease) == "c1"
+    # The head is c1: an append that expects no head loses the compare-and-set.
+    assert code_of(tl.checkpoints.append, checkpoint=checkpoint("c2", "thread-a"), expected_head_id=None,
+                   writer=lease) == "SANDBOX_SNAPSHOT_STALE_HEAD"
+    assert code_of(tl.checkpoints.append, checkpoint=checkpoint("c2", "thread-a", parent=None), expected_head_id="c1",
+                   writer=lease) == "SANDBOX_SNAPSHOT_PARENT_MISMATCH"
+    assert code_of(tl.checkpoints.append, checkpoint=checkpoint("c1", "thread-a", parent="c1"), expected_head_id="c1",
+                   writer=lease) == "SANDBOX_SNAPSHOT_DUPLICATE_ID"
+    assert tl.checkpoints.append(checkpoint=checkpoint("c2", "thread-a", parent="c1", created_at=20),
+                                 expected_head_id="c1", writer=lease) == "c2"
+    assert tl.checkpoints.get_head("thread-a") == "c2"
+    assert [c["id"] for c in tl.checkpoints.list("thread-a")] == ["c1", "c2"]
+    assert tl.checkpoints.get("c1")["parentCheckpointId"] is None
+    assert tl.checkpoints.list_blob_references() == [{"key": file_key("a"), "references": 2}]
+
+    tl.checkpoints.delete_head(thread_id="thread-a", checkpoint_id="c2", writer=lease)
+    assert tl.checkpoints.get_head("thread-a") == "c1"
+    assert code_of(tl.checkpoints.delete_head, thread_id="thread-a", checkpoint_id="c2",
+                   writer=lease) == "SANDBOX_SNAPSHOT_NOT_HEAD"
+
+    lease.release()
+    lease.release()  # a stale lease is left alone, silently
+    assert code_of(tl.checkpoints.append, checkpoint=checkpoint("c3", "thread-a", parent="c1"), expected_head_id="c1",
+                   writer=lease) == "SANDBOX_SNAPSHOT_WRITER_LOST"
+    assert code_of(lease.renew) == "SANDBOX_SNAPSHOT_WRITER_LOST"
+    # A plain Writer value works too; the fence is never reused.
+    again = tl.checkpoints.acquire_writer("thread-a")
+    assert again.fence == 2
+    writer = threadlog.Writer(again.thread_id, again.owner_token, again.fence)
+    assert tl.checkpoints.append(checkpoint=checkpoint("c3", "thread-a", parent="c1"), expected_head_id="c1",
+                                 writer=writer) == "c3"
+
+
+def test_checkpoint_fork_copies_the_selected_checkpoint(tl):
+    src = tl.checkpoints.acquire_writer("src")
+    tl.checkpoints.append(checkpoint=checkpoint("s1", "src", label="first"), expected_head_id=None, writer=src)
+    tl.checkpoints.append(checkpoint=checkpoint("s2", "src", parent="s1", created_at=20), expected_head_id="s1",
+                          writer=src)
+    dst = tl.checkpoints.acquire_writer("dst")
+    # A writer of the source thread cannot fork into the destination.
+    assert code_of(tl.checkpoints.fork_from_checkpoint, source_thread_id="src", source_checkpoint_id="s1",
+                   destination_thread_id="dst", destination_checkpoint_id="d1", created_at=30,
+                   writer=src) == "SANDBOX_SNAPSHOT_WRITER_LOST"
+    assert code_of(tl.checkpoints.fork_from_checkpoint, source_thread_id="src", source_checkpoint_id="nope",
+                   destination_thread_id="dst", destination_checkpoint_id="d1", created_at=30,
+                   writer=dst) == "SANDBOX_SNAPSHOT_FORK_SOURCE_NOT_FOUND"
+    root = tl.checkpoints.fork_from_checkpoint(source_thread_id="src", source_checkpoint_id="s1",
+                                               destination_thread_id="dst", destination_checkpoint_id="d1",
+                                               created_at=30, writer=dst)
+    source = tl.checkpoints.get("s1")
+    assert root == {"id": "d1", "threadId": "dst", "parentCheckpointId": None, "createdAt": 30,
+                    "reason": "fork-root", "files": source["files"], "conversation": source["conversation"],
+                    "artifacts": source["artifacts"]}
+    assert tl.checkpoints.get_head("dst") == "d1"
+    assert tl.messages.load_thread("dst") == source["conversation"]
+    assert tl.checkpoints.get_head("src") == "s2"  # the source is unchanged
+    assert code_of(tl.checkpoints.fork_from_checkpoint, source_thread_id="src", source_checkpoint_id="s1",
+                   destination_thread_id="dst", destination_checkpoint_id="d2", created_at=40,
+                   writer=dst) == "SANDBOX_SNAPSHOT_FORK_DESTINATION_NOT_EMPTY"
+
+
+# -- runs, generation runs, interrupts ------------------------------------------------------------------
+def test_runs_create_update_claim(tl):
+    run = tl.runs.create_or_resume(run_id="run-1", thread_id="thread-r", started_at=1000)
+    assert run == {"runId": "run-1", "threadId": "thread-r", "status": "running", "startedAt": 1000}
+    # Idempotent: an existing run comes back unchanged, arguments ignored.
+    assert tl.runs.create_or_resume(run_id="run-1", thread_id="thread-r", started_at=5, status="failed") == run
+    tl.runs.update("run-1", {"usage": {"tokens": 12}, "detachedSince": 1500})
+    assert tl.runs.get("run-1")["usage"] == {"tokens": 12}
+    assert [r["runId"] for r in tl.runs.list_reclaimable(now=2000, ttl_ms=500)] == ["run-1"]
+    assert tl.runs.find_active_run("thread-r")["runId"] == "run-1"
+    assert code_of(tl.runs.update, "run-1", {"colour": "red"}) == "INVALID_ARGUMENT"
+    assert code_of(tl.runs.update, "run-1", {"status": "sleeping"}) == "INVALID_ARGUMENT"
+
+    assert tl.runs.claim("run-1") == 1
+    assert tl.runs.claim("run-1") == 2
+    assert tl.runs.get("run-1")["driverEpoch"] == 2
+    assert code_of(tl.runs.claim, "no-such-run") == "RUN_NOT_FOUND"
+
+    tl.runs.update("run-1", {"status": "completed", "finishedAt": 3000, "detachedSince": None})
+    done = tl.runs.get("run-1")
+    assert done["status"] == "completed" and "detachedSince" not in done
+    assert code_of(tl.runs.claim, "run-1") == "RUN_TERMINAL"
+    assert tl.runs.find_active_run("thread-r") is None
+    assert [r["runId"] for r in tl.runs.list_by_thread("thread-r")] == ["run-1"]
+
+
+def test_generation_runs(tl):
+    g = tl.generation_runs.create_or_resume(run_id="gen-1", thread_id="thread-g", activity="image",
+                                            provider="openai", model="gpt-image-1", started_at=10)
+    assert g["status"] == "running"
+    tl.generation_runs.update("gen-1", {"status": "completed", "result": {"url": "https://x/y.png"}})
+    assert tl.generation_runs.find_latest_for_thread("thread-g")["result"] == {"url": "https://x/y.png"}
+    assert tl.generation_runs.get("nope") is None
+
+
+def test_interrupts_create_resolve_cancel(tl):
+    base = {"runId": "run-i", "threadId": "thread-i", "payload": {"question": "deploy?"}}
+    tl.interrupts.create({"interruptId": "i1", "requestedAt": 10, **base})
+    tl.interrupts.create({"interruptId": "i2", "requestedAt": 20, **base})
+    assert [i["interruptId"] for i in tl.interrupts.list_pending("thread-i")] == ["i1", "i2"]
+    resolved = tl.interrupts.resolve("i1", {"approved": True})
+    assert resolved["status"] == "resolved" and resolved["response"] == {"approved": True}
+    assert "resolvedAt" in resolved
+    assert tl.interrupts.cancel("i1") == resolved  # the first decision is final
+    assert tl.interrupts.cancel("i2")["status"] == "cancelled"
+    assert tl.interrupts.resolve("unknown") is None
+    assert [i["status"] for i in tl.interrupts.list_by_run("run-i")] == ["resolved", "cancelled"]
+    assert tl.interrupts.list_pending_by_run("run-i") == []
+    assert code_of(tl.interrupts.create, {"interruptId": "i3", "requestedAt": 1, "status": "pending",
+                                          **base}) == "INVALID_ARGUMENT"
+
+
+# -- metadata, artifacts ---------------------------------------------------------------------------------
+def test_metadata(tl):
+    tl.metadata.set("a:b", "c", {"v": 1})
+    tl.metadata.set("a", "b:c", [1, 2])
+    assert tl.metadata.get("a:b", "c") == {"v": 1}
+    assert tl.metadata.get("a", "b:c") == [1, 2]
+    tl.metadata.delete("a:b", "c")
+    tl.metadata.delete("a:b", "c")  # silent when absent
+    assert tl.metadata.get("a:b", "c") is None
+    assert code_of(tl.metadata.set, "ns", "k", float("nan")) == "INVALID_ARGUMENT"
+
+
+def test_artifacts(tl):
+    record = {"artifactId": "art-1", "runId": "run-a", "threadId": "thread-x", "name": "report.pdf",
+              "mimeType": "application/pdf", "size": 3, "createdAt": 5, "sourceUrl": None}
+    tl.artifacts.save(record)
+    stored = tl.artifacts.get("art-1")
+    assert stored == {k: v for k, v in record.items() if v is not None}  # None on input = absent
+    tl.artifacts.save({**record, "artifactId": "art-2", "createdAt": 4, "blobKey": "blobs/art-2"})
+    assert [a["artifactId"] for a in tl.artifacts.list("run-a")] == ["art-2", "art-1"]
+    assert [a["artifactId"] for a in tl.artifacts.list_for_thread("thread-x")] == ["art-2", "art-1"]
+    tl.artifacts.delete("art-2")
+    assert tl.artifacts.get("art-2") is None
+    tl.artifacts.delete_for_run("run-a")
+    assert tl.artifacts.list("run-a") == []
+    assert code_of(tl.artifacts.save, {**record, "extra": 1}) == "INVALID_ARGUMENT"
+
+
+# -- blobs -------------------------------------------------------------------------------------------------
+def test_blob_put_get_range_list_delete(tl):
+    info = tl.blobs.put("docs/a.txt", "héllo", content_type="text/plain", custom_metadata={"lang": "fr"})
+    assert info["size"] == len("héllo".encode()) and info["contentType"] == "text/plain"
+    got = tl.blobs.get("docs/a.txt")
+    assert got["body"] == "héllo".encode() and "range" not in got
+    part = tl.blobs.get("docs/a.txt", range={"offset": 1, "length": 100})
+    assert part["body"] == "héllo".encode()[1:] and part["range"] == {"offset": 1, "length": 5}
+    assert part["size"] == 6
+    assert code_of(tl.blobs.get, "docs/a.txt", range={"offset": 6}) == "INVALID_ARGUMENT"
+    assert code_of(tl.blobs.get, "missing", range={"offset": -1}) == "INVALID_ARGUMENT"
+    assert tl.blobs.head("docs/a.txt") == info
+    tl.blobs.put("docs/b.txt", b"b")
+    tl.blobs.put("other", bytearray(b"o"))
+    page = tl.blobs.list(prefix="docs/", limit=1)
+    assert [o["key"] for o in page["objects"]] == ["docs/a.txt"] and page["truncated"] is True
+    rest = tl.blobs.list(prefix="docs/", cursor=page["cursor"])
+    assert [o["key"] for o in rest["objects"]] == ["docs/b.txt"] and "truncated" not in rest
+    tl.blobs.delete("docs/a.txt")
+    tl.blobs.delete("docs/a.txt")  # silent when absent
+    assert tl.blobs.get("docs/a.txt") is None
+
+
+def test_blob_put_streams_a_sync_iterable_larger_than_one_message(tl):
+    piece = os.urandom(256 * 1024)
+    read_by: set[str] = set()
+
+    def body():
+        # A generator of the caller's thread, as a file read or a DB cursor would be.
+        for _ in range(10):
+            read_by.add(threading.current_thread().name)
+            yield piece
+
+    info = tl.blobs.put("big", body(), expected_length=1)  # the length is only a hint
+    assert info["size"] == 10 * len(piece)
+    assert read_by == {threading.current_thread().name}
+    assert tl.blobs.get("big")["body"] == piece * 10
+    tail = tl.blobs.get("big", range={"offset": 10 * len(piece) - 3})
+    assert tail["body"] == piece[-3:] and tail["range"] == {"offset": 10 * len(piece) - 3, "length": 3}
+    # Any iterable of byte chunks: a list, a tuple of memoryviews.
+    assert tl.blobs.put("list", [b"ab", b"cd"])["size"] == 4
+    assert tl.blobs.get("list")["body"] == b"abcd"
+
+
+def test_bad_blob_streams_are_refused_and_store_nothing(tl):
+    assert code_of(tl.blobs.put, "s", iter([b"ok", "a str chunk"])) == "INVALID_ARGUMENT"
+    assert code_of(tl.blobs.put, "d", {"not": "a body"}) == "INVALID_ARGUMENT"
+    assert code_of(tl.blobs.put, "n", 42) == "INVALID_ARGUMENT"
+
+    def failing():
+        yield b"first"
+        raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone"):
+        tl.blobs.put("f", failing())
+    assert tl.blobs.list()["objects"] == []
+
+
+# -- delivery ------------------------------------------------------------------------------------------------
+def test_delivery_append_read_across_a_close_and_snapshot(tl):
+    log = tl.delivery("run-d")
+    [o0, o1] = log.append([{"type": "TEXT", "delta": "he"}, {"type": "TEXT", "delta": "llo"}])
+    assert log.append([]) == []
+    with ThreadPoolExecutor(1) as pool:
+        # A reader in another thread, from the start: it gets what is there, then
+        # what comes, and its iteration ends when the log is closed.
+        reading = pool.submit(lambda: list(tl.delivery("run-d").read("-1")))
+        [o2] = log.append([{"type": "DONE"}])
+        log.close()
+        got = reading.result(WAIT)
+    assert got == [(o0, {"type": "TEXT", "delta": "he"}), (o1, {"type": "TEXT", "delta": "llo"}),
+                   (o2, {"type": "DONE"})]
+    assert len({o0, o1, o2}) == 3
+    assert log.snapshot() == got
+    assert list(log.read(o0)) == got[1:]  # strictly after the cursor
+    assert list(log.read("now")) == []  # a closed log ends at once
+    assert code_of(log.append, [{"late": True}]) == "RUN_LOG_CLOSED"
+    log.close()  # closing twice is harmless
+    assert tl.delivery("never-ran").snapshot() == []
+
+
+def test_delivery_rejoin_from_the_start_on_a_new_client(connect):
+    writer = connect()
+    log = writer.delivery("run-rejoin")
+    offsets = log.append([{"n": 0}, {"n": 1}])
+    writer.close()  # the first host goes away, its log still open
+
+    reader = connect(processors="external")
+    seen = []
+    ready = threading.Event()  # the reader holds both chunks written before the close
+
+    with ThreadPoolExecutor(1) as pool:
+        def follow():
+            for offset, chunk in reader.delivery("run-rejoin").read("-1"):
+                seen.append((offset, chunk))
+                if len(seen) == 2:
+                    ready.set()
+            return seen
+
+        following = pool.submit(follow)
+        assert ready.wait(WAIT)
+        third = connect()  # a new driver host finishes the run
+        [o2] = third.delivery("run-rejoin").append([{"n": 2}])
+        third.delivery("run-rejoin").close()
+        got = following.result(WAIT)
+    assert got == [(offsets[0], {"n": 0}), (offsets[1], {"n": 1}), (o2, {"n": 2})]
+
+
+def test_delivery_fencing_upsert_and_offset_errors(tl):
+    tl.runs.create_or_resume(run_id="run-f", thread_id="thread-f", started_at=1)
+    first = tl.delivery("run-f", epoch=tl.runs.claim("run-f"))
+    [a] = first.append([{"n": 0}])
+    second = tl.delivery("run-f", epoch=tl.runs.claim("run-f"))
+    assert code_of(first.append, [{"n": "zombie"}]) == "RUN_CLAIM_LOST"
+    assert second.upsert([(a, {"n": "replaced"})]) == [a]
+    assert second.snapshot() == [(a, {"n": "replaced"})]
+    assert code_of(second.upsert, [("0.999.0.bad", {})]) == "INVALID_OFFSET"
+    assert code_of(next, second.read("not-an-offset")) == "INVALID_OFFSET"
+    other = tl.delivery("run-other")
+    other.append([{"x": 1}])
+    assert code_of(next, other.read(a)) == "INVALID_OFFSET"  # minted for another run
+    assert code_of(tl.delivery, "") == "INVALID_ARGUMENT"
+
+
+def test_read_from_start_of_a_silent_run_raises_run_not_found(connect):
+    tl = connect(first_chunk_wait_ms=300)
+    reader = tl.delivery("silent").read("-1")
+    assert code_of(next, reader) == "RUN_NOT_FOUND"
+    assert next(reader, "ended") == "ended"  # an error ends the iteration
+
+
+# -- bounds and close -----------------------------------------------------------------------------------------
+def test_an_idle_reader_is_bounded_by_the_request_timeout_and_resumes(connect):
+    tl = connect(request_timeout_ms=2_000)
+    log = tl.delivery("run-idle")
+    [o0] = log.append([{"n": 0}])
+    reader = log.read("-1")
+    assert next(reader) == (o0, {"n": 0})
+    started = time.monotonic()
+    assert code_of(next, reader) == "UNAVAILABLE"  # no chunk came within the request timeout
+    assert 1.9 <= time.monotonic() - started < 20
+    assert next(reader, "ended") == "ended"
+    # The documented recovery: read again after the last offset held.
+    [o1] = log.append([{"n": 1}])
+    with log.read(o0) as resumed:
+        assert next(resumed) == (o1, {"n": 1})
+
+
+def test_close_cancels_calls_in_flight_with_unavailable(connect):
+    tl = connect()
+    log = tl.delivery("run-shutdown")
+    log.append([{"n": 0}])
+    reader = log.read("-1")
+    next(reader)
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(next, reader)  # parks on the live feed: the log is open
+        tl.close()
+        with pytest.raises(ThreadLogError) as err:
+            waiting.result(WAIT)
+    assert err.value.code == "UNAVAILABLE"
+    assert code_of(log.append, [{"n": 1}]) == "UNAVAILABLE"
+    assert code_of(tl.delivery, "run-shutdown") == "UNAVAILABLE"
+
+
+# -- several OS threads -----------------------------------------------------------------------------------------
+def test_many_os_threads_share_one_client(tl):
+    tl.runs.create_or_resume(run_id="run-shared", thread_id="thread-shared", started_at=1)
+
+    def work(n: int) -> tuple[int, int]:
+        thread = f"thread-{n}"
+        transcript = [ui(f"m{n}-{i}", "user", f"message {i} of {n}") for i in range(3)]
+        tl.messages.save_thread(thread, transcript)
+        assert tl.messages.load_thread(thread) == transcript
+        tl.metadata.set("workers", str(n), {"n": n})
+        lease = tl.checkpoints.acquire_writer(thread)
+        tl.checkpoints.append(checkpoint=checkpoint(f"cp-{n}", thread), expected_head_id=None, writer=lease)
+        return n, tl.runs.claim("run-shared")
+
+    with ThreadPoolExecutor(8) as pool:
+        results = [f.result(WAIT) for f in [pool.submit(work, n) for n in range(16)]]
+    # Claims from 16 threads: every epoch handed out exactly once.
+    assert sorted(epoch for _, epoch in results) == list(range(1, 17))
+    assert all(tl.metadata.get("workers", str(n)) == {"n": n} for n in range(16))
+    assert all(tl.checkpoints.get_head(f"thread-{n}") == f"cp-{n}" for n in range(16))
+
+
+def test_readers_and_writers_on_different_threads(tl):
+    runs = [f"run-{n}" for n in range(4)]
+
+    def drive(run_id: str) -> list:
+        log = tl.delivery(run_id)
+        offsets = [log.append([{"run": run_id, "i": i}])[0] for i in range(5)]
+        log.close()
+        return offsets
+
+    def read(run_id: str) -> list:
+        return [offset for offset, _ in tl.delivery(run_id).read("-1")]
+
+    # Readers first: each waits (bounded by first_chunk_wait_ms) for its run's first chunk.
+    with ThreadPoolExecutor(8) as pool:
+        readers = [pool.submit(read, r) for r in runs]
+        drivers = [pool.submit(drive, r) for r in runs]
+        written = [d.result(WAIT) for d in drivers]
+        assert [r.result(WAIT) for r in readers] == written
+
+
+def test_artifact_helper_shape_is_accepted_in_a_checkpoint(tl):
+    # Checkpoint artifacts (inside a checkpoint) are a different record from tl.artifacts.
+    lease = tl.checkpoints.acquire_writer("thread-art")
+    cp = checkpoint("ca", "thread-art", artifacts=[artifact()])
+    tl.checkpoints.append(checkpoint=cp, expected_head_id=None, writer=lease)
+    assert tl.checkpoints.get("ca")["artifacts"] == [artifact()]
+
+
+# -- parity ---------------------------------------------------------------------------------------------------------
+def _public(cls: type) -> set[str]:
+    return {name for name in dir(cls) if not name.startswith("_") and callable(getattr(cls, name))}
+
+
+@pytest.mark.parametrize(("async_cls", "sync_cls"), [
+    ("stores.messages.MessageStore", "SyncMessageStore"),
+    ("stores.checkpoints.CheckpointStore", "SyncCheckpointStore"),
+    ("stores.runs.RunStore", "SyncRunStore"),
+    ("stores.interrupts.InterruptStore", "SyncInterruptStore"),
+    ("stores.generation_runs.GenerationRunStore", "SyncGenerationRunStore"),
+    ("stores.metadata.MetadataStore", "SyncMetadataStore"),
+    ("stores.artifacts.ArtifactStore", "SyncArtifactStore"),
+    ("stores.blobs.BlobStore", "SyncBlobStore"),
+    ("stores.checkpoints.WriterLease", "SyncWriterLease"),
+])
+def test_the_sync_stores_have_the_async_stores_methods(async_cls, sync_cls):
+    module, _, name = async_cls.rpartition(".")
+    async_methods = _public(getattr(import_module(f"threadlog.{module}"), name))
+    if name == "BlobStore":
+        async_methods.discard("close")  # plumbing of ThreadLog.close(), not a user method
+    assert _public(getattr(sync, sync_cls)) == async_methods
+
+
+def test_the_sync_delivery_log_has_the_spec_methods():
+    assert _public(sync.SyncDeliveryLog) == {"append", "read", "snapshot", "close", "upsert"}

@@ -1,0 +1,830 @@
+"""`threadlog.connect(...)`: a blocking client for Django, Flask and scripts.
+
+It is a thin shell over the async API: each client owns ONE event loop on ONE
+daemon thread, opens `threadlog.open(...)` there, and every blocking method
+hands its coroutine to that loop and waits for the answer. The async client
+therefore only ever runs on its own loop (as it would in an async app), while
+any number of OS threads call the blocking methods at once.
+
+Bounds. Every blocking call waits at most the client's request timeout
+(`request_timeout_ms`, 30 s by default); past it the call is cancelled on the
+loop and raises `ThreadLogError(UNAVAILABLE)`. A delivery reader applies it to
+each step: a `next()` that gets no chunk within the timeout raises UNAVAILABLE,
+and the caller resumes with `read(<last offset it holds>)`. A streamed blob
+`put` applies it to the hand-off of each chunk and to the final commit.
+Opening waits at most the request timeout plus `_OPEN_GRACE_S` (topic creation
+is bounded by the request timeout; the group's first assignment by open itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import concurrent.futures
+import contextlib
+import threading
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .errors import ThreadLogError, unavailable
+from .types import (
+    Artifact,
+    ArtifactInput,
+    Blob,
+    BlobInfo,
+    BlobListPage,
+    BlobRange,
+    BlobReference,
+    Checkpoint,
+    CheckpointInput,
+    DeliveryChunk,
+    DeliveryEntry,
+    DeliveryOffset,
+    DeliveryPosition,
+    GenerationRun,
+    GenerationRunPatch,
+    Interrupt,
+    InterruptInput,
+    Run,
+    RunPatch,
+    RunStatus,
+    Timestamp,
+    WriterLike,
+)
+
+if TYPE_CHECKING:
+    # Only what the public API hands out (`threadlog.open`'s client, its leases
+    # and delivery logs); nothing below reaches into how they work.
+    from .client import ThreadLog
+    from .delivery import DeliveryLog
+    from .stores.checkpoints import WriterLease
+
+__all__ = [
+    "SyncArtifactStore",
+    "SyncBlobStore",
+    "SyncCheckpointStore",
+    "SyncDeliveryLog",
+    "SyncDeliveryReader",
+    "SyncGenerationRunStore",
+    "SyncInterruptStore",
+    "SyncMessageStore",
+    "SyncMetadataStore",
+    "SyncRunStore",
+    "SyncThreadLog",
+    "SyncWriterLease",
+    "connect",
+]
+
+T = TypeVar("T")
+
+# Opening = topic creation (bounded by the request timeout inside open) + the
+# decider group's first assignment (bounded at 10 s inside open) + consumers
+# starting: the request timeout alone would refuse slow but healthy opens.
+_OPEN_GRACE_S = 30.0
+# A blob chunk handed to the loop waits in a queue this deep: enough to keep
+# the producer busy while the caller's iterator makes the next chunk, small
+# enough that a large body is never held in memory.
+_FEED_DEPTH = 4
+
+
+class _End:
+    """The end of a streamed blob body."""
+
+
+_END = _End()
+
+
+class SyncThreadLog:
+    """A blocking client: the stores of `threadlog.open`, with blocking methods.
+
+    Use as `with threadlog.connect(...) as tl:` or call `close()`. Safe to share
+    between OS threads; never call it from inside its own loop (a callback that
+    the async client runs), which would wait for itself.
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        # Built by `connect`; the stores exist from the start so that a call
+        # after close() raises UNAVAILABLE instead of AttributeError.
+        self.request_timeout: float = timeout_s
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._serve, name="threadlog-sync-loop", daemon=True)
+        self._lock = threading.Lock()
+        # Calls in flight (tasks on the loop) and readers not yet finished: what
+        # close() must cancel and finish before the async client goes away.
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._readers: weakref.WeakSet[SyncDeliveryReader] = weakref.WeakSet()
+        self._closed = False
+        self._abandoned = False  # connect gave up waiting for open: whoever finishes it closes it
+        self._tl: ThreadLog | None = None
+        self.messages = SyncMessageStore(self)
+        self.checkpoints = SyncCheckpointStore(self)
+        self.runs = SyncRunStore(self)
+        self.interrupts = SyncInterruptStore(self)
+        self.generation_runs = SyncGenerationRunStore(self)
+        self.metadata = SyncMetadataStore(self)
+        self.artifacts = SyncArtifactStore(self)
+        self.blobs = SyncBlobStore(self)
+
+    # -- the loop thread ------------------------------------------------------------------
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.close()
+
+    def _start(self, opener: Awaitable[ThreadLog]) -> None:
+        self._thread.start()
+        fut = self._submit(self._open(opener))
+        done, _ = concurrent.futures.wait([fut], self.request_timeout + _OPEN_GRACE_S)
+        if not done:
+            with self._lock:
+                opened = self._tl is not None
+                self._abandoned = self._closed = not opened
+            if opened:
+                return  # it finished in the instant between the wait and the lock
+            # The loop thread lives on until open returns, then closes what it
+            # opened and stops (see _open): cancelling open would strand the
+            # consumers it is starting in worker threads.
+            raise unavailable(f"could not open within {self.request_timeout + _OPEN_GRACE_S:.0f} s")
+        try:
+            fut.result()
+        except BaseException:
+            self._closed = True
+            self._stop_loop()
+            raise
+
+    async def _open(self, opener: Awaitable[ThreadLog]) -> None:
+        abandoned = False
+        try:
+            tl = await opener
+            with self._lock:
+                abandoned = self._abandoned
+                if not abandoned:
+                    self._tl = tl
+            if abandoned:
+                await tl.close()
+        finally:
+            with self._lock:
+                abandoned = self._abandoned
+            if abandoned:
+                self._loop.stop()
+
+    def _stop_loop(self) -> None:
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(self.request_timeout)
+
+    # -- running calls ----------------------------------------------------------------------
+    def _submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("a threadlog sync client was called from its own event loop; "
+                               "it would wait for itself (use the async client there)")
+        with self._lock:
+            if self._closed:
+                coro.close()
+                raise unavailable("this client is closed")
+            # Under the lock: once close() has set _closed, nothing new reaches the loop.
+            return asyncio.run_coroutine_threadsafe(self._tracked(coro), self._loop)
+
+    async def _tracked(self, coro: Coroutine[Any, Any, T]) -> T:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            return await coro
+        finally:
+            self._tasks.discard(task)
+
+    def _wait(self, fut: concurrent.futures.Future[T], what: str = "the call") -> T:
+        """The result of `fut`, waiting at most the request timeout."""
+        try:
+            done, _ = concurrent.futures.wait([fut], self.request_timeout)
+        except BaseException:
+            fut.cancel()  # e.g. KeyboardInterrupt in the waiting thread: do not leave the call running
+            raise
+        if not done:
+            fut.cancel()
+            raise unavailable(f"{what} did not finish within the request timeout ({self.request_timeout:g} s)")
+        try:
+            return fut.result()
+        except concurrent.futures.CancelledError:
+            why = "the client was closed" if self._closed else "cancelled on the loop"
+            raise unavailable(f"{what} did not finish: {why}") from None
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self._wait(self._submit(coro))
+
+    def _async(self) -> ThreadLog:
+        # Only read on the loop thread, after open succeeded.
+        assert self._tl is not None
+        return self._tl
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Cancel calls in flight (they raise UNAVAILABLE), close the async client,
+        stop the loop thread. Closing twice is harmless."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("a threadlog sync client cannot be closed from its own event loop")
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        done = asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
+        try:
+            finished, _ = concurrent.futures.wait([done], self.request_timeout)
+            if finished:
+                done.result()
+        finally:
+            self._stop_loop()
+        if not finished:
+            raise unavailable(f"close did not finish within the request timeout ({self.request_timeout:g} s)")
+
+    async def _shutdown(self) -> None:
+        # Every call submitted before _closed was set has registered its task by
+        # now (its first step was queued before this coroutine's). Cancelled, its
+        # waiting thread gets UNAVAILABLE ("the client was closed").
+        tasks = builtins.list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.request_timeout)
+        # Readers left mid-iteration hold subscriptions of the async client:
+        # finish them while it is still open.
+        with self._lock:  # readers are registered from callers' threads
+            readers = builtins.list(self._readers)
+        for reader in readers:
+            await reader._finish()
+        if self._tl is not None:
+            await self._tl.close()
+        await self._loop.shutdown_asyncgens()
+
+    def __enter__(self) -> SyncThreadLog:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- delivery logs (SPEC 11) -------------------------------------------------------------------
+    def delivery(self, run_id: str, epoch: int | None = None) -> SyncDeliveryLog:
+        """The delivery log of `run_id`, written as driver `epoch` (None counts as 0)."""
+
+        async def make() -> DeliveryLog:
+            return self._async().delivery(run_id, epoch)
+
+        return SyncDeliveryLog(self, self._run(make()))
+
+
+class _SyncStore:
+    def __init__(self, client: SyncThreadLog) -> None:
+        self._c = client
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self._c._run(coro)
+
+    def _tl(self) -> ThreadLog:
+        return self._c._async()
+
+
+# -- stores -----------------------------------------------------------------------------------------
+# Each method builds its coroutine on the loop thread (`async def` bodies run
+# there), so nothing of the async client is touched from a caller's thread.
+
+
+class SyncMessageStore(_SyncStore):
+    def load_thread(self, thread_id: str) -> builtins.list[Any]:
+        async def call() -> builtins.list[Any]:
+            return await self._tl().messages.load_thread(thread_id)
+
+        return self._run(call())
+
+    def save_thread(self, thread_id: str, messages: builtins.list[Any]) -> None:
+        async def call() -> None:
+            await self._tl().messages.save_thread(thread_id, messages)
+
+        self._run(call())
+
+
+class SyncWriterLease:
+    """A granted writer lease with blocking `renew()` and `release()`.
+
+    Accepted as `writer=` by the checkpoint store (it has `thread_id`,
+    `owner_token` and `fence`); `expires_at` follows `renew()`.
+    """
+
+    def __init__(self, store: SyncCheckpointStore, lease: WriterLease) -> None:
+        self._store = store
+        self._lease = lease
+        self.thread_id: str = lease.thread_id
+        self.owner_token: str = lease.owner_token
+        self.fence: int = lease.fence
+        self.renew_after_ms: int = lease.renew_after_ms
+
+    @property
+    def expires_at(self) -> float:
+        return self._lease.expires_at
+
+    def renew(self) -> float:
+        """Extend the lease; `WRITER_LOST` unless it is still current. Returns the new `expires_at`."""
+
+        async def call() -> float:
+            return await self._lease.renew()
+
+        return self._store._run(call())
+
+    def release(self) -> None:
+        """End the lease if it is still current; silent for a stale lease."""
+
+        async def call() -> None:
+            await self._lease.release()
+
+        self._store._run(call())
+
+    def __repr__(self) -> str:
+        return (f"SyncWriterLease(thread_id={self.thread_id!r}, fence={self.fence}, "
+                f"expires_at={self.expires_at!r}, renew_after_ms={self.renew_after_ms})")
+
+
+class SyncCheckpointStore(_SyncStore):
+    def acquire_writer(self, thread_id: str) -> SyncWriterLease:
+        async def call() -> WriterLease:
+            return await self._tl().checkpoints.acquire_writer(thread_id)
+
+        return SyncWriterLease(self, self._run(call()))
+
+    def append(self, *, checkpoint: CheckpointInput | Checkpoint, expected_head_id: str | None,
+               writer: WriterLike) -> str:
+        async def call() -> str:
+            return await self._tl().checkpoints.append(checkpoint=checkpoint, expected_head_id=expected_head_id,
+                                                       writer=writer)
+
+        return self._run(call())
+
+    def delete_head(self, *, thread_id: str, checkpoint_id: str, writer: WriterLike) -> None:
+        async def call() -> None:
+            await self._tl().checkpoints.delete_head(thread_id=thread_id, checkpoint_id=checkpoint_id,
+                                                     writer=writer)
+
+        self._run(call())
+
+    def fork_from_checkpoint(self, *, source_thread_id: str, source_checkpoint_id: str, destination_thread_id: str,
+                             destination_checkpoint_id: str, created_at: Timestamp,
+                             writer: WriterLike) -> Checkpoint:
+        async def call() -> Checkpoint:
+            return await self._tl().checkpoints.fork_from_checkpoint(
+                source_thread_id=source_thread_id, source_checkpoint_id=source_checkpoint_id,
+                destination_thread_id=destination_thread_id, destination_checkpoint_id=destination_checkpoint_id,
+                created_at=created_at, writer=writer)
+
+        return self._run(call())
+
+    def get(self, checkpoint_id: str) -> Checkpoint | None:
+        async def call() -> Checkpoint | None:
+            return await self._tl().checkpoints.get(checkpoint_id)
+
+        return self._run(call())
+
+    def list(self, thread_id: str) -> builtins.list[Checkpoint]:
+        async def call() -> builtins.list[Checkpoint]:
+            return await self._tl().checkpoints.list(thread_id)
+
+        return self._run(call())
+
+    def get_head(self, thread_id: str) -> str | None:
+        async def call() -> str | None:
+            return await self._tl().checkpoints.get_head(thread_id)
+
+        return self._run(call())
+
+    def list_blob_references(self) -> builtins.list[BlobReference]:
+        async def call() -> builtins.list[BlobReference]:
+            return await self._tl().checkpoints.list_blob_references()
+
+        return self._run(call())
+
+
+class SyncRunStore(_SyncStore):
+    def create_or_resume(self, *, run_id: str, thread_id: str, started_at: Timestamp,
+                         status: RunStatus | None = None) -> Run:
+        async def call() -> Run:
+            return await self._tl().runs.create_or_resume(run_id=run_id, thread_id=thread_id,
+                                                          started_at=started_at, status=status)
+
+        return self._run(call())
+
+    def update(self, run_id: str, patch: RunPatch) -> None:
+        async def call() -> None:
+            await self._tl().runs.update(run_id, patch)
+
+        self._run(call())
+
+    def get(self, run_id: str) -> Run | None:
+        async def call() -> Run | None:
+            return await self._tl().runs.get(run_id)
+
+        return self._run(call())
+
+    def list_by_thread(self, thread_id: str) -> builtins.list[Run]:
+        async def call() -> builtins.list[Run]:
+            return await self._tl().runs.list_by_thread(thread_id)
+
+        return self._run(call())
+
+    def find_active_run(self, thread_id: str) -> Run | None:
+        async def call() -> Run | None:
+            return await self._tl().runs.find_active_run(thread_id)
+
+        return self._run(call())
+
+    def list_reclaimable(self, *, now: Timestamp, ttl_ms: float) -> builtins.list[Run]:
+        async def call() -> builtins.list[Run]:
+            return await self._tl().runs.list_reclaimable(now=now, ttl_ms=ttl_ms)
+
+        return self._run(call())
+
+    def claim(self, run_id: str) -> int:
+        async def call() -> int:
+            return await self._tl().runs.claim(run_id)
+
+        return self._run(call())
+
+
+class SyncInterruptStore(_SyncStore):
+    def create(self, record: InterruptInput) -> None:
+        async def call() -> None:
+            await self._tl().interrupts.create(record)
+
+        self._run(call())
+
+    def resolve(self, interrupt_id: str, response: Any = None) -> Interrupt | None:
+        async def call() -> Interrupt | None:
+            return await self._tl().interrupts.resolve(interrupt_id, response)
+
+        return self._run(call())
+
+    def cancel(self, interrupt_id: str) -> Interrupt | None:
+        async def call() -> Interrupt | None:
+            return await self._tl().interrupts.cancel(interrupt_id)
+
+        return self._run(call())
+
+    def get(self, interrupt_id: str) -> Interrupt | None:
+        async def call() -> Interrupt | None:
+            return await self._tl().interrupts.get(interrupt_id)
+
+        return self._run(call())
+
+    def list(self, thread_id: str) -> builtins.list[Interrupt]:
+        async def call() -> builtins.list[Interrupt]:
+            return await self._tl().interrupts.list(thread_id)
+
+        return self._run(call())
+
+    def list_pending(self, thread_id: str) -> builtins.list[Interrupt]:
+        async def call() -> builtins.list[Interrupt]:
+            return await self._tl().interrupts.list_pending(thread_id)
+
+        return self._run(call())
+
+    def list_by_run(self, run_id: str) -> builtins.list[Interrupt]:
+        async def call() -> builtins.list[Interrupt]:
+            return await self._tl().interrupts.list_by_run(run_id)
+
+        return self._run(call())
+
+    def list_pending_by_run(self, run_id: str) -> builtins.list[Interrupt]:
+        async def call() -> builtins.list[Interrupt]:
+            return await self._tl().interrupts.list_pending_by_run(run_id)
+
+        return self._run(call())
+
+
+class SyncGenerationRunStore(_SyncStore):
+    def create_or_resume(self, *, run_id: str, thread_id: str, activity: str, provider: str, model: str,
+                         started_at: Timestamp, status: RunStatus | None = None) -> GenerationRun:
+        async def call() -> GenerationRun:
+            return await self._tl().generation_runs.create_or_resume(
+                run_id=run_id, thread_id=thread_id, activity=activity, provider=provider, model=model,
+                started_at=started_at, status=status)
+
+        return self._run(call())
+
+    def update(self, run_id: str, patch: GenerationRunPatch) -> None:
+        async def call() -> None:
+            await self._tl().generation_runs.update(run_id, patch)
+
+        self._run(call())
+
+    def get(self, run_id: str) -> GenerationRun | None:
+        async def call() -> GenerationRun | None:
+            return await self._tl().generation_runs.get(run_id)
+
+        return self._run(call())
+
+    def find_latest_for_thread(self, thread_id: str) -> GenerationRun | None:
+        async def call() -> GenerationRun | None:
+            return await self._tl().generation_runs.find_latest_for_thread(thread_id)
+
+        return self._run(call())
+
+
+class SyncMetadataStore(_SyncStore):
+    def get(self, namespace: str, key: str) -> Any:
+        async def call() -> Any:
+            return await self._tl().metadata.get(namespace, key)
+
+        return self._run(call())
+
+    def set(self, namespace: str, key: str, value: Any) -> None:
+        async def call() -> None:
+            await self._tl().metadata.set(namespace, key, value)
+
+        self._run(call())
+
+    def delete(self, namespace: str, key: str) -> None:
+        async def call() -> None:
+            await self._tl().metadata.delete(namespace, key)
+
+        self._run(call())
+
+
+class SyncArtifactStore(_SyncStore):
+    def save(self, record: ArtifactInput | Artifact) -> None:
+        async def call() -> None:
+            await self._tl().artifacts.save(record)
+
+        self._run(call())
+
+    def get(self, artifact_id: str) -> Artifact | None:
+        async def call() -> Artifact | None:
+            return await self._tl().artifacts.get(artifact_id)
+
+        return self._run(call())
+
+    def list(self, run_id: str) -> builtins.list[Artifact]:
+        async def call() -> builtins.list[Artifact]:
+            return await self._tl().artifacts.list(run_id)
+
+        return self._run(call())
+
+    def list_for_thread(self, thread_id: str) -> builtins.list[Artifact]:
+        async def call() -> builtins.list[Artifact]:
+            return await self._tl().artifacts.list_for_thread(thread_id)
+
+        return self._run(call())
+
+    def delete(self, artifact_id: str) -> None:
+        async def call() -> None:
+            await self._tl().artifacts.delete(artifact_id)
+
+        self._run(call())
+
+    def delete_for_run(self, run_id: str) -> None:
+        async def call() -> None:
+            await self._tl().artifacts.delete_for_run(run_id)
+
+        self._run(call())
+
+
+SyncBlobBody = bytes | bytearray | memoryview | str | Iterable[bytes]
+
+
+class _Feed:
+    """Chunks of a streamed blob body, carried from the caller's thread to the put
+    running on the loop. The caller's iterable is consumed in the caller's thread
+    (it may read a file or a cursor bound to that thread) and never blocks the loop."""
+
+    def __init__(self) -> None:
+        # Only touched on the loop thread (asyncio.Queue binds to it on first use).
+        self._queue: asyncio.Queue[Any] = asyncio.Queue(_FEED_DEPTH)
+
+    async def push(self, item: Any) -> None:
+        await self._queue.put(item)
+
+    async def chunks(self) -> AsyncIterator[Any]:
+        while True:
+            item = await self._queue.get()
+            if item is _END:
+                return
+            yield item
+
+
+class SyncBlobStore(_SyncStore):
+    def put(self, key: str, body: SyncBlobBody, *, content_type: str | None = None,
+            custom_metadata: Mapping[str, str] | None = None, expected_length: int | None = None) -> BlobInfo:
+        """Store `body` (bytes-like, str, or a sync iterable of byte chunks, read in
+        the calling thread); each chunk hand-off and the commit wait at most the
+        request timeout."""
+        if isinstance(body, (bytes, bytearray, memoryview, str, Mapping)) or not isinstance(body, Iterable):
+            # Whole bodies, and anything the store refuses (a dict, an int, ...), go as they are.
+            async def whole() -> BlobInfo:
+                return await self._tl().blobs.put(key, body, content_type=content_type,
+                                                  custom_metadata=custom_metadata, expected_length=expected_length)
+
+            return self._run(whole())
+        return self._put_streamed(key, body, content_type, custom_metadata, expected_length)
+
+    def _put_streamed(self, key: str, body: Iterable[Any], content_type: str | None,
+                      custom_metadata: Mapping[str, str] | None, expected_length: int | None) -> BlobInfo:
+        feed = _Feed()
+
+        async def put() -> BlobInfo:
+            return await self._tl().blobs.put(key, feed.chunks(), content_type=content_type,
+                                              custom_metadata=custom_metadata, expected_length=expected_length)
+
+        put_fut = self._c._submit(put())
+        try:
+            for chunk in body:
+                if not self._hand_over(feed, chunk, put_fut):
+                    break  # the put ended early (refused): its result says why
+            else:
+                self._hand_over(feed, _END, put_fut)
+            return self._c._wait(put_fut, "the blob put")
+        except BaseException:
+            # The caller's iterator failed, a hand-off timed out or the caller was
+            # interrupted: the put must not commit a truncated body.
+            put_fut.cancel()
+            raise
+
+    def _hand_over(self, feed: _Feed, item: Any, put_fut: concurrent.futures.Future[BlobInfo]) -> bool:
+        """Queue one chunk for the put; False if the put ended instead of taking it."""
+        push_fut = self._c._submit(feed.push(item))
+        both: builtins.list[concurrent.futures.Future[Any]] = [push_fut, put_fut]
+        done, _ = concurrent.futures.wait(both, self._c.request_timeout,
+                                          return_when=concurrent.futures.FIRST_COMPLETED)
+        if push_fut in done:
+            push_fut.result()
+            return True
+        push_fut.cancel()
+        if put_fut in done:
+            return False
+        raise unavailable(f"the blob put took no chunk within the request timeout ({self._c.request_timeout:g} s)")
+
+    def get(self, key: str, *, range: BlobRange | None = None) -> Blob | None:
+        async def call() -> Blob | None:
+            return await self._tl().blobs.get(key, range=range)
+
+        return self._run(call())
+
+    def head(self, key: str) -> BlobInfo | None:
+        async def call() -> BlobInfo | None:
+            return await self._tl().blobs.head(key)
+
+        return self._run(call())
+
+    def delete(self, key: str) -> None:
+        async def call() -> None:
+            await self._tl().blobs.delete(key)
+
+        self._run(call())
+
+    def list(self, *, prefix: str | None = None, cursor: str | None = None,
+             limit: int | None = None) -> BlobListPage:
+        async def call() -> BlobListPage:
+            return await self._tl().blobs.list(prefix=prefix, cursor=cursor, limit=limit)
+
+        return self._run(call())
+
+
+# -- delivery (SPEC 11) ---------------------------------------------------------------------------------
+class SyncDeliveryLog:
+    """One run's delivery log with blocking methods; `read` is a blocking iterator."""
+
+    def __init__(self, client: SyncThreadLog, log: DeliveryLog) -> None:
+        self._c = client
+        self._log = log
+        self.run_id: str = log.run_id
+        self.epoch: int = log.epoch
+
+    def append(self, chunks: builtins.list[DeliveryChunk]) -> builtins.list[DeliveryOffset]:
+        async def call() -> builtins.list[DeliveryOffset]:
+            return await self._log.append(chunks)
+
+        return self._c._run(call())
+
+    def upsert(self, entries: Iterable[DeliveryEntry]) -> builtins.list[DeliveryOffset]:
+        async def call() -> builtins.list[DeliveryOffset]:
+            return await self._log.upsert(entries)
+
+        return self._c._run(call())
+
+    def close(self) -> None:
+        async def call() -> None:
+            await self._log.close()
+
+        self._c._run(call())
+
+    def snapshot(self) -> builtins.list[DeliveryEntry]:
+        async def call() -> builtins.list[DeliveryEntry]:
+            return await self._log.snapshot()
+
+        return self._c._run(call())
+
+    def read(self, after: DeliveryPosition, *, follow: bool = True) -> SyncDeliveryReader:
+        """A blocking iterator of (offset, chunk) strictly after `after`; errors
+        surface at the first `next()`; ends when the log is closed (or, with
+        `follow=False`, at what is stored when the iteration starts)."""
+        return SyncDeliveryReader(self._c, lambda: self._log.read(after, follow=follow))
+
+
+class SyncDeliveryReader(Iterator[DeliveryEntry]):
+    """The blocking side of `read`: each `next()` waits for the next chunk, at most
+    the request timeout (then UNAVAILABLE: resume with `read(last offset)`).
+    Close it (or use `with`) when leaving before the log ends. One reader is
+    iterated by one thread at a time; any number of readers may run at once."""
+
+    def __init__(self, client: SyncThreadLog, make: Callable[[], AsyncIterator[DeliveryEntry]]) -> None:
+        self._c = client
+        self._make = make
+        self._it: AsyncIterator[DeliveryEntry] | None = None
+        self._finished = False
+        with client._lock:
+            client._readers.add(self)
+
+    def __iter__(self) -> SyncDeliveryReader:
+        return self
+
+    async def _step(self) -> DeliveryEntry | None:
+        if self._it is None:
+            self._it = self._make()  # created on the loop, so the loop finalizes it
+        try:
+            return await self._it.__anext__()
+        except StopAsyncIteration:
+            return None  # a coroutine cannot hand StopAsyncIteration through a future
+
+    def __next__(self) -> DeliveryEntry:
+        if self._finished:
+            raise StopIteration
+        try:
+            item = self._c._wait(self._c._submit(self._step()), "the delivery read")
+        except BaseException:
+            # An error or a timeout ends the iteration (a timed-out step was
+            # cancelled inside the async iterator, which closed it).
+            self._finished = True
+            raise
+        if item is None:
+            self._finished = True
+            raise StopIteration
+        return item
+
+    async def _finish(self) -> None:
+        it, self._it = self._it, None
+        aclose = getattr(it, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+    def close(self) -> None:
+        """Stop reading: releases what the reader holds on the loop. Harmless
+        after the end, after an error and after the client was closed."""
+        self._finished = True
+        if self._it is None or self._c.closed:
+            return  # never started, or the client's close finished it
+        with contextlib.suppress(ThreadLogError):
+            self._c._run(self._finish())
+
+    def __enter__(self) -> SyncDeliveryReader:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def connect(
+    bootstrap_servers: str = "127.0.0.1:9092",
+    namespace: str = "threadlog",
+    processors: str = "embedded",
+    lease_duration_ms: int = 120_000,
+    renew_after_ms: int = 45_000,
+    clock: Callable[[], float] | None = None,
+    first_chunk_wait_ms: int = 5_000,
+    state_dir: str | None = None,
+    *,
+    partitions: int = 4,
+    request_timeout_ms: int = 30_000,
+) -> SyncThreadLog:
+    """Open a namespace with a blocking client (the arguments of `threadlog.open`).
+
+    Bad options raise `ThreadLogError(INVALID_ARGUMENT)` here, before any thread starts.
+    """
+    from . import open as open_async  # the public entry point (imported here: threadlog imports this module)
+
+    opener = open_async(
+        bootstrap_servers, namespace, processors, lease_duration_ms, renew_after_ms, clock,
+        first_chunk_wait_ms, state_dir, partitions=partitions, request_timeout_ms=request_timeout_ms,
+    )
+    client = SyncThreadLog(request_timeout_ms / 1000.0)
+
+    async def opened() -> ThreadLog:
+        return await opener
+
+    client._start(opened())
+    return client
