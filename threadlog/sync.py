@@ -79,9 +79,9 @@ __all__ = [
 
 T = TypeVar("T")
 
-# Opening = topic creation (bounded by the request timeout inside open) + the
-# decider group's first assignment (bounded at 10 s inside open) + consumers
-# starting: the request timeout alone would refuse slow but healthy opens.
+# Opening = topic creation (bounded by the request timeout inside open) +
+# consumers starting and, for external clients, finding a worker: the request
+# timeout alone would refuse slow but healthy opens.
 _OPEN_GRACE_S = 30.0
 # A blob chunk handed to the loop waits in a queue this deep: enough to keep
 # the producer busy while the caller's iterator makes the next chunk, small
