@@ -245,8 +245,9 @@ class QueryClient:
 class RemoteStore:
     """The read surface of `projections.store.Store` the facades use, served by a worker."""
 
-    def __init__(self, client: QueryClient) -> None:
+    def __init__(self, client: QueryClient, page: int = 512) -> None:
         self._client = client
+        self.page = page  # keys per scan request (the server caps it too)
 
     def get(self, k: bytes) -> bytes | None:
         result = self._client.call_sync("get", {"key": _b64(k), "floor": self._client.floor()})
@@ -263,7 +264,7 @@ class RemoteStore:
         while True:
             page = self._client.call_sync("scan", {
                 "prefix": _b64(prefix), "start": None if cursor is None else _b64(cursor),
-                "floor": self._client.floor()})
+                "limit": self.page, "floor": self._client.floor()})
             for k, v in page["items"]:
                 yield base64.b64decode(k), base64.b64decode(v)
             if page["next"] is None:
