@@ -246,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed)")
     sv.add_argument("--path", default="/api/chat", help="path of the durability route")
     sv.add_argument("--processors", choices=["external", "embedded"], default="external",
-                    help="the routes only read; 'embedded' also decides commands in this process")
+                    help="'external': a thin client served by a `threadlog worker`; "
+                         "'embedded': judge every partition in this process")
     sv.add_argument("--state-dir", default=None)
     sv.add_argument("--first-chunk-wait-ms", type=int, default=5000)
     sv.set_defaults(fn=cmd_serve)
