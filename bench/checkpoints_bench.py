@@ -132,7 +132,8 @@ async def main() -> None:
                     # The engine's simplest command (a transcript save, same bytes) in the same run:
                     # what any decided command costs here, whatever it decides.
                     save = await save_threads(tl, len(payload), args.count, args.threads, args.clients)
-                    stats = dict(tl.runtime.judge.stats)
+                    # A thin client has no judge (its worker judges).
+                    stats = dict(tl.runtime.judge.stats) if tl.runtime.judge is not None else {}
             finally:
                 if worker is not None:
                     worker.terminate()

@@ -182,7 +182,7 @@ async def replay(bootstrap: str, chunks: int, batch: list[dict]) -> list[tuple[R
                 codec = writer.runtime.codec
                 partition = log.partition
             async with threadlog.open(bootstrap, namespace=ns, state_dir=f"{state}/r",
-                                      processors="external") as reader:
+                                      processors="embedded") as reader:
                 await reader.delivery(run).snapshot()  # the fresh client's run index is caught up (not timed)
                 best = None
                 for _ in range(3):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient
+from worker_support import WorkerProcess
 
 import threadlog
 from threadlog.topics import Topics, delete_topics
@@ -68,11 +69,19 @@ def namespace(request, bootstrap):
 
 @pytest.fixture
 async def open_client(bootstrap, namespace, tmp_path):
-    """Factory: `await open_client(**options)` opens a client, closed after the test."""
+    """Factory: `await open_client(**options)` opens a client, closed after the test.
+
+    A thin client (`processors="external"`) needs a worker: the first one of a
+    test starts a `threadlog worker` process for the test's namespace (unless
+    the test runs its own, `own_worker=True`), stopped after the test."""
     opened: list[threadlog.ThreadLog] = []
+    workers: list[WorkerProcess] = []
     slots = iter(range(1000))
 
-    async def factory(**kwargs) -> threadlog.ThreadLog:
+    async def factory(own_worker: bool = False, **kwargs) -> threadlog.ThreadLog:
+        if kwargs.get("processors") == "external" and not own_worker and not workers:
+            ns = kwargs.get("namespace", namespace)
+            workers.append(await WorkerProcess(bootstrap, ns, tmp_path / "fixture-worker", "fixture").start())
         kwargs.setdefault("namespace", namespace)
         # A state dir per client: two clients of a test are two hosts.
         kwargs.setdefault("state_dir", str(tmp_path / f"state-{next(slots)}"))
@@ -83,6 +92,8 @@ async def open_client(bootstrap, namespace, tmp_path):
     yield factory
     for client in reversed(opened):
         await client.close()
+    for worker in workers:
+        await worker.stop()
 
 
 @pytest.fixture

@@ -44,11 +44,11 @@ async def test_full_rebuild_from_offset_zero_yields_the_same_reads(open_client, 
     assert stats["offsets"] > 0 and stats["skipped"] == 0
     assert lines and lines[-1].endswith(f"{stats['offsets']}/{stats['offsets']} offsets folded")
 
-    reopened = await open_client(state_dir=str(state), processors="external")
+    reopened = await open_client(state_dir=str(state))  # full replicas: their stores are compared
     assert reopened.runtime.store.path == store_path
     assert {tid: await within(reopened.messages.load_thread(tid)) for tid in expected} == before
     # And a host that never saw the namespace folds it from zero to the same reads.
-    fresh = await open_client(state_dir=str(tmp_path / "fresh"), processors="external")
+    fresh = await open_client(state_dir=str(tmp_path / "fresh"))
     assert {tid: await within(fresh.messages.load_thread(tid)) for tid in expected} == before
     # Judged alike: the same verdict at every offset as the rebuilt store.
     parts = fresh.runtime.layout.events

@@ -384,7 +384,7 @@ async def test_a_fresh_host_folds_the_same_runs_and_epochs(open_client):
     await within(a.runs.claim("r"))
     await within(a.runs.claim("r"))
     await within(a.runs.update("r", {"driverEpoch": None, "detachedSince": 3}))
-    fresh = await open_client(processors="external")
+    fresh = await open_client()  # a fresh full replica: its own store is inspected
     assert await within(fresh.runs.get("r")) == await within(a.runs.get("r"))
     assert await within(fresh.runs.list_reclaimable(now=3, ttl_ms=0)) == [await within(a.runs.get("r"))]
     assert run_state.max_epoch(fresh.runtime.store, "t", "r") == 2

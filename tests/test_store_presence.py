@@ -56,7 +56,7 @@ async def test_a_fresh_host_folds_the_same_counts(open_client):
     a = await open_client()
     await _fill(a)
     await within(a.artifacts.delete("a2"))
-    fresh = await open_client(processors="external")
+    fresh = await open_client()  # a fresh full replica: its own store is inspected
     await fresh.read_barrier(None)
     await a.read_barrier(None)
     assert _counts(fresh, "t") == _counts(a, "t") == {presence.RUN: 2, presence.GENERATION_RUN: 1,

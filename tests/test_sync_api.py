@@ -358,7 +358,7 @@ def test_delivery_rejoin_from_the_start_on_a_new_client(connect):
     offsets = log.append([{"n": 0}, {"n": 1}])
     writer.close()  # the first host goes away, its log still open
 
-    reader = connect(processors="external")
+    reader = connect()  # another host: its own full replica
     seen = []
     ready = threading.Event()  # the reader holds both chunks written before the close
 

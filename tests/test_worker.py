@@ -20,7 +20,8 @@ async def test_a_worker_judges_alike_and_resumes_where_it_stopped(bootstrap, nam
     restarted = WorkerProcess(bootstrap, namespace, state, "w1")
     try:
         await worker.start()
-        client = await open_client(processors="external")
+        # An embedded client: a second judge whose verdicts are compared with the worker's.
+        client = await open_client()
         await within(client.messages.save_thread("t", ["one"]))
         worker.signal(signal.SIGTERM)
         assert await worker.wait_exit(30) == 0

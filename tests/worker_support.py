@@ -14,8 +14,8 @@ HERE = Path(__file__).resolve().parent
 class WorkerProcess:
     """One `threadlog worker` process: a judge of the namespace with its own store."""
 
-    def __init__(self, bootstrap: str, namespace: str, state_dir: Path, name: str) -> None:
-        self.args = ["--bootstrap", bootstrap, "--namespace", namespace, "--state-dir", str(state_dir)]
+    def __init__(self, bootstrap: str, namespace: str, state_dir: Path, name: str, *extra: str) -> None:
+        self.args = ["--bootstrap", bootstrap, "--namespace", namespace, "--state-dir", str(state_dir), *extra]
         self.state_dir = Path(state_dir)
         self.name = name
         self.log_path = Path(state_dir).with_suffix(".stderr.log")
@@ -23,6 +23,7 @@ class WorkerProcess:
         self.lines: list[str] = []
         self._new_line = asyncio.Event()
         self._reader: asyncio.Task | None = None
+        self.address: str | None = None  # its query service, "host:port"
 
     async def start(self, timeout: float = 60) -> WorkerProcess:
         Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
@@ -32,7 +33,9 @@ class WorkerProcess:
         self.proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE,
                                                          stderr=self._stderr, env=env)
         self._reader = asyncio.create_task(self._read())
-        await self.wait_for("judging", timeout)
+        line = await self.wait_for("judging", timeout)
+        if "serving queries at " in line:
+            self.address = line.split("serving queries at ", 1)[1].split()[0]
         return self
 
     async def _read(self) -> None:

@@ -8,7 +8,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -55,16 +54,40 @@ def cmd_worker(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         partitions=args.partitions,
     )
-    rt = Runtime(opts)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    rt.start()
-    print(f"worker judging {rt.topics.events} (state {rt.store.path if rt.store else '?'})", flush=True)
+    host, _, port = args.listen.rpartition(":")
     try:
-        stop.wait()
+        listen = (host or "127.0.0.1", int(port))
+    except ValueError:
+        print(f"threadlog worker: --listen must be HOST:PORT, got {args.listen!r}", file=sys.stderr)
+        return 2
+    return asyncio.run(_worker(Runtime(opts), listen))
+
+
+async def _worker(rt, listen: tuple[str, int]) -> int:
+    """Judge the namespace, serve its state to thin clients, announce it in `<ns>.members`."""
+    from threadlog.members import Announcer
+    from threadlog.processors.query_server import QueryServer
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await asyncio.to_thread(rt.start)
+    assert rt.store is not None and rt.judge is not None and rt.barrier is not None
+    server = QueryServer(rt.store, rt.judge, rt.barrier, timeout=rt.opts.request_timeout)
+    announcer: Announcer | None = None
+    try:
+        address = await server.start(*listen)
+        announcer = Announcer(rt.opts.bootstrap_servers, rt.topics.members, rt.client_id, address)
+        await asyncio.to_thread(announcer.start, rt.opts.request_timeout)
+        print(f"worker judging {rt.topics.events} (state {rt.store.path}), serving queries at {address} "
+              f"as {rt.client_id}", flush=True)
+        await stop.wait()
     finally:
-        rt.stop()
+        if announcer is not None:
+            await asyncio.to_thread(announcer.stop)
+        await server.close()
+        await asyncio.to_thread(rt.stop)
     return 0
 
 
@@ -83,7 +106,7 @@ async def _demo(bootstrap: str, namespace: str, state_dir: str | None) -> None:
         print(f"[client A] saved 2 messages to thread-1 in {(time.perf_counter() - t1) * 1e3:.1f} ms "
               "(a proposal on the thread's partition, judged in log order)")
         async with threadlog.open(bootstrap, namespace=namespace, state_dir=state_dir,
-                                  processors="external") as reader:
+                                  processors="embedded") as reader:
             print("[client B] opened the same namespace (its own projection store)")
             t2 = time.perf_counter()
             loaded = await reader.messages.load_thread("thread-1")
@@ -171,7 +194,8 @@ async def _replay(args: argparse.Namespace) -> int:
 
     import threadlog
 
-    async with threadlog.open(args.bootstrap, namespace=args.namespace, processors="external",
+    # Embedded: replay must work with no worker running (it is a debugging tool).
+    async with threadlog.open(args.bootstrap, namespace=args.namespace, processors="embedded",
                               state_dir=args.state_dir) as tl:
         log = tl.delivery(args.run_id)
         try:
@@ -205,13 +229,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--data-dir", default=None)
     b.set_defaults(fn=cmd_broker)
 
-    w = sub.add_parser("worker", help="run the stream processors of a namespace")
+    w = sub.add_parser("worker", help="judge a namespace and serve its state to thin clients")
     w.add_argument("--bootstrap", default=_bootstrap_default())
     w.add_argument("--namespace", default="threadlog")
     w.add_argument("--partitions", type=int, default=4)
     w.add_argument("--state-dir", default=None)
     w.add_argument("--lease-duration-ms", type=int, default=120_000)
     w.add_argument("--renew-after-ms", type=int, default=45_000)
+    w.add_argument("--listen", default="127.0.0.1:0",
+                   help="HOST:PORT of the query service for thin clients (port 0: a free one, printed)")
     w.set_defaults(fn=cmd_worker)
 
     sv = sub.add_parser("serve", help="HTTP: the TanStack durability route, SSE and REST for delivery logs")
@@ -220,8 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed)")
     sv.add_argument("--path", default="/api/chat", help="path of the durability route")
-    sv.add_argument("--processors", choices=["external", "embedded"], default="external",
-                    help="the routes only read; 'embedded' also decides commands in this process")
+    sv.add_argument("--processors", choices=["external", "embedded"], default="embedded",
+                    help="'external': a thin client served by a `threadlog worker`; "
+                         "'embedded': judge every partition in this process")
     sv.add_argument("--state-dir", default=None)
     sv.add_argument("--first-chunk-wait-ms", type=int, default=5000)
     sv.set_defaults(fn=cmd_serve)

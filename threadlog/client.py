@@ -10,7 +10,9 @@ from typing import Any
 from .config import Options
 from .delivery import DeliveryLog, DeliveryService
 from .errors import ThreadLogError, unavailable
-from .producers.proposals import ProposalBus
+from .producers.proposals import ProposalBus, Verdicts
+from .projections.store import Store
+from .remote import RemoteStore, RemoteVerdicts
 from .runtime import Runtime
 from .stores.artifacts import ArtifactStore
 from .stores.blobs import BlobStore
@@ -40,6 +42,7 @@ class ThreadLog:
         self.checkpoints = CheckpointStore(self)
         self.blobs = BlobStore(self)
         self._delivery: DeliveryService | None = None
+        self._state: Store | RemoteStore | None = None
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------
@@ -56,16 +59,25 @@ class ThreadLog:
 
     def _start_sync(self) -> None:
         self.runtime.start()
-        assert self.runtime.layout is not None and self.runtime.judge is not None
-        assert self.runtime.barrier is not None
+        assert self.runtime.layout is not None
+        verdicts: Verdicts
+        if self.runtime.query is not None:  # thin: a worker judges
+            verdicts = RemoteVerdicts(self.runtime.query)
+            end_offsets = self.runtime.query.end_offsets
+            self._state = RemoteStore(self.runtime.query)
+        else:
+            assert self.runtime.judge is not None and self.runtime.barrier is not None
+            verdicts = self.runtime.judge
+            end_offsets = self.runtime.barrier.end_offsets
+            self._state = self.runtime.store
         self.bus = ProposalBus(
             bootstrap=self.opts.bootstrap_servers,
             topics=self.runtime.topics,
             layout=self.runtime.layout,
             codec=self.runtime.codec,
             client_id=self.runtime.client_id,
-            verdicts=self.runtime.judge,
-            end_offsets=self.runtime.barrier.end_offsets,
+            verdicts=verdicts,
+            end_offsets=end_offsets,
             clock=self.opts.clock,
             timeout=self.opts.request_timeout,
         )
@@ -107,11 +119,23 @@ class ThreadLog:
         assert self.bus is not None
         return await self.bus.send(type_name, key, payload)
 
+    @property
+    def state(self) -> Store | RemoteStore:
+        """What the stores read after a barrier: this process's store (embedded), or a worker's (thin)."""
+        if self._state is None:
+            raise unavailable("the threadlog client is not started")
+        return self._state
+
     async def read_barrier(self, keys: Iterable[str] | None) -> None:
         self._check_open()
+        partitions = None if keys is None else sorted({self.runtime.partition_of(k) for k in keys})
+        if self.runtime.query is not None:
+            # The worker asks the broker for end offsets after our request arrived
+            # and answers once its judge passed them (processors/query_server.py).
+            await self.runtime.query.barrier(partitions)
+            return
         barrier = self.runtime.barrier
         assert barrier is not None
-        partitions = None if keys is None else sorted({self.runtime.partition_of(k) for k in keys})
         await barrier.wait(partitions)
 
 
@@ -147,7 +171,15 @@ def open(
     partitions: int = 4,
     request_timeout_ms: int = 30_000,
 ) -> _Opener:
-    """Open a namespace; bad options raise `ThreadLogError(INVALID_ARGUMENT)` here."""
+    """Open a namespace; bad options raise `ThreadLogError(INVALID_ARGUMENT)` here.
+
+    `processors="embedded"` (the default): this process judges every partition
+    itself -- a full replica, which folds the namespace's whole history before
+    its first read. `processors="external"`: a thin client; proposals still go
+    straight to Kafka, but verdicts, read barriers and reads are served by a
+    `threadlog worker` found in `<ns>.members` (threadlog/remote.py); calls
+    fail with `UNAVAILABLE` after `request_timeout_ms` when no worker answers.
+    """
     opts = Options(
         bootstrap_servers=bootstrap_servers,
         namespace=namespace,

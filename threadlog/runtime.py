@@ -1,9 +1,15 @@
 """What one process runs for a namespace: topics, store, judge, read barrier.
 
-`threadlog.open` and `threadlog worker` build the same runtime. The judge
-(processors/judge.py) folds the namespace's `events` partitions, deciding
-every proposal in offset order, into this process's RocksDB store; the read
-barrier waits for it.
+`threadlog worker` and an embedded `threadlog.open` (the default) build the
+full runtime: the judge (processors/judge.py) folds the namespace's `events`
+partitions, deciding every proposal in offset order, into this process's
+RocksDB store; the read barrier waits for it.
+
+A thin client (`processors="external"`) builds no judge and folds no
+`events`: verdicts, barriers and reads come from a worker through `query`
+(threadlog/remote.py). Its store still holds the run index of the delivery
+log, which every client folds from `<ns>.deliveries` itself for now
+(threadlog/delivery.py) -- moving that to workers is a later step.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from .processors.judge import Judge
 from .projections.barrier import ReadBarrier
 from .projections.fold import load_all as load_folds
 from .projections.store import Store, open_slot
+from .remote import QueryClient
 from .schemas import Codec, default_codec
 from .topics import TopicLayout, Topics, ensure_topics
 
@@ -41,6 +48,7 @@ class Runtime:
         self.store: Store | None = None
         self.judge: Judge | None = None
         self.barrier: ReadBarrier | None = None
+        self.query: QueryClient | None = None
         self.timings: dict[str, float] = {}
 
     def start(self) -> None:
@@ -52,6 +60,12 @@ class Runtime:
         )
         self.timings["topics"] = time.monotonic() - t0
         self.store = open_slot(self.opts.state_root / self.opts.namespace)
+        if self.thin:
+            self.query = QueryClient(self.opts.bootstrap_servers, self.topics.members, self.client_id,
+                                     self.opts.request_timeout)
+            self.query.start()
+            self.timings["started"] = time.monotonic() - t0
+            return
         self.judge = Judge(
             self.opts.bootstrap_servers, self.topics.events, self.layout.events, self.store,
             self.codec, self.client_id,
@@ -60,11 +74,18 @@ class Runtime:
         self.barrier = ReadBarrier(self.admin, self.judge, timeout=self.opts.request_timeout)
         self.timings["started"] = time.monotonic() - t0
 
+    @property
+    def thin(self) -> bool:
+        """No judge here: a worker answers (processors="external")."""
+        return self.opts.processors == "external"
+
     def partition_of(self, key: str) -> int:
         assert self.layout is not None
         return partition_for(key, self.layout.events)
 
     def stop(self) -> None:
+        if self.query is not None:
+            self.query.close()
         if self.judge is not None:
             self.judge.stop()
         if self.store is not None:

@@ -30,8 +30,12 @@ class Topics:
     def blobs(self) -> str:
         return f"{self.namespace}.blobs"
 
+    @property
+    def members(self) -> str:
+        return f"{self.namespace}.members"
+
     def all(self) -> list[str]:
-        return [self.events, self.deliveries, self.blobs]
+        return [self.events, self.deliveries, self.blobs, self.members]
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class TopicLayout:
     events: int
     deliveries: int
     blobs: int
+    members: int = 1
 
 
 def specs(topics: Topics, partitions: int, delivery_retention_ms: int) -> list[NewTopic]:
@@ -59,6 +64,12 @@ def specs(topics: Topics, partitions: int, delivery_retention_ms: int) -> list[N
         NewTopic(topics.blobs, partitions, 1,
                  config={"max.message.bytes": str(2 * 1024 * 1024), "cleanup.policy": "compact",
                          "min.cleanable.dirty.ratio": "0.1", "segment.ms": str(HOUR_MS)}),
+        # Query workers announce themselves here (threadlog/members.py): key = worker
+        # id, latest heartbeat wins, a tombstone on clean exit. One partition: a
+        # client reads the whole (small, compacted) membership at open.
+        NewTopic(topics.members, 1, 1,
+                 config={"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1",
+                         "segment.ms": str(HOUR_MS), "delete.retention.ms": str(HOUR_MS)}),
     ]
 
 
@@ -107,6 +118,7 @@ def describe(admin: AdminClient, topics: Topics, deadline: float) -> TopicLayout
                 events=counts[topics.events],
                 deliveries=counts[topics.deliveries],
                 blobs=counts[topics.blobs],
+                members=counts[topics.members],
             )
         if time.monotonic() > deadline:
             missing = sorted(set(topics.all()) - set(counts))

@@ -76,6 +76,7 @@ from .. import client as _client
 from ..errors import invalid_argument, unavailable
 from ..projections.folds import langgraph as state
 from ..projections.store import Store
+from ..remote import RemoteStore
 from ..validation import is_int, require_id
 
 __all__ = ["AsyncThreadLogSaver", "ThreadLogSaver"]
@@ -174,11 +175,8 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
 
     # -- plumbing ------------------------------------------------------------------------------
     @property
-    def _store(self) -> Store:
-        store = self.tl.runtime.store
-        if store is None:
-            raise unavailable("the threadlog client is not started")
-        return store
+    def _store(self) -> Store | RemoteStore:
+        return self.tl.state
 
     def _wire(self, value: Any) -> dict:
         kind, data = self.serde.dumps_typed(value)

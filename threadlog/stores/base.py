@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import unavailable
 from ..projections.store import Store
+from ..remote import RemoteStore
 
 if TYPE_CHECKING:
     from ..client import ThreadLog
@@ -17,10 +18,9 @@ class StoreFacade:
         self._tl = tl
 
     @property
-    def _store(self) -> Store:
-        store = self._tl.runtime.store
-        assert store is not None
-        return store
+    def _store(self) -> Store | RemoteStore:
+        # Embedded: this process's RocksDB; thin: the same reads served by a worker.
+        return self._tl.state
 
     async def _send(self, type_name: str, key: str, payload: dict) -> Any:
         return await self._tl.send(type_name, key, payload)

@@ -1,0 +1,111 @@
+"""Thin clients (`processors="external"`): no judge in the client, a `threadlog worker` serves.
+
+Verdicts, read barriers and reads go to a worker found in `<ns>.members`;
+proposals still go straight to Kafka. Read-your-writes holds across thin and
+embedded clients; a thin client folds no history; when its worker dies, calls
+fail with UNAVAILABLE within the request timeout or are answered by another
+worker after failover -- never with older state than the client already saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import pytest
+from checkpoint_helpers import checkpoint
+from support import within
+from worker_support import WorkerProcess
+
+from threadlog.errors import STALE_HEAD, UNAVAILABLE, ThreadLogError
+
+
+@pytest.fixture
+async def worker(bootstrap, namespace, tmp_path):
+    w = await WorkerProcess(bootstrap, namespace, tmp_path / "w1", "w1").start()
+    yield w
+    await w.stop()
+
+
+async def test_thin_clients_round_trip_and_read_each_others_writes(worker, open_client):
+    a = await open_client(processors="external", own_worker=True)
+    b = await open_client(processors="external", own_worker=True)
+    embedded = await open_client()
+    assert a.runtime.judge is None and a.runtime.query.address == worker.address
+    await within(a.messages.save_thread("t", ["from a"]))
+    assert await within(a.messages.load_thread("t")) == ["from a"]
+    assert await within(b.messages.load_thread("t")) == ["from a"]  # another host, at once
+    assert await within(embedded.messages.load_thread("t")) == ["from a"]
+    await within(embedded.messages.save_thread("t", ["from embedded"]))
+    assert await within(a.messages.load_thread("t")) == ["from embedded"]
+    await within(b.messages.save_thread("t", ["from b"]))
+    assert await within(embedded.messages.load_thread("t")) == ["from b"]
+    assert await within(a.messages.load_thread("t")) == ["from b"]
+    # Scans page through the worker (a tiny page: several round trips, nothing lost or repeated).
+    for n in range(7):
+        await within(a.runs.create_or_resume(run_id=f"r{n}", thread_id="t", started_at=n))
+    b.state.page = 2
+    assert [r["runId"] for r in await within(b.runs.list_by_thread("t"))] == [f"r{n}" for n in range(7)]
+    assert await within(b.runs.list_by_thread("t")) == await within(embedded.runs.list_by_thread("t"))
+    assert await within(b.messages.load_thread("nope")) == await within(embedded.messages.load_thread("nope"))
+
+
+async def test_refusals_surface_with_their_codes(worker, open_client):
+    thin = await open_client(processors="external", own_worker=True)
+    w = await within(thin.checkpoints.acquire_writer("t"))
+    await within(thin.checkpoints.append(checkpoint=checkpoint("c1", "t"), expected_head_id=None, writer=w))
+    with pytest.raises(ThreadLogError) as err:
+        await within(thin.checkpoints.append(checkpoint=checkpoint("c2", "t", "c1"), expected_head_id=None, writer=w))
+    assert err.value.code == STALE_HEAD
+    head = await within(thin.checkpoints.append(checkpoint=checkpoint("c2", "t", "c1"), expected_head_id="c1",
+                                                writer=w))
+    assert head == "c2"
+
+
+async def test_a_thin_client_does_not_fold_history(worker, open_client):
+    writer = await open_client()
+    expected = {f"t{n}": [n, "é" * n] for n in range(200)}
+    await within(asyncio.gather(*(writer.messages.save_thread(t, m) for t, m in expected.items())))
+    thin = await open_client(processors="external", own_worker=True)
+    rt = thin.runtime
+    assert rt.judge is None and rt.barrier is None
+    assert await within(thin.messages.load_thread("t199")) == expected["t199"]
+    # Nothing of `events` reached the thin client's own store: it folded none of it.
+    assert all(rt.store.offset(rt.topics.events, p) == 0 for p in range(rt.layout.events))
+    loaded = await within(asyncio.gather(*(thin.messages.load_thread(t) for t in expected)))
+    assert dict(zip(expected, loaded, strict=True)) == expected
+
+
+async def test_failover_after_a_killed_worker_never_serves_stale_state(bootstrap, namespace, tmp_path, worker,
+                                                                      open_client):
+    short = await open_client(processors="external", own_worker=True, request_timeout_ms=2000)
+    patient = await open_client(processors="external", own_worker=True)
+    embedded = await open_client()
+    await within(short.messages.save_thread("t", ["v1"]))
+    assert await within(patient.messages.load_thread("t")) == ["v1"]
+    worker.signal(signal.SIGKILL)
+    assert await worker.wait_exit(10) == -signal.SIGKILL
+    # The gap: no worker. The log moves on without it (the embedded client judges itself).
+    await within(embedded.messages.save_thread("t", ["v2"]))
+    started = time.monotonic()
+    with pytest.raises(ThreadLogError) as err:
+        await within(short.messages.load_thread("t"), 10)
+    assert err.value.code == UNAVAILABLE
+    assert time.monotonic() - started < 2.0 + 2.0  # the request timeout, plus a discovery round
+    # A read begun in the gap is answered once another worker is up -- with v2,
+    # by a worker that started from an empty store (it waits for its judge).
+    pending = asyncio.ensure_future(patient.messages.load_thread("t"))
+    second = WorkerProcess(bootstrap, namespace, tmp_path / "w2", "w2")
+    try:
+        await second.start()
+        assert await within(pending, 30) == ["v2"]
+        assert patient.runtime.query.address == second.address
+        assert await within(short.messages.load_thread("t")) == ["v2"]
+        await within(short.messages.save_thread("t", ["v3"]))  # verdicts come from the new worker too
+        assert await within(embedded.messages.load_thread("t")) == ["v3"]
+        assert await within(patient.messages.load_thread("t")) == ["v3"]
+    finally:
+        if not pending.done():
+            pending.cancel()
+        await second.stop()

@@ -1,0 +1,142 @@
+"""Discovery of query workers: the compacted topic `<ns>.members`.
+
+Why a topic and not a registry service or a consumer group: the cluster is
+the one thing every host already reaches, and a compacted topic is a tiny
+key-value table with history -- key = worker id, value = JSON
+`{address, startedAt, heartbeatAt}`, the latest record per key wins and a
+tombstone (clean exit) removes it. Consumer-group membership would tell who
+is alive but carries no address; a registry would be one more thing to run.
+
+A worker re-announces itself every `HEARTBEAT_S`; a client reads the whole
+topic (one partition, a few records after compaction) at open and whenever
+it needs another worker, and trusts entries whose heartbeat is younger than
+`LIVE_AFTER_S` (3 intervals). A killed worker leaves a stale entry for at
+most that long; a client that tries it gets "connection refused" at once
+and moves on, so staleness costs a failed connect, never a wrong answer
+(answers do not depend on which worker gives them, see
+processors/query_server.py). Heartbeats are wall-clock times of the worker
+compared with the client's clock: hosts' clocks must agree within a few
+seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+
+from . import kafka_config
+from .errors import unavailable
+
+log = logging.getLogger("threadlog.members")
+
+HEARTBEAT_S = 2.0
+LIVE_AFTER_S = 3 * HEARTBEAT_S
+
+
+@dataclass(frozen=True)
+class Member:
+    worker_id: str
+    address: str  # "host:port"
+    started_at: float  # epoch ms
+    heartbeat_at: float  # epoch ms
+
+    def live(self, now_ms: float, window_s: float = LIVE_AFTER_S) -> bool:
+        return now_ms - self.heartbeat_at < window_s * 1000.0
+
+
+class Announcer:
+    """A worker's registration: heartbeats on a thread, a tombstone on `stop`."""
+
+    def __init__(self, bootstrap: str, topic: str, worker_id: str, address: str,
+                 interval: float = HEARTBEAT_S) -> None:
+        self.topic = topic
+        self.worker_id = worker_id
+        self.address = address
+        self.interval = interval
+        self.started_at = time.time() * 1000.0
+        self._producer = Producer(kafka_config.producer(bootstrap, f"{worker_id}.members", **{"linger.ms": 0}))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="members-heartbeat", daemon=True)
+
+    def start(self, timeout: float = 30.0) -> None:
+        # The first announcement is awaited: once `start` returns, clients can find us.
+        self._announce()
+        if self._producer.flush(timeout) != 0:
+            raise unavailable(f"could not register in {self.topic} within {timeout}s")
+        self._thread.start()
+
+    def _announce(self) -> None:
+        value = json.dumps({"address": self.address, "startedAt": self.started_at,
+                            "heartbeatAt": time.time() * 1000.0})
+        self._producer.produce(self.topic, value.encode(), self.worker_id.encode(), partition=0)
+        self._producer.poll(0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self._announce()
+            except Exception:  # pragma: no cover - a full queue: the next beat retries
+                log.exception("heartbeat failed")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Leave cleanly: a tombstone, so clients stop picking this worker at once."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        try:
+            self._producer.produce(self.topic, None, self.worker_id.encode(), partition=0)
+            self._producer.flush(timeout)
+        except Exception:  # pragma: no cover - the entry then ages out
+            log.exception("could not tombstone %s", self.worker_id)
+
+
+def read_members(bootstrap: str, topic: str, client_id: str, timeout: float) -> dict[str, Member]:
+    """Every registered worker (latest record per id, tombstones removed), read to the end."""
+    consumer = Consumer(kafka_config.consumer(
+        bootstrap, f"{client_id}.members",
+        **{"enable.partition.eof": True, "isolation.level": "read_uncommitted", "fetch.wait.max.ms": 10},
+    ))
+    deadline = time.monotonic() + timeout
+    out: dict[str, Member] = {}
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout)
+        if high <= low:
+            return out
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise unavailable(f"{topic} not read to its end within {timeout}s")
+            msg = consumer.poll(min(left, 0.5))
+            if msg is None:
+                continue
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    if msg.offset() >= high:
+                        return out
+                    continue
+                raise unavailable(f"cannot read {topic}: {err}")
+            wid = (msg.key() or b"").decode(errors="replace")
+            if msg.value() is None:
+                out.pop(wid, None)
+            else:
+                try:
+                    v = json.loads(msg.value())
+                    out[wid] = Member(wid, str(v["address"]), float(v["startedAt"]), float(v["heartbeatAt"]))
+                except (ValueError, KeyError, TypeError):
+                    log.warning("malformed member record for %r ignored", wid)
+            if msg.offset() + 1 >= high:
+                return out
+    finally:
+        consumer.close()
+
+
+def live_members(members: dict[str, Member], now_ms: float | None = None) -> list[Member]:
+    now_ms = time.time() * 1000.0 if now_ms is None else now_ms
+    return [m for m in members.values() if m.live(now_ms)]
