@@ -1,9 +1,14 @@
-"""A local, single-node Apache Kafka (KRaft) resolved from Maven Central.
+"""A local Apache Kafka (KRaft) resolved from Maven Central: one node, or a small cluster.
 
 No Docker: `mvn dependency:copy-dependencies` fetches `kafka_2.13` and its
 runtime jars into a cache dir once; `java -cp libs/* kafka.Kafka` runs one
 combined broker+controller bound to 127.0.0.1. Everything the broker writes
 (logs, KRaft metadata, topic data) stays under the data dir.
+
+`start(nodes=N)` with N > 1 runs N such combined nodes from the same jars, one
+KRaft quorum of all N, each node in its own `node-<id>/` under the data dir with
+its own port pair; `cluster.json` there records the layout so `stop`, `status`
+and the node helpers (`kill_node`, `stop_node`, `restart_node`) find it again.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -24,6 +30,12 @@ from pathlib import Path
 KAFKA_VERSION = os.environ.get("THREADLOG_KAFKA_VERSION", "4.1.1")
 LOG4J_VERSION = "2.24.3"
 DEFAULT_PORT = 9092
+# Per-node heap when THREADLOG_BROKER_HEAP is unset: one node keeps its 1G;
+# several nodes share a dev machine and a test cluster needs far less each.
+DEFAULT_HEAP = "1G"
+DEFAULT_CLUSTER_HEAP = "512M"
+
+Log = Callable[[str], object]
 
 
 class BrokerError(RuntimeError):
@@ -53,7 +65,7 @@ def _require(tool: str, hint: str) -> str:
     return path
 
 
-def resolve_jars(log=print) -> Path:
+def resolve_jars(log: Log = print) -> Path:
     """Download Kafka and its runtime dependencies once; return the libs dir."""
     target = cache_dir()
     libs = target / "libs"
@@ -99,6 +111,37 @@ class BrokerState:
         return f"127.0.0.1:{self.port}"
 
 
+@dataclass
+class ClusterState:
+    """A running local cluster: node `i` (its KRaft node.id) is `nodes[i - 1]`."""
+
+    cluster_id: str
+    data_dir: str
+    nodes: list[BrokerState]
+
+    @property
+    def bootstrap(self) -> str:
+        # Every node, so a client still bootstraps while any one of them is down.
+        return ",".join(n.bootstrap for n in self.nodes)
+
+
+@dataclass
+class NodeStatus:
+    """One node of a data dir as `status` sees it; pid is None if it never started."""
+
+    node_id: int
+    pid: int | None
+    port: int
+    controller_port: int
+    data_dir: str
+    alive: bool
+    answers: bool
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
 def _state_file(data_dir: Path) -> Path:
     return data_dir / "broker.json"
 
@@ -135,6 +178,21 @@ def _answers(bootstrap: str, timeout: float = 2.0) -> bool:
         return bool(md.brokers)
     except Exception:
         return False
+
+
+def live_brokers(bootstrap: str, timeout: float = 2.0) -> set[int]:
+    """Node ids of the brokers the cluster's metadata lists (empty if it does not answer).
+
+    KRaft lists registered, unfenced brokers: a killed node stays listed until the
+    controller fences it (broker.session.timeout.ms, 9 s by default).
+    """
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    try:
+        return set(admin.list_topics(timeout=timeout).brokers)
+    except Exception:
+        return set()
 
 
 def _port_free(port: int) -> bool:
@@ -178,9 +236,154 @@ replica.fetch.max.bytes=16777216
 transaction.abort.timed.out.transaction.cleanup.interval.ms=2000
 """
 
+CLUSTER_PROPERTIES = """\
+# Written by `threadlog broker start --nodes {nodes}`: node {node_id} of a local KRaft cluster,
+# every node a combined broker+controller on loopback, all {nodes} in one static quorum.
+process.roles=broker,controller
+node.id={node_id}
+controller.quorum.voters={voters}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs={logs}
+num.partitions=1
+auto.create.topics.enable=false
+# Production-like durability, capped by the node count: 3 copies, 2 in sync for acks=all.
+default.replication.factor={rf}
+min.insync.replicas={isr}
+offsets.topic.replication.factor={rf}
+transaction.state.log.replication.factor={rf}
+transaction.state.log.min.isr={isr}
+share.coordinator.state.topic.replication.factor={rf}
+share.coordinator.state.topic.min.isr={isr}
+# Few internal partitions: first use of a group or transaction is faster.
+offsets.topic.num.partitions=4
+transaction.state.log.num.partitions=4
+# Otherwise every new consumer group waits 3 s for its first assignment.
+group.initial.rebalance.delay.ms=0
+# Blob chunks and large checkpoints: allow 16 MiB records.
+message.max.bytes=16777216
+replica.fetch.max.bytes=16777216
+# Abort transactions of crashed producers quickly on a dev cluster.
+transaction.abort.timed.out.transaction.cleanup.interval.ms=2000
+"""
 
-def status(data_dir: Path | None = None) -> BrokerState | None:
+
+def _cluster_file(data_dir: Path) -> Path:
+    return data_dir / "cluster.json"
+
+
+def _read_cluster(data_dir: Path) -> dict | None:
+    try:
+        raw = json.loads(_cluster_file(data_dir).read_text())
+        return raw if isinstance(raw, dict) and int(raw.get("nodes", 0)) > 1 else None
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def node_count(data_dir: Path | None = None) -> int:
+    """How many nodes `data_dir` holds: 0 if none yet, 1 for a single broker, N for a cluster."""
     data_dir = Path(data_dir or default_data_dir())
+    cluster = _read_cluster(data_dir)
+    if cluster:
+        return int(cluster["nodes"])
+    if _state_file(data_dir).exists() or (data_dir / "kraft" / "meta.properties").exists():
+        return 1
+    return 0
+
+
+def _node_dirs(data_dir: Path) -> list[tuple[int, Path]]:
+    """(node id, node dir) of every node `data_dir` holds; a single broker is node 1 in the dir itself."""
+    n = node_count(data_dir)
+    if n == 1:
+        return [(1, data_dir)]
+    return [(i, data_dir / f"node-{i}") for i in range(1, n + 1)]  # none for an empty dir
+
+
+def _node_dir(data_dir: Path, node_id: int) -> Path:
+    for i, d in _node_dirs(data_dir):
+        if i == node_id:
+            return d
+    raise BrokerError(f"{data_dir} holds no node {node_id}")
+
+
+def _format_command(java: str, cp: str, props: Path, cluster_id: str) -> list[str]:
+    return [java, "-cp", cp, "kafka.tools.StorageTool", "format", "-t",
+            cluster_id, "-c", str(props), "-g"]
+
+
+def _launch(java: str, cp: str, node_dir: Path, props: Path, log4j: Path, heap: str) -> subprocess.Popen:
+    out = open(node_dir / "stdout.log", "ab")  # noqa: SIM115 - handed to the broker process
+    try:
+        return subprocess.Popen(
+            [
+                java,
+                f"-Xmx{heap}",
+                f"-Xms{heap}",
+                "-XX:+UseG1GC",
+                "-XX:MaxGCPauseMillis=20",
+                "-XX:InitiatingHeapOccupancyPercent=35",
+                "-Djava.awt.headless=true",
+                f"-Dkafka.logs.dir={node_dir}",
+                f"-Dlog4j2.configurationFile={log4j}",
+                "-cp",
+                cp,
+                "kafka.Kafka",
+                str(props),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # survives the CLI that started it
+        )
+    finally:
+        out.close()  # the broker holds its own copy
+
+
+def _write_log4j(node_dir: Path) -> Path:
+    log4j = node_dir / "log4j2.properties"
+    log4j.write_text(resources.files("threadlog.broker").joinpath("log4j2.properties").read_text())
+    return log4j
+
+
+def _cluster_state(data_dir: Path, cluster: dict) -> ClusterState | None:
+    nodes = [_read_state(d) for _, d in _node_dirs(data_dir)]
+    if any(n is None for n in nodes):
+        return None
+    return ClusterState(cluster_id=cluster["cluster_id"], data_dir=str(data_dir),
+                        nodes=[n for n in nodes if n is not None])
+
+
+def nodes_status(data_dir: Path | None = None) -> list[NodeStatus]:
+    """Every node `data_dir` holds, running or not (empty if it holds none)."""
+    data_dir = Path(data_dir or default_data_dir()).resolve()
+    cluster = _read_cluster(data_dir)
+    out = []
+    for node_id, node_dir in _node_dirs(data_dir):
+        st = _read_state(node_dir)
+        if st is None:
+            # Never launched: report the ports it would get.
+            base = int(cluster["port"]) if cluster else DEFAULT_PORT
+            port = base + 2 * (node_id - 1)
+            out.append(NodeStatus(node_id, None, port, port + 1, str(node_dir), False, False))
+            continue
+        alive = _alive(st.pid)
+        out.append(NodeStatus(node_id, st.pid, st.port, st.controller_port, st.data_dir,
+                              alive, alive and _answers(st.bootstrap)))
+    return out
+
+
+def status(data_dir: Path | None = None) -> BrokerState | ClusterState | None:
+    """The running broker (one node) or cluster (every node up and answering) of `data_dir`, else None."""
+    data_dir = Path(data_dir or default_data_dir())
+    cluster = _read_cluster(data_dir)
+    if cluster:
+        nodes = nodes_status(data_dir)
+        if nodes and all(n.answers for n in nodes):
+            return _cluster_state(data_dir.resolve(), cluster)
+        return None
     st = _read_state(data_dir)
     if st and _alive(st.pid) and _answers(st.bootstrap):
         return st
@@ -188,13 +391,35 @@ def status(data_dir: Path | None = None) -> BrokerState | None:
 
 
 def start(
-    port: int = DEFAULT_PORT,
+    port: int | None = None,
     data_dir: Path | None = None,
     timeout: float = 90.0,
-    log=print,
-) -> BrokerState:
-    """Start (or reuse) the local broker; return its state once it answers."""
+    log: Log = print,
+    nodes: int | None = None,
+) -> BrokerState | ClusterState:
+    """Start (or reuse) the local broker or cluster; return its state once it answers.
+
+    `nodes` defaults to what `data_dir` already holds (1 for a new one); asking
+    for another count than a data dir holds is an error, not a silent reshape.
+    One node returns a `BrokerState`, several a `ClusterState`; both have `.bootstrap`.
+    """
     data_dir = Path(data_dir or default_data_dir()).resolve()
+    held = node_count(data_dir)
+    if nodes is None:
+        nodes = held or 1
+    if nodes < 1:
+        raise BrokerError(f"--nodes must be at least 1, not {nodes}")
+    if held and held != nodes:
+        raise BrokerError(
+            f"{data_dir} holds a {held}-node {'cluster' if held > 1 else 'broker'}, not {nodes};"
+            " stop it and pick another --data-dir (or delete this one)"
+        )
+    if nodes == 1:
+        return _start_single(DEFAULT_PORT if port is None else port, data_dir, timeout, log)
+    return _start_cluster(nodes, port, data_dir, timeout, log)
+
+
+def _start_single(port: int, data_dir: Path, timeout: float, log: Log) -> BrokerState:
     existing = _read_state(data_dir)
     if existing and _alive(existing.pid):
         if _answers(existing.bootstrap, timeout=10):
@@ -213,42 +438,15 @@ def start(
     logs = data_dir / "kraft"
     props = data_dir / "server.properties"
     props.write_text(SERVER_PROPERTIES.format(port=port, cport=cport, logs=logs))
-    log4j = data_dir / "log4j2.properties"
-    log4j.write_text(resources.files("threadlog.broker").joinpath("log4j2.properties").read_text())
+    log4j = _write_log4j(data_dir)
     cp = f"{libs}/*"
     if not (logs / "meta.properties").exists():
-        fmt = subprocess.run(
-            [java, "-cp", cp, "kafka.tools.StorageTool", "format", "-t",
-             uuid.uuid4().hex[:22], "-c", str(props), "-g"],
-            capture_output=True,
-            text=True,
-        )
+        fmt = subprocess.run(_format_command(java, cp, props, uuid.uuid4().hex[:22]), capture_output=True, text=True)
         if fmt.returncode != 0:
             raise BrokerError("kafka storage format failed:\n" + (fmt.stdout + fmt.stderr)[-4000:])
     server_log = data_dir / "server.log"
-    out = open(data_dir / "stdout.log", "ab")  # noqa: SIM115 - handed to the broker process
-    heap = os.environ.get("THREADLOG_BROKER_HEAP", "1G")
-    proc = subprocess.Popen(
-        [
-            java,
-            f"-Xmx{heap}",
-            f"-Xms{heap}",
-            "-XX:+UseG1GC",
-            "-XX:MaxGCPauseMillis=20",
-            "-XX:InitiatingHeapOccupancyPercent=35",
-            "-Djava.awt.headless=true",
-            f"-Dkafka.logs.dir={data_dir}",
-            f"-Dlog4j2.configurationFile={log4j}",
-            "-cp",
-            cp,
-            "kafka.Kafka",
-            str(props),
-        ],
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,  # survives the CLI that started it
-    )
+    heap = os.environ.get("THREADLOG_BROKER_HEAP", DEFAULT_HEAP)
+    proc = _launch(java, cp, data_dir, props, log4j, heap)
     state = BrokerState(pid=proc.pid, port=port, controller_port=cport, data_dir=str(data_dir))
     _state_file(data_dir).write_text(json.dumps(state.__dict__))
     deadline = time.monotonic() + timeout
@@ -265,7 +463,113 @@ def start(
     raise BrokerError(f"broker did not start within {timeout:.0f}s; last log lines:\n{tail}")
 
 
-def _warm_up(bootstrap: str, deadline: float) -> None:
+def _start_cluster(nodes: int, port: int | None, data_dir: Path, timeout: float, log: Log) -> ClusterState:
+    deadline = time.monotonic() + timeout
+    cluster = _read_cluster(data_dir)
+    if cluster and port is not None and port != int(cluster["port"]):
+        # The quorum's voter addresses were formatted with these ports.
+        raise BrokerError(
+            f"the cluster in {data_dir} uses ports from {cluster['port']}; omit --port or pick another --data-dir"
+        )
+    base = int(cluster["port"]) if cluster else (DEFAULT_PORT if port is None else port)
+    cluster_id = cluster["cluster_id"] if cluster else uuid.uuid4().hex[:22]
+    ports = {i: (base + 2 * (i - 1), base + 2 * (i - 1) + 1) for i in range(1, nodes + 1)}
+
+    # Reuse what runs; start only the nodes that do not (a whole new cluster, or a partial restart).
+    down: list[int] = []
+    for i in ports:
+        st = _read_state(data_dir / f"node-{i}") if cluster else None
+        if st and _alive(st.pid):
+            if not _answers(st.bootstrap, timeout=10):
+                raise BrokerError(
+                    f"node {i} (pid {st.pid}) of {data_dir} runs but does not answer;"
+                    " run `threadlog broker stop` first"
+                )
+        else:
+            down.append(i)
+    if not down:
+        state = _cluster_state(data_dir, cluster) if cluster else None
+        if state is not None:
+            _wait_cluster(state, {}, nodes, deadline, timeout)
+            return state
+
+    java = _require("java", "install a Java 17+ runtime (Debian: apt-get install openjdk-17-jre)")
+    libs = resolve_jars(log=log)
+    for i in down:
+        for p in ports[i]:
+            if not _port_free(p):
+                raise BrokerError(f"port {p} on 127.0.0.1 (node {i}) is in use; pick another base with --port")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if not cluster:
+        _cluster_file(data_dir).write_text(json.dumps({"nodes": nodes, "port": base, "cluster_id": cluster_id}))
+    voters = ",".join(f"{i}@127.0.0.1:{c}" for i, (_, c) in ports.items())
+    rf, isr = min(3, nodes), min(2, nodes)
+    cp = f"{libs}/*"
+    formats: dict[int, subprocess.Popen] = {}
+    for i in down:
+        node_dir = data_dir / f"node-{i}"
+        node_dir.mkdir(exist_ok=True)
+        logs = node_dir / "kraft"
+        props = node_dir / "server.properties"
+        props.write_text(CLUSTER_PROPERTIES.format(
+            nodes=nodes, node_id=i, voters=voters, port=ports[i][0], cport=ports[i][1], logs=logs, rf=rf, isr=isr,
+        ))
+        _write_log4j(node_dir)
+        if not (logs / "meta.properties").exists():
+            # One JVM each: format them side by side, it halves a cold start.
+            formats[i] = subprocess.Popen(_format_command(java, cp, props, cluster_id),
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for i, fmt in formats.items():
+        try:
+            out, _ = fmt.communicate(timeout=max(5.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            fmt.kill()
+            raise BrokerError(f"kafka storage format of node {i} did not finish within {timeout:.0f}s")
+        if fmt.returncode != 0:
+            raise BrokerError(f"kafka storage format of node {i} failed:\n" + out[-4000:])
+
+    heap = os.environ.get("THREADLOG_BROKER_HEAP", DEFAULT_CLUSTER_HEAP)
+    procs: dict[int, subprocess.Popen] = {}
+    for i in down:
+        node_dir = data_dir / f"node-{i}"
+        proc = _launch(java, cp, node_dir, node_dir / "server.properties", node_dir / "log4j2.properties", heap)
+        procs[i] = proc
+        _state_file(node_dir).write_text(json.dumps(
+            BrokerState(pid=proc.pid, port=ports[i][0], controller_port=ports[i][1], data_dir=str(node_dir)).__dict__
+        ))
+    state = _cluster_state(data_dir, {"cluster_id": cluster_id})
+    assert state is not None  # every node has its broker.json now
+    try:
+        _wait_cluster(state, procs, nodes, deadline, timeout)
+        _warm_up(state.bootstrap, deadline, replication=rf)
+    except BaseException:
+        # A half-started cluster would make the next `start` refuse to run; take down what this call started.
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+        raise
+    return state
+
+
+def _wait_cluster(state: ClusterState, procs: dict[int, subprocess.Popen], nodes: int, deadline: float,
+                  timeout: float) -> None:
+    """Until every node answers on its own port and the metadata lists all `nodes` brokers."""
+    want = set(range(1, nodes + 1))
+    while time.monotonic() < deadline:
+        for i, proc in procs.items():
+            if proc.poll() is not None:
+                node_dir = Path(state.nodes[i - 1].data_dir)
+                tail = _tail(node_dir / "server.log") or _tail(node_dir / "stdout.log")
+                raise BrokerError(f"node {i} exited with {proc.returncode} while starting; last log lines:\n{tail}")
+        if all(_answers(n.bootstrap, timeout=1.0) for n in state.nodes) and live_brokers(state.bootstrap) == want:
+            return
+        time.sleep(0.3)
+    tails = "\n".join(f"--- node {i}:\n{_tail(Path(n.data_dir) / 'server.log', 10)}"
+                      for i, n in enumerate(state.nodes, 1))
+    raise BrokerError(f"the {nodes}-node cluster did not form within {timeout:.0f}s; last log lines:\n{tails}")
+
+
+def _warm_up(bootstrap: str, deadline: float, replication: int = 1) -> None:
     """Create and load the broker's internal topics now, not on a client's first call.
 
     `__transaction_state` and `__consumer_offsets` are created on first use and
@@ -277,7 +581,7 @@ def _warm_up(bootstrap: str, deadline: float) -> None:
 
     topic = "__threadlog_warmup"
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
-    for f in admin.create_topics([NewTopic(topic, 1, 1)]).values():
+    for f in admin.create_topics([NewTopic(topic, 1, replication)]).values():
         try:
             f.result(30)
         except Exception:
@@ -303,23 +607,107 @@ def _tail(path: Path, lines: int = 30) -> str:
         return ""
 
 
-def stop(data_dir: Path | None = None, timeout: float = 30.0) -> bool:
-    """Stop the broker of `data_dir`; True if one was running."""
-    data_dir = Path(data_dir or default_data_dir()).resolve()
-    st = _read_state(data_dir)
-    if not st or not _alive(st.pid):
-        return False
-    os.kill(st.pid, signal.SIGTERM)
+def _terminate(pids: list[int], timeout: float) -> None:
+    """SIGTERM all at once (a cluster shuts down in parallel), SIGKILL whatever outlives `timeout`."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and _alive(st.pid):
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
         time.sleep(0.2)
-    if _alive(st.pid):
-        os.kill(st.pid, signal.SIGKILL)
-    try:
-        os.waitpid(st.pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
+    for pid in pids:
+        if _alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    _reap(pids, 5.0)
+
+
+def _reap(pids: list[int], timeout: float) -> None:
+    # Our own children (the test process started them) stay zombies until waited for.
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
+def stop(data_dir: Path | None = None, timeout: float = 30.0) -> bool:
+    """Stop the broker, or every node of the cluster, of `data_dir`; True if any was running."""
+    data_dir = Path(data_dir or default_data_dir()).resolve()
+    states = [_read_state(d) for _, d in _node_dirs(data_dir)]
+    pids = [st.pid for st in states if st and _alive(st.pid)]
+    if not pids:
+        return False
+    _terminate(pids, timeout)
     return True
+
+
+def _running_node(data_dir: Path | None, node_id: int) -> BrokerState:
+    data_dir = Path(data_dir or default_data_dir()).resolve()
+    st = _read_state(_node_dir(data_dir, node_id))
+    if st is None or not _alive(st.pid):
+        raise BrokerError(f"node {node_id} of {data_dir} is not running")
+    return st
+
+
+def kill_node(data_dir: Path | None, node_id: int) -> int:
+    """SIGKILL one node (a crash: no controlled shutdown, no flush); return its pid once it is gone."""
+    st = _running_node(data_dir, node_id)
+    os.kill(st.pid, signal.SIGKILL)
+    _reap([st.pid], 10.0)
+    if _alive(st.pid):
+        raise BrokerError(f"node {node_id} (pid {st.pid}) survived SIGKILL")
+    return st.pid
+
+
+def stop_node(data_dir: Path | None, node_id: int, timeout: float = 30.0) -> int:
+    """Stop one node cleanly (SIGTERM, SIGKILL after `timeout`); return its pid."""
+    st = _running_node(data_dir, node_id)
+    _terminate([st.pid], timeout)
+    return st.pid
+
+
+def restart_node(data_dir: Path | None, node_id: int, timeout: float = 60.0) -> BrokerState:
+    """Start one stopped or killed node again with its own config and data; return it once it is back.
+
+    Back means it answers on its own port and the metadata lists it as a broker
+    again. A node that still runs is returned as is.
+    """
+    data_dir = Path(data_dir or default_data_dir()).resolve()
+    node_dir = _node_dir(data_dir, node_id)
+    old = _read_state(node_dir)
+    if old is None:
+        raise BrokerError(f"node {node_id} of {data_dir} was never started; use start")
+    if _alive(old.pid):
+        return old
+    for p in (old.port, old.controller_port):
+        if not _port_free(p):
+            raise BrokerError(f"port {p} of node {node_id} on 127.0.0.1 is in use")
+    java = _require("java", "install a Java 17+ runtime (Debian: apt-get install openjdk-17-jre)")
+    cp = f"{resolve_jars()}/*"
+    default_heap = DEFAULT_CLUSTER_HEAP if node_count(data_dir) > 1 else DEFAULT_HEAP
+    heap = os.environ.get("THREADLOG_BROKER_HEAP", default_heap)
+    proc = _launch(java, cp, node_dir, node_dir / "server.properties", node_dir / "log4j2.properties", heap)
+    state = BrokerState(pid=proc.pid, port=old.port, controller_port=old.controller_port, data_dir=str(node_dir))
+    _state_file(node_dir).write_text(json.dumps(state.__dict__))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = _tail(node_dir / "server.log") or _tail(node_dir / "stdout.log")
+            raise BrokerError(f"node {node_id} exited with {proc.returncode} on restart; last log lines:\n{tail}")
+        if _answers(state.bootstrap, timeout=1.0) and node_id in live_brokers(state.bootstrap):
+            return state
+        time.sleep(0.3)
+    proc.kill()
+    tail = _tail(node_dir / "server.log")
+    raise BrokerError(f"node {node_id} did not come back within {timeout:.0f}s; last log lines:\n{tail}")
 
 
 if __name__ == "__main__":  # pragma: no cover - debugging aid

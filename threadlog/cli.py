@@ -11,6 +11,10 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from threadlog.broker import NodeStatus
 
 
 def _bootstrap_default() -> str:
@@ -23,23 +27,48 @@ def cmd_broker(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir) if args.data_dir else None
     if args.action == "start":
         try:
-            st = broker.start(port=args.port, data_dir=data_dir, log=lambda m: print(m, file=sys.stderr))
+            st = broker.start(port=args.port, data_dir=data_dir, nodes=args.nodes,
+                              log=lambda m: print(m, file=sys.stderr))
         except broker.BrokerError as exc:
             print(f"threadlog broker start failed: {exc}", file=sys.stderr)
             return 1
-        print(f"broker pid {st.pid}, data in {st.data_dir}, log {st.data_dir}/server.log", file=sys.stderr)
+        if isinstance(st, broker.ClusterState):
+            for i, node in enumerate(st.nodes, 1):
+                print(f"node {i} pid {node.pid} at {node.bootstrap}, log {node.data_dir}/server.log", file=sys.stderr)
+            print(f"{len(st.nodes)}-node cluster {st.cluster_id}, data in {st.data_dir}", file=sys.stderr)
+        else:
+            print(f"broker pid {st.pid}, data in {st.data_dir}, log {st.data_dir}/server.log", file=sys.stderr)
+        # Last line: the bootstrap list, for `$(threadlog broker start | tail -n 1)`.
         print(st.bootstrap)
         return 0
     if args.action == "stop":
         stopped = broker.stop(data_dir)
         print("stopped" if stopped else "not running")
         return 0
+    if broker.node_count(data_dir) > 1:
+        return _cluster_status(broker.nodes_status(data_dir), data_dir or broker.default_data_dir())
     st = broker.status(data_dir)
     if st is None:
         print("not running")
         return 1
     print(f"running pid {st.pid} at {st.bootstrap} (data {st.data_dir})")
     return 0
+
+
+def _cluster_status(nodes: list[NodeStatus], data_dir: Path) -> int:
+    """One line per node, then a summary; exit 0 only if every node runs and answers."""
+    for n in nodes:
+        state = "alive, answers" if n.answers else "alive, not answering" if n.alive else "down"
+        pid = n.pid if n.pid is not None else "-"
+        print(f"node {n.node_id}: pid {pid} port {n.port} (controller {n.controller_port}) {state}")
+    up = sum(n.answers for n in nodes)
+    if up == 0:
+        print(f"not running ({len(nodes)}-node cluster, data {data_dir})")
+        return 1
+    bootstrap = ",".join(n.bootstrap for n in nodes)
+    print(f"{'running' if up == len(nodes) else 'degraded'}: {up}/{len(nodes)} nodes at {bootstrap}"
+          f" (data {data_dir})")
+    return 0 if up == len(nodes) else 1
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -225,8 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("broker", help="local Kafka (KRaft) from Maven Central, no Docker")
     b.add_argument("action", choices=["start", "stop", "status"])
-    b.add_argument("--port", type=int, default=9092)
+    b.add_argument("--port", type=int, default=None,
+                   help="client port (default 9092); the controller takes the next one. With --nodes N, "
+                        "the base: node i gets port+2(i-1) and the one after it")
     b.add_argument("--data-dir", default=None)
+    b.add_argument("--nodes", type=int, default=None,
+                   help="start: run an N-node KRaft cluster (default: what the data dir holds, else 1); "
+                        "stop and status find the count in the data dir")
     b.set_defaults(fn=cmd_broker)
 
     w = sub.add_parser("worker", help="judge a namespace and serve its state to thin clients")
