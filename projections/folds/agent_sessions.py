@@ -1,0 +1,88 @@
+"""OpenAI Agents SDK sessions (threadlog.integrations.openai_agents): an ordered list of items per session.
+
+A session's items occupy the contiguous positions `[first, next)`: `add_items`
+appends at `next`, `pop_item` removes `next - 1`, `clear_session` removes all
+and sets `first = next`. Contiguity is what lets `get_items(limit)` read the
+latest N items with N point lookups and `pop_item` find the newest item
+without a reverse scan (a `View` scans forward only). Positions are never
+reset, so an item key is never reused by a clear (a reader straddling a clear
+cannot mix old and new items at one position).
+
+`META` carries `rev`, bumped by every change: a reader outside the judge reads
+`META`, then items, then `META` again, and retries if `rev` moved (the judge
+applies batches from another thread; a read of several keys is not one
+snapshot).
+
+Items are stored as the JSON text they arrived as: they round-trip exactly.
+Every key starts with its tag and the session id, so the folds of the
+session's partition (key `agents:<session id>`) are its only writers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..fold import EventMeta, folds
+from ..keys import key
+from ..view import View
+
+# The NUL after "oa" keeps these tags from prefixing (or being prefixed by) any
+# other domain's tag.
+META = b"oa\x00m"  # (session) -> {"first", "next", "rev"}
+ITEM = b"oa\x00i"  # (session, position) -> item JSON text
+
+EMPTY: dict[str, int] = {"first": 0, "next": 0, "rev": 0}
+
+
+def meta_key(session: str) -> bytes:
+    return key(META, session)
+
+
+def item_key(session: str, position: int) -> bytes:
+    return key(ITEM, session, float(position))
+
+
+def item_prefix(session: str) -> bytes:
+    return key(ITEM, session)
+
+
+def read_meta(view: Any, session: str) -> dict[str, int]:
+    """The session's positions; `view` is a `View` or a `Store` (both have get_json)."""
+    found = view.get_json(meta_key(session))
+    return dict(EMPTY) if found is None else found
+
+
+def _put_meta(view: View, session: str, first: int, nxt: int, rev: int) -> None:
+    view.put_json(meta_key(session), {"first": first, "next": nxt, "rev": rev})
+
+
+@folds("threadlog.evt.AgentSessionItemsAdded")
+def items_added(view: View, meta: EventMeta, ev: dict) -> None:
+    session = ev["sessionId"]
+    m = read_meta(view, session)
+    # The judge decided the positions; the event names the first one so a
+    # rebuild writes the same keys whatever it finds.
+    position = ev["first"]
+    for text in ev["items"]:
+        view.put(item_key(session, position), text.encode("utf-8"))
+        position += 1
+    # The judge appends at `next` (ev["first"] == m["next"]): `first` stays.
+    _put_meta(view, session, m["first"], position, m["rev"] + 1)
+
+
+@folds("threadlog.evt.AgentSessionItemPopped")
+def item_popped(view: View, meta: EventMeta, ev: dict) -> None:
+    session = ev["sessionId"]
+    m = read_meta(view, session)
+    view.delete(item_key(session, ev["position"]))
+    _put_meta(view, session, m["first"], ev["position"], m["rev"] + 1)
+
+
+@folds("threadlog.evt.AgentSessionCleared")
+def session_cleared(view: View, meta: EventMeta, ev: dict) -> None:
+    session = ev["sessionId"]
+    m = read_meta(view, session)
+    for k, _ in list(view.scan(item_prefix(session))):
+        view.delete(k)
+    # Positions go on from `next`: a cleared position is never reused.
+    _put_meta(view, session, m["next"], m["next"], m["rev"] + 1)
