@@ -129,13 +129,14 @@ def validate(bootstrap: str, kafka: Mapping[str, Any]) -> None:
         del client
 
 
-def _text(exc: KafkaException) -> str:
+def error_text(exc: BaseException) -> str:
+    """librdkafka's own words for `exc`, without the KafkaError{code=...} wrapping."""
     err = exc.args[0] if exc.args else None
     return err.str() if isinstance(err, KafkaError) else str(exc)
 
 
 def _explain(exc: KafkaException, kafka: Mapping[str, Any]) -> str:
-    text = _text(exc)
+    text = error_text(exc)
     named = [k for k in kafka if f'"{k}"' in text]
     name = named[0] if named else _culprit(kafka)
     prefix = f"kafka property {name!r} refused by librdkafka" if name else "kafka properties refused by librdkafka"
@@ -300,3 +301,31 @@ def drain(consumer, max_messages: int, timeout: float) -> list:
         return []
     rest = consumer.consume(max_messages - 1, 0) if max_messages > 1 else []
     return [first, *rest]
+
+
+def load_properties(path: str) -> dict[str, str]:
+    """A Java `client.properties` file: `key=value` (or `key: value`), `#`/`!` comments, blank lines.
+
+    Values stay strings: librdkafka parses them as it parses its own config
+    files. Errors name the file and line, never the line's text (it may be a secret).
+    """
+    try:
+        with open(path, encoding="utf-8") as fh:
+            raw = fh.read().splitlines()
+    except OSError as exc:
+        raise invalid_argument(f"cannot read kafka config {path}: {exc.strerror or exc}") from None
+    props: dict[str, str] = {}
+    pending = ""
+    for number, line in enumerate(raw, 1):
+        line = pending + line.strip()
+        pending = ""
+        if line.endswith("\\") and not line.endswith("\\\\"):
+            pending = line[:-1]  # a continuation line, as in Java
+            continue
+        if not line or line[0] in "#!":
+            continue
+        cut = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
+        if cut <= 0:
+            raise invalid_argument(f"{path}:{number}: expected key=value")
+        props[line[:cut].strip()] = line[cut + 1:].strip()
+    return props

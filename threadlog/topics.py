@@ -134,7 +134,9 @@ def require_topics(admin: AdminClient, topics: Topics, timeout: float = 30.0) ->
     try:
         md = admin.list_topics(timeout=timeout)
     except KafkaException as exc:
-        raise unavailable(f"cluster metadata unavailable: {exc}") from None
+        err = exc.args[0] if exc.args else None
+        text = err.str() if isinstance(err, KafkaError) else exc
+        raise unavailable(f"cluster metadata unavailable: {text}") from None
     if not any(name in md.topics for name in topics.all()):
         raise namespace_not_found(
             f"namespace {topics.namespace!r} does not exist (no topics {', '.join(topics.all())})")
