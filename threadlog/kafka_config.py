@@ -303,8 +303,11 @@ def drain(consumer, max_messages: int, timeout: float) -> list:
     return [first, *rest]
 
 
+_PROPERTY_LINE = re.compile(r"(?P<key>[^=:\s]+)(?P<sep>\s*[=:]?\s*)(?P<value>.*)")
+
+
 def load_properties(path: str) -> dict[str, str]:
-    """A Java `client.properties` file: `key=value` (or `key: value`), `#`/`!` comments, blank lines.
+    """A Java `client.properties` file: `key=value` (or `key: value`, `key value`), `#`/`!` comments, blank lines.
 
     Values stay strings: librdkafka parses them as it parses its own config
     files. Errors name the file and line, never the line's text (it may be a secret).
@@ -324,8 +327,9 @@ def load_properties(path: str) -> dict[str, str]:
             continue
         if not line or line[0] in "#!":
             continue
-        cut = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
-        if cut <= 0:
+        # As java.util.Properties: the key ends at the first '=', ':' or blank.
+        match = _PROPERTY_LINE.match(line)
+        if match is None or not (match["sep"].strip() or match["value"]):
             raise invalid_argument(f"{path}:{number}: expected key=value")
-        props[line[:cut].strip()] = line[cut + 1:].strip()
+        props[match["key"]] = match["value"]
     return props
