@@ -160,7 +160,8 @@ async def test_create_topics_false_opens_an_existing_namespace(open_client):
 def test_client_properties_files_parse_like_java(tmp_path):
     path = tmp_path / "client.properties"
     path.write_text("# comment\n! also a comment\n\nsecurity.protocol = SASL_SSL\n"
-                    "sasl.mechanism:PLAIN\nsasl.jaas.x=a=b\nlong=one,\\\n  two\nblank.separated  v=1\n", encoding="utf-8")
+                    "sasl.mechanism:PLAIN\nsasl.jaas.x=a=b\nlong=one,\\\n  two\nblank.separated  v=1\n",
+                    encoding="utf-8")
     assert kafka_config.load_properties(str(path)) == {
         "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "sasl.jaas.x": "a=b", "long": "one,two",
         "blank.separated": "v=1"}
