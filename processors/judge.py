@@ -43,6 +43,7 @@ from threadlog.projections.view import View
 from threadlog.schemas import Codec, CodecError
 
 from threadlog.errors import INVALID_ARGUMENT, INVALID_MESSAGE, ThreadLogError
+from threadlog.kafka_config import Props
 from threadlog.partitioning import partition_for
 from threadlog.validation import dumps
 
@@ -118,8 +119,8 @@ class Judge(Follower):
     """Judges every proposal of the `<ns>.events` partitions it folds."""
 
     def __init__(self, bootstrap: str, topic: str, partitions: int, store: Store, codec: Codec,
-                 client_id: str) -> None:
-        super().__init__(bootstrap, topic, partitions, store, codec, client_id)
+                 client_id: str, *, kafka: Props | None = None) -> None:
+        super().__init__(bootstrap, topic, partitions, store, codec, client_id, kafka=kafka)
         self._pending: dict[int, _Pending] = {}
         self._paused: set[int] = set()
         # Callbacks waiting for the verdict at (partition, offset).

@@ -18,7 +18,8 @@ from threadlog.projections.store import Store
 from threadlog.schemas import default_codec
 
 from threadlog import kafka_config
-from threadlog.topics import Topics, describe
+from threadlog.errors import ThreadLogError
+from threadlog.topics import Topics, require_topics
 
 from .handlers import load_all as load_handlers
 from .judge import Judge
@@ -30,17 +31,28 @@ def rebuild(
     store_path: str | Path,
     progress: Callable[[str], None] = print,
     timeout: float = 600.0,
+    kafka: kafka_config.Props | None = None,
+    request_timeout: float = 30.0,
 ) -> dict:
-    """Drop the store at `store_path` and fold every event again. Returns stats."""
+    """Drop the store at `store_path` and fold every event again. Returns stats.
+
+    Never creates topics: an unknown namespace is NAMESPACE_NOT_FOUND, raised
+    before the store is touched.
+    """
     load_all()
     load_handlers()
     topics = Topics(namespace)
-    admin = AdminClient(kafka_config.base(bootstrap, f"{namespace}.rebuild.admin"))
-    layout = describe(admin, topics, time.monotonic() + 30)
+    trap = kafka_config.ErrorTrap((kafka or {}).get("error_cb"))
+    admin = AdminClient(kafka_config.base(bootstrap, f"{namespace}.rebuild.admin", kafka, trap))
+    try:
+        layout = require_topics(admin, topics, request_timeout)
+    except ThreadLogError as exc:
+        raise trap.explain(exc, admin, kafka) from None
     store = Store(store_path)
     store.destroy()
     store = Store(store_path)
-    follower = Judge(bootstrap, topics.events, layout.events, store, default_codec(), f"{namespace}.rebuild")
+    follower = Judge(bootstrap, topics.events, layout.events, store, default_codec(), f"{namespace}.rebuild",
+                     kafka=kafka)
     barrier = ReadBarrier(admin, follower)
     started = time.monotonic()
     try:

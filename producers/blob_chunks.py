@@ -114,12 +114,12 @@ class ChunkSink:
     """One idempotent producer per client for chunk records and tombstones."""
 
     def __init__(self, bootstrap: str, topic: str, partitions: int, codec: Codec, client_id: str,
-                 timeout: float) -> None:
+                 timeout: float, *, kafka: kafka_config.Props | None = None) -> None:
         self.topic = topic
         self.partitions = partitions
         self.codec = codec
         self.producer = Producer(kafka_config.producer(
-            bootstrap, f"{client_id}.blobs",
+            bootstrap, f"{client_id}.blobs", kafka,
             **{
                 "linger.ms": 2,
                 "batch.size": 4 * CHUNK_SIZE,
@@ -267,12 +267,13 @@ class ChunkReader:
     }
 
     def __init__(self, bootstrap: str, topic: str, partitions: int, codec: Codec, client_id: str, timeout: float,
-                 pool: int = 8) -> None:
+                 pool: int = 8, *, kafka: kafka_config.Props | None = None) -> None:
         self.topic = topic
         self.partitions = partitions
         self.codec = codec
         self.timeout = timeout
         self._bootstrap = bootstrap
+        self._kafka = kafka
         self._client_id = client_id
         self._pool = pool
         self._idle: list[Consumer] = []
@@ -286,7 +287,7 @@ class ChunkReader:
             if self._idle:
                 return self._idle.pop()
         return Consumer(kafka_config.consumer(
-            self._bootstrap, f"{self._client_id}.blob-reader", **self.SETTINGS))
+            self._bootstrap, f"{self._client_id}.blob-reader", self._kafka, **self.SETTINGS))
 
     def _release(self, consumer: Consumer) -> None:
         try:

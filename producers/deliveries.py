@@ -25,13 +25,13 @@ from .pump import ProducerPump
 
 class DeliveryWriter:
     def __init__(self, *, bootstrap: str, topic: str, partitions: int, codec: Codec, client_id: str,
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, kafka: kafka_config.Props | None = None) -> None:
         self.topic = topic
         self.partitions = partitions
         self.codec = codec
         self.timeout = timeout
         self.producer = Producer(kafka_config.producer(
-            bootstrap, f"{client_id}.deliveries",
+            bootstrap, f"{client_id}.deliveries", kafka,
             # librdkafka gives up on a record after this and reports it failed;
             # the caller waits for that verdict instead of guessing on a timer.
             **{"message.timeout.ms": int(timeout * 1000),

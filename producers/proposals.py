@@ -67,6 +67,7 @@ class ProposalBus:
         end_offsets: Callable[[], Awaitable[dict[int, int]]],
         clock: Callable[[], float] | None = None,
         timeout: float = 30.0,
+        kafka: kafka_config.Props | None = None,
     ) -> None:
         self.topics = topics
         self.layout = layout
@@ -76,7 +77,7 @@ class ProposalBus:
         self.clock = clock or (lambda: time.time() * 1000.0)
         self.timeout = timeout
         self.producer = Producer(kafka_config.producer(
-            bootstrap, f"{client_id}.proposals",
+            bootstrap, f"{client_id}.proposals", kafka,
             # A proposal is awaited: send at once (batches still form from what
             # queues while a request is in flight). librdkafka reports every
             # record within message.timeout.ms, so no write is left unknown.

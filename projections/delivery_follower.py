@@ -25,6 +25,7 @@ from confluent_kafka import KafkaError
 from threadlog.schemas import Codec, CodecError
 
 from threadlog.errors import ThreadLogError, unavailable
+from threadlog.kafka_config import Props
 
 from .follower import Follower
 from .run_index import fold_record
@@ -109,8 +110,10 @@ class DeliveryIndex(Follower):
         codec: Codec,
         client_id: str,
         max_queued: int = 20_000,
+        *,
+        kafka: Props | None = None,
     ) -> None:
-        super().__init__(bootstrap, topic, partitions, store, codec, f"{client_id}.deliveries")
+        super().__init__(bootstrap, topic, partitions, store, codec, f"{client_id}.deliveries", kafka=kafka)
         self.max_queued = max_queued
         self._folded: list[Item] = []
         self._subs_lock = threading.Lock()

@@ -37,6 +37,8 @@ class Follower:
         codec: Codec,
         client_id: str,
         on_event: Callable[[int, int, EventMeta, dict], None] | None = None,
+        *,
+        kafka: kafka_config.Props | None = None,
     ) -> None:
         self.topic = topic
         self.partitions = partitions
@@ -55,6 +57,7 @@ class Follower:
             kafka_config.consumer(
                 bootstrap,
                 f"{client_id}.follower",
+                kafka,
                 **{"enable.partition.eof": True, "fetch.wait.max.ms": kafka_config.TXN_READER_WAIT_MS},
             )
         )

@@ -1,4 +1,4 @@
-"""The `threadlog` command: broker, worker, serve, replay, demo, rebuild, schemas."""
+"""The `threadlog` command: broker, worker, serve, replay, demo, rebuild, namespaces, schemas."""
 
 from __future__ import annotations
 
@@ -6,12 +6,14 @@ import argparse
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
+import traceback
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from threadlog.broker import NodeStatus
@@ -19,6 +21,29 @@ if TYPE_CHECKING:
 
 def _bootstrap_default() -> str:
     return os.environ.get("THREADLOG_BOOTSTRAP", "127.0.0.1:9092")
+
+
+def _kafka_props(args: argparse.Namespace) -> dict[str, Any]:
+    """librdkafka properties from --kafka-config, else THREADLOG_KAFKA_CONFIG (a path), else none."""
+    from threadlog import kafka_config
+
+    path = getattr(args, "kafka_config", None) or os.environ.get("THREADLOG_KAFKA_CONFIG")
+    props = kafka_config.load_properties(path) if path else {}
+    args.kafka_props = props  # main() scrubs these values out of any error it prints
+    # Checked here too (Options checks again) for the commands that build
+    # clients without Options, like `namespaces`.
+    kafka_config.check(props)
+    kafka_config.validate(getattr(args, "bootstrap", None) or "127.0.0.1:9092", props)
+    return props
+
+
+def _started() -> None:
+    """A long-running command is up: broker trouble from now on is worth a log line.
+
+    Until then librdkafka's per-retry errors are held back (main()); a failed
+    start is reported once, with its cause, as the command's error line.
+    """
+    logging.getLogger("threadlog.rdkafka").setLevel(logging.NOTSET)
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
@@ -82,6 +107,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         renew_after_ms=args.renew_after_ms,
         state_dir=args.state_dir,
         partitions=args.partitions,
+        request_timeout_ms=args.request_timeout_ms,
+        kafka=_kafka_props(args),
     )
     host, _, port = args.listen.rpartition(":")
     try:
@@ -101,13 +128,19 @@ async def _worker(rt, listen: tuple[str, int]) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await asyncio.to_thread(rt.start)
+    try:
+        await asyncio.to_thread(rt.start)
+    except BaseException:
+        await asyncio.to_thread(rt.stop)
+        raise
+    _started()
     assert rt.store is not None and rt.judge is not None and rt.barrier is not None
     server = QueryServer(rt.store, rt.judge, rt.barrier, timeout=rt.opts.request_timeout)
     announcer: Announcer | None = None
     try:
         address = await server.start(*listen)
-        announcer = Announcer(rt.opts.bootstrap_servers, rt.topics.members, rt.client_id, address)
+        announcer = Announcer(rt.opts.bootstrap_servers, rt.topics.members, rt.client_id, address,
+                              kafka=rt.opts.kafka)
         await asyncio.to_thread(announcer.start, rt.opts.request_timeout)
         print(f"worker judging {rt.topics.events} (state {rt.store.path}), serving queries at {address} "
               f"as {rt.client_id}", flush=True)
@@ -120,7 +153,7 @@ async def _worker(rt, listen: tuple[str, int]) -> int:
     return 0
 
 
-async def _demo(bootstrap: str, namespace: str, state_dir: str | None) -> None:
+async def _demo(bootstrap: str, namespace: str, state_dir: str | None, kafka: dict[str, Any]) -> None:
     import threadlog
 
     transcript = [
@@ -128,14 +161,14 @@ async def _demo(bootstrap: str, namespace: str, state_dir: str | None) -> None:
         {"role": "assistant", "content": "Day 1: Fushimi Inari.", "toolCalls": None},
     ]
     t0 = time.perf_counter()
-    async with threadlog.open(bootstrap, namespace=namespace, state_dir=state_dir) as writer:
+    async with threadlog.open(bootstrap, namespace=namespace, state_dir=state_dir, kafka=kafka) as writer:
         print(f"[client A] opened namespace {namespace!r} in {time.perf_counter() - t0:.2f}s")
         t1 = time.perf_counter()
         await writer.messages.save_thread("thread-1", transcript)
         print(f"[client A] saved 2 messages to thread-1 in {(time.perf_counter() - t1) * 1e3:.1f} ms "
               "(a proposal on the thread's partition, judged in log order)")
         async with threadlog.open(bootstrap, namespace=namespace, state_dir=state_dir,
-                                  processors="embedded") as reader:
+                                  processors="embedded", kafka=kafka) as reader:
             print("[client B] opened the same namespace (its own projection store)")
             t2 = time.perf_counter()
             loaded = await reader.messages.load_thread("thread-1")
@@ -160,8 +193,98 @@ def cmd_demo(args: argparse.Namespace) -> int:
         bootstrap = st.bootstrap
         print(f"local Kafka {broker.KAFKA_VERSION} (KRaft) at {bootstrap}")
     namespace = args.namespace or f"demo-{uuid.uuid4().hex[:8]}"
-    asyncio.run(_demo(bootstrap, namespace, args.state_dir))
+    kafka = _kafka_props(args)
+    try:
+        asyncio.run(_demo(bootstrap, namespace, args.state_dir, kafka))
+    finally:
+        # A demo leaves nothing behind unless asked to: its topics, and its
+        # local state when that was in the default place (a given --state-dir
+        # is the caller's).
+        if not args.keep:
+            _delete_namespace(bootstrap, namespace, kafka, args.request_timeout_ms / 1000.0)
+            if args.state_dir is None:
+                from threadlog.config import default_state_root
+
+                shutil.rmtree(default_state_root() / namespace, ignore_errors=True)
+            print(f"removed namespace {namespace!r} (--keep keeps it)")
     print("demo ok")
+    return 0
+
+
+def _admin(bootstrap: str, kafka: dict[str, Any], client_id: str):
+    from confluent_kafka.admin import AdminClient
+
+    from threadlog import kafka_config
+
+    trap = kafka_config.ErrorTrap(kafka.get("error_cb"))
+    return AdminClient(kafka_config.base(bootstrap, client_id, kafka, trap)), trap
+
+
+def _namespaces(bootstrap: str, kafka: dict[str, Any], timeout: float) -> dict[str, set[str]]:
+    """Namespace -> which of its topics (events, deliveries, blobs) exist on the cluster."""
+    from confluent_kafka import KafkaException
+
+    from threadlog import kafka_config
+    from threadlog.errors import unavailable
+
+    admin, trap = _admin(bootstrap, kafka, "threadlog.cli.admin")
+    try:
+        md = admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise trap.explain(unavailable(f"cluster metadata unavailable: {kafka_config.error_text(exc)}"),
+                           admin, kafka) from None
+    found: dict[str, set[str]] = {}
+    for name in md.topics:
+        ns, _, kind = name.rpartition(".")
+        if ns and kind in ("events", "deliveries", "blobs"):
+            found.setdefault(ns, set()).add(kind)
+    return found
+
+
+def _delete_namespace(bootstrap: str, namespace: str, kafka: dict[str, Any], timeout: float) -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    from threadlog.errors import unavailable
+    from threadlog.topics import Topics
+
+    admin, trap = _admin(bootstrap, kafka, "threadlog.cli.admin")
+    futures = admin.delete_topics(Topics(namespace).all(), operation_timeout=timeout, request_timeout=timeout)
+    for name, fut in futures.items():
+        try:
+            fut.result(timeout=timeout + 1)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                continue  # already gone (a partial namespace): what delete wants
+            raise trap.explain(unavailable(f"cannot delete topic {name}: {err.str() if err else exc}"),
+                               admin, kafka) from None
+        except Exception as exc:
+            raise trap.explain(unavailable(f"cannot delete topic {name}: {exc or 'no answer'}"),
+                               admin, kafka) from None
+
+
+def cmd_namespaces(args: argparse.Namespace) -> int:
+    from threadlog.config import NAMESPACE
+    from threadlog.errors import invalid_argument, namespace_not_found
+
+    kafka = _kafka_props(args)
+    timeout = args.request_timeout_ms / 1000.0
+    found = _namespaces(args.bootstrap, kafka, timeout)
+    if args.action == "list":
+        # Only full topic sets: any topic named `x.events` would otherwise list `x`.
+        for ns in sorted(n for n, kinds in found.items() if len(kinds) == 3):
+            print(ns)
+        return 0
+    ns = args.namespace
+    if not ns or not NAMESPACE.match(ns):
+        raise invalid_argument(f"namespaces delete needs a namespace matching [A-Za-z0-9._-]+, got {ns!r}")
+    if ns not in found:
+        raise namespace_not_found(f"namespace {ns!r} does not exist")
+    if not args.yes:
+        raise invalid_argument(
+            f"deleting namespace {ns!r} destroys its events, deliveries and blobs for good; add --yes")
+    _delete_namespace(args.bootstrap, ns, kafka, timeout)
+    print(f"deleted namespace {ns!r} ({', '.join(sorted(found[ns]))})")
     return 0
 
 
@@ -169,9 +292,10 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     from threadlog.config import Options
     from threadlog.processors.rebuild import rebuild
 
-    opts = Options(bootstrap_servers=args.bootstrap, namespace=args.namespace, state_dir=args.state_dir)
+    opts = Options(bootstrap_servers=args.bootstrap, namespace=args.namespace, state_dir=args.state_dir,
+                   request_timeout_ms=args.request_timeout_ms, kafka=_kafka_props(args))
     path = Path(args.store) if args.store else opts.state_root / opts.namespace / "slot-0"
-    stats = rebuild(args.bootstrap, args.namespace, path)
+    stats = rebuild(args.bootstrap, args.namespace, path, kafka=opts.kafka, request_timeout=opts.request_timeout)
     print(f"rebuilt {path}: {stats['offsets']} offsets in {stats['seconds']:.2f}s, "
           f"{stats['skipped']} undecodable events skipped")
     return 0
@@ -192,13 +316,25 @@ def cmd_schemas(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> None:
+    import threadlog
+
+    # Opened here rather than in the app's lifespan: a failed open is then the
+    # command's one error line (uvicorn would log a traceback), and serving a
+    # namespace never creates it.
+    async with threadlog.open(args.bootstrap, namespace=args.namespace, processors=args.processors,
+                              state_dir=args.state_dir, first_chunk_wait_ms=args.first_chunk_wait_ms,
+                              request_timeout_ms=args.request_timeout_ms, kafka=_kafka_props(args),
+                              create_topics=False) as tl:
+        _started()
+        await _serve_app(args, tl)
+
+
+async def _serve_app(args: argparse.Namespace, tl: Any) -> None:
     import uvicorn
 
     from threadlog.http import create_app
 
-    app = create_app(bootstrap_servers=args.bootstrap, namespace=args.namespace, path=args.path,
-                     processors=args.processors, state_dir=args.state_dir,
-                     first_chunk_wait_ms=args.first_chunk_wait_ms)
+    app = create_app(tl, namespace=args.namespace, path=args.path)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="on",
                             timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
@@ -225,31 +361,47 @@ async def _replay(args: argparse.Namespace) -> int:
 
     # Embedded: replay must work with no worker running (it is a debugging tool).
     async with threadlog.open(args.bootstrap, namespace=args.namespace, processors="embedded",
-                              state_dir=args.state_dir) as tl:
+                              state_dir=args.state_dir, request_timeout_ms=args.request_timeout_ms,
+                              kafka=_kafka_props(args), create_topics=False) as tl:
         log = tl.delivery(args.run_id)
-        try:
-            if args.records:
-                for row in await log.records(args.after):
-                    print(json.dumps(row, ensure_ascii=False), flush=True)
-                return 0
-            async for offset, chunk in log.read(args.after, follow=args.follow):
-                print(json.dumps({"offset": offset, "chunk": chunk}, ensure_ascii=False), flush=True)
-        except threadlog.ThreadLogError as exc:
-            print(f"threadlog replay: {exc.code}: {exc.message}", file=sys.stderr)
-            return 2
+        if args.records:
+            for row in await log.records(args.after):
+                print(json.dumps(row, ensure_ascii=False), flush=True)
+            return 0
+        async for offset, chunk in log.read(args.after, follow=args.follow):
+            print(json.dumps({"offset": offset, "chunk": chunk}, ensure_ascii=False), flush=True)
     return 0
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    return asyncio.run(_replay(args))
+
+
+def _connects(p: argparse.ArgumentParser, bootstrap: str | None = "default") -> None:
+    """The options of every command that talks to the cluster."""
+    p.add_argument("--bootstrap", default=_bootstrap_default() if bootstrap == "default" else bootstrap,
+                   help="Kafka bootstrap servers (env THREADLOG_BOOTSTRAP)")
+    p.add_argument("--kafka-config", default=None, metavar="FILE",
+                   help="librdkafka properties, client.properties format (env THREADLOG_KAFKA_CONFIG)")
+    p.add_argument("--request-timeout-ms", type=int, default=30_000,
+                   help="how long to wait for the cluster before failing with UNAVAILABLE")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
-        return asyncio.run(_replay(args))
-    except KeyboardInterrupt:
-        return 130
+        return version("threadlog")
+    except PackageNotFoundError:  # a source tree that was not installed
+        from threadlog import __version__
+
+        return __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="threadlog", description=__doc__)
-    ap.add_argument("-v", "--verbose", action="store_true")
+    ap.add_argument("-v", "--verbose", action="store_true", help="log more; print tracebacks of errors")
+    ap.add_argument("--version", action="version", version=f"threadlog {_version()}")
     sub = ap.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("broker", help="local Kafka (KRaft) from Maven Central, no Docker")
@@ -264,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(fn=cmd_broker)
 
     w = sub.add_parser("worker", help="judge a namespace and serve its state to thin clients")
-    w.add_argument("--bootstrap", default=_bootstrap_default())
+    _connects(w)
     w.add_argument("--namespace", default="threadlog")
     w.add_argument("--partitions", type=int, default=4)
     w.add_argument("--state-dir", default=None)
@@ -275,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.set_defaults(fn=cmd_worker)
 
     sv = sub.add_parser("serve", help="HTTP: the TanStack durability route, SSE and REST for delivery logs")
-    sv.add_argument("--bootstrap", default=_bootstrap_default())
+    _connects(sv)
     sv.add_argument("--namespace", default="threadlog")
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed)")
@@ -293,24 +445,32 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--follow", action="store_true", help="keep waiting for chunks until the log is closed")
     rp.add_argument("--records", action="store_true",
                     help="print every record instead: claims, dropped chunks and why, upserts, the close")
-    rp.add_argument("--bootstrap", default=_bootstrap_default())
+    _connects(rp)
     rp.add_argument("--namespace", default="threadlog")
     rp.add_argument("--state-dir", default=None)
     rp.set_defaults(fn=cmd_replay)
 
     d = sub.add_parser("demo", help="start the local broker and round-trip a transcript")
-    d.add_argument("--bootstrap", default=None, help="use this cluster instead of the local broker")
+    _connects(d, bootstrap=None)
+    d.add_argument("--keep", action="store_true", help="keep the demo's namespace (topics, local state)")
     d.add_argument("--port", type=int, default=9092)
     d.add_argument("--namespace", default=None)
     d.add_argument("--state-dir", default=None)
     d.set_defaults(fn=cmd_demo)
 
     r = sub.add_parser("rebuild", help="drop a projection store and fold the events again")
-    r.add_argument("--bootstrap", default=_bootstrap_default())
+    _connects(r)
     r.add_argument("--namespace", default="threadlog")
     r.add_argument("--state-dir", default=None)
     r.add_argument("--store", default=None, help="store path (default: slot-0 of the namespace)")
     r.set_defaults(fn=cmd_rebuild)
+
+    ns = sub.add_parser("namespaces", help="list the namespaces on the cluster, or delete one")
+    ns.add_argument("action", choices=["list", "delete"])
+    ns.add_argument("namespace", nargs="?", help="the namespace to delete")
+    ns.add_argument("--yes", action="store_true", help="confirm a delete (it cannot be undone)")
+    _connects(ns)
+    ns.set_defaults(fn=cmd_namespaces)
 
     s = sub.add_parser("schemas", help="check or freeze Avro schema versions")
     s.add_argument("action", choices=["check", "freeze"])
@@ -324,7 +484,29 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    return int(args.fn(args) or 0)
+    if not args.verbose:
+        # librdkafka logs every failed connection attempt; while a command
+        # starts, its error line says why instead (see _started()).
+        logging.getLogger("threadlog.rdkafka").setLevel(logging.CRITICAL + 1)
+    from threadlog.errors import INTERNAL, ThreadLogError
+    from threadlog.kafka_config import scrub
+
+    try:
+        return int(args.fn(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if args.verbose:
+            traceback.print_exc()
+        if isinstance(exc, ThreadLogError):
+            code, message, status = exc.code, exc.message, 2
+        else:
+            code, message, status = INTERNAL, f"{type(exc).__name__}: {exc}", 1
+        # One line: a message may quote multi-line broker text. Secrets from
+        # the kafka config never reach the terminal, whatever quoted them.
+        line = " ".join(scrub(message, getattr(args, "kafka_props", None)).split())
+        print(f"threadlog: {code}: {line}", file=sys.stderr)
+        return status
 
 
 if __name__ == "__main__":

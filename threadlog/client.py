@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .config import Options
@@ -80,6 +80,7 @@ class ThreadLog:
             end_offsets=end_offsets,
             clock=self.opts.clock,
             timeout=self.opts.request_timeout,
+            kafka=self.opts.kafka,
         )
         self._delivery = DeliveryService(self)
         self._delivery.start()
@@ -170,6 +171,8 @@ def open(
     *,
     partitions: int = 4,
     request_timeout_ms: int = 30_000,
+    kafka: Mapping[str, Any] | None = None,
+    create_topics: bool = True,
 ) -> _Opener:
     """Open a namespace; bad options raise `ThreadLogError(INVALID_ARGUMENT)` here.
 
@@ -179,6 +182,10 @@ def open(
     straight to Kafka, but verdicts, read barriers and reads are served by a
     `threadlog worker` found in `<ns>.members` (threadlog/remote.py); calls
     fail with `UNAVAILABLE` after `request_timeout_ms` when no worker answers.
+
+    `kafka`: librdkafka properties for every client threadlog creates (security,
+    timeouts...); the ones threadlog needs for correctness are refused.
+    `create_topics=False`: the namespace must exist (`NAMESPACE_NOT_FOUND`).
     """
     opts = Options(
         bootstrap_servers=bootstrap_servers,
@@ -191,5 +198,7 @@ def open(
         state_dir=state_dir,
         partitions=partitions,
         request_timeout_ms=request_timeout_ms,
+        kafka=kafka or {},
+        create_topics=create_topics,
     )
     return _Opener(opts)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from . import kafka_config
 from .errors import invalid_argument
 from .validation import is_int
 
@@ -34,6 +36,12 @@ class Options:
     partitions: int = 4
     request_timeout_ms: int = 30_000
     delivery_retention_ms: int = 7 * 24 * 3600 * 1000
+    # librdkafka properties for every client threadlog creates (kafka_config).
+    # Kept out of repr: it may hold secrets (sasl.password...).
+    kafka: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False, hash=False)
+    # False: only use a namespace that exists (read-only commands must not
+    # create topics as a side effect of a typo): NAMESPACE_NOT_FOUND otherwise.
+    create_topics: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.bootstrap_servers, str) or not self.bootstrap_servers:
@@ -56,6 +64,12 @@ class Options:
             raise invalid_argument("clock must be a callable returning epoch ms")
         if self.state_dir is not None and not isinstance(self.state_dir, (str, os.PathLike)):
             raise invalid_argument("state_dir must be a path")
+        if not isinstance(self.create_topics, bool):
+            raise invalid_argument(f"create_topics must be a bool, got {self.create_topics!r}")
+        # Frozen: replace the caller's mapping by the checked copy, so a later
+        # change to their dict cannot reach clients created afterwards.
+        object.__setattr__(self, "kafka", kafka_config.check(self.kafka))
+        kafka_config.validate(self.bootstrap_servers, self.kafka)
 
     @property
     def state_root(self) -> Path:

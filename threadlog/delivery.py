@@ -167,8 +167,10 @@ def _parse_or_none(text: str) -> dict | None:
 class _ConsumerPool:
     """Catch-up readers reuse consumers: creating one costs a bootstrap round trip."""
 
-    def __init__(self, bootstrap: str, client_id: str, max_idle: int = 8) -> None:
+    def __init__(self, bootstrap: str, client_id: str, max_idle: int = 8,
+                 kafka: kafka_config.Props | None = None) -> None:
         self._bootstrap = bootstrap
+        self._kafka = kafka
         self._client_id = client_id
         self._max_idle = max_idle
         self._idle: list[Consumer] = []
@@ -185,7 +187,7 @@ class _ConsumerPool:
             self._n += 1
             n = self._n
         return Consumer(kafka_config.consumer(
-            self._bootstrap, f"{self._client_id}.dlvread{n}",
+            self._bootstrap, f"{self._client_id}.dlvread{n}", self._kafka,
             **{"enable.partition.eof": True, "fetch.wait.max.ms": kafka_config.TXN_READER_WAIT_MS},
         ))
 
@@ -231,12 +233,12 @@ class DeliveryService:
         self.timeout = tl.opts.request_timeout
         self.first_chunk_wait = tl.opts.first_chunk_wait_ms / 1000.0
         self.index = DeliveryIndex(tl.opts.bootstrap_servers, self.topic, self.partitions, rt.store,
-                                   rt.codec, rt.client_id)
+                                   rt.codec, rt.client_id, kafka=tl.opts.kafka)
         self.barrier = ReadBarrier(rt.admin, self.index, timeout=self.timeout)
         self.writer = DeliveryWriter(bootstrap=tl.opts.bootstrap_servers, topic=self.topic,
                                      partitions=self.partitions, codec=rt.codec, client_id=rt.client_id,
-                                     timeout=self.timeout)
-        self.pool = _ConsumerPool(tl.opts.bootstrap_servers, rt.client_id)
+                                     timeout=self.timeout, kafka=tl.opts.kafka)
+        self.pool = _ConsumerPool(tl.opts.bootstrap_servers, rt.client_id, kafka=tl.opts.kafka)
         self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="delivery-read")
         self.closing = threading.Event()
 

@@ -20,6 +20,10 @@ RUN_CLAIM_LOST = "RUN_CLAIM_LOST"
 RUN_LOG_CLOSED = "RUN_LOG_CLOSED"
 INVALID_OFFSET = "INVALID_OFFSET"
 UNAVAILABLE = "UNAVAILABLE"
+# A command that only reads named a namespace whose topics do not exist.
+NAMESPACE_NOT_FOUND = "NAMESPACE_NOT_FOUND"
+# The CLI's code for an exception threadlog did not raise on purpose (a bug).
+INTERNAL = "INTERNAL"
 
 # Internal: a message on a topic could not be decoded. Never raised to API
 # callers; used in logs and in refusals of undecodable commands.
@@ -50,6 +54,8 @@ CODES = frozenset(
         RUN_LOG_CLOSED,
         INVALID_OFFSET,
         UNAVAILABLE,
+        NAMESPACE_NOT_FOUND,
+        INTERNAL,
         INVALID_MESSAGE,
         CORRUPT_RECORD,
     }
@@ -74,3 +80,7 @@ def invalid_argument(message: str) -> ThreadLogError:
 
 def unavailable(message: str) -> ThreadLogError:
     return ThreadLogError(UNAVAILABLE, message)
+
+
+def namespace_not_found(message: str) -> ThreadLogError:
+    return ThreadLogError(NAMESPACE_NOT_FOUND, message)

@@ -1,15 +1,195 @@
-"""librdkafka settings shared by every client threadlog creates."""
+"""librdkafka settings shared by every client threadlog creates.
+
+Every producer, consumer and admin client is configured here, so the
+properties a user passes (`threadlog.open(..., kafka={...})`, the CLI's
+`--kafka-config`) reach all of them through one place: `base()` and the
+role-specific builders below layer them over threadlog's tunables and under
+the settings threadlog needs for correctness (which `check()` refuses).
+"""
 
 from __future__ import annotations
 
 import logging
+import re
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
 
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+
+from .errors import UNAVAILABLE, ThreadLogError, invalid_argument
 from .topics import MAX_MESSAGE_BYTES
+
+# The user's librdkafka properties (`Options.kafka`), as the client builders take them.
+Props = Mapping[str, Any]
 
 _rdkafka_log = logging.getLogger("threadlog.rdkafka")
 
 
-def base(bootstrap: str, client_id: str) -> dict:
+class _SharedPropertyFilter(logging.Filter):
+    """Drop librdkafka's "X is a producer property and will be ignored by this consumer".
+
+    The user's properties go to every client, producers and consumers alike,
+    so each would warn about the other role's properties on every start.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not ("property and will be ignored by this" in msg and "CONFWARN" in msg)
+
+
+_rdkafka_log.addFilter(_SharedPropertyFilter())
+# The throwaway clients of `validate()` must not add connection noise to the logs.
+_validate_log = logging.getLogger("threadlog.rdkafka.validate")
+_validate_log.propagate = False
+_validate_log.disabled = True
+
+# Properties whose value threadlog depends on for correctness; a user value
+# would silently break a guarantee, so it is refused instead of applied.
+FORBIDDEN: dict[str, str] = {
+    "bootstrap.servers": "pass bootstrap_servers (or --bootstrap) instead",
+    "metadata.broker.list": "pass bootstrap_servers (or --bootstrap) instead",
+    "enable.idempotence": "retried sends must never duplicate or reorder proposals",
+    "acks": "a proposal is a fact only once every in-sync replica has it",
+    "request.required.acks": "a proposal is a fact only once every in-sync replica has it",
+    "transactional.id": "deciders fence each other by their own transactional ids",
+    "transaction.timeout.ms": "bounds how long a crashed decider blocks readers",
+    "isolation.level": "only committed transactions are facts",
+    "enable.auto.commit": "positions live in the projection store, not in consumer groups",
+    "enable.auto.offset.store": "positions live in the projection store, not in consumer groups",
+    "group.id": "threadlog assigns partitions itself and owns its group ids",
+    "auto.offset.reset": "a fold must start from the beginning of the log",
+    "enable.partition.eof": "readers rely on end-of-partition events to know they caught up",
+    "delivery.report.only.error": "writers wait for every delivery report",
+    "on_delivery": "writers attach their own delivery callbacks",
+    "on_commit": "threadlog does not commit consumer offsets",
+}
+
+# Keys whose values are secrets: never logged, printed or put in an error.
+SECRET_KEY = re.compile(r"password|secret|token|oauthbearer\.config|key\.pem|jaas", re.IGNORECASE)
+REDACTED = "[redacted]"
+
+
+def is_secret(key: str) -> bool:
+    return bool(SECRET_KEY.search(key))
+
+
+def redacted(props: Mapping[str, Any]) -> dict[str, Any]:
+    """`props` fit for a log line or an error: secret values replaced."""
+    return {k: (REDACTED if is_secret(k) else v) for k, v in props.items()}
+
+
+def scrub(text: str, props: Mapping[str, Any] | None) -> str:
+    """`text` with every secret value of `props` replaced (librdkafka may quote values)."""
+    for key, value in (props or {}).items():
+        if is_secret(key) and isinstance(value, str) and value:
+            text = text.replace(value, REDACTED)
+    return text
+
+
+def check(kafka: Any) -> dict[str, Any]:
+    """Shape-check user properties (no client built): INVALID_ARGUMENT naming the property."""
+    if kafka is None:
+        return {}
+    if not isinstance(kafka, Mapping):
+        raise invalid_argument(f"kafka must be a mapping of librdkafka properties, got {type(kafka).__name__}")
+    out: dict[str, Any] = {}
+    for key, value in kafka.items():
+        if not isinstance(key, str) or not key:
+            raise invalid_argument(f"kafka property names must be non-empty strings, got {key!r}")
+        if key in FORBIDDEN:
+            raise invalid_argument(f"kafka property {key!r} cannot be overridden: {FORBIDDEN[key]}")
+        # Callbacks (stats_cb, error_cb, oauth_cb, logger...) are librdkafka's
+        # callable properties; everything else is a scalar.
+        if not (callable(value) or isinstance(value, (str, int, float, bool))):
+            raise invalid_argument(
+                f"kafka property {key!r} must be a string, number or bool, got {type(value).__name__}")
+        out[key] = value
+    return out
+
+
+def validate(bootstrap: str, kafka: Mapping[str, Any]) -> None:
+    """Let librdkafka judge the properties now, so a typo fails `open` rather than a later client.
+
+    A throwaway producer and consumer are configured exactly as threadlog's
+    own (so conflicts with the enforced settings show too) and destroyed;
+    neither sends a request.
+    """
+    if not kafka:
+        return
+    for build, make in ((producer, Producer), (consumer, Consumer)):
+        try:
+            client = make({**build(bootstrap, "threadlog.validate", kafka), "logger": _validate_log})
+        except KafkaException as exc:
+            raise invalid_argument(_explain(exc, kafka)) from None
+        except (TypeError, ValueError) as exc:
+            raise invalid_argument(scrub(f"kafka properties refused: {exc}", kafka)) from None
+        if isinstance(client, Consumer):
+            client.close()
+        del client
+
+
+def error_text(exc: BaseException) -> str:
+    """librdkafka's own words for `exc`, without the KafkaError{code=...} wrapping."""
+    err = exc.args[0] if exc.args else None
+    return err.str() if isinstance(err, KafkaError) else str(exc)
+
+
+def _explain(exc: KafkaException, kafka: Mapping[str, Any]) -> str:
+    text = error_text(exc)
+    named = [k for k in kafka if f'"{k}"' in text]
+    name = named[0] if named else _culprit(kafka)
+    prefix = f"kafka property {name!r} refused by librdkafka" if name else "kafka properties refused by librdkafka"
+    return scrub(f"{prefix}: {text}", kafka)
+
+
+def _culprit(kafka: Mapping[str, Any]) -> str | None:
+    """The property librdkafka refuses on its own (its message may name an alias:
+    linger.ms is reported as queue.buffering.max.ms)."""
+    for key, value in kafka.items():
+        try:
+            Producer({"client.id": "threadlog.validate", "logger": _validate_log, key: value})
+        except (KafkaException, TypeError, ValueError):
+            return key
+    return None
+
+
+class ErrorTrap:
+    """An `error_cb` keeping librdkafka's last error, to say *why* a request timed out.
+
+    librdkafka retries an unreachable broker quietly; a request then ends with
+    a bare timeout while the cause (connection refused, TLS, SASL...) went to
+    the error callback. `chain` is a user's own `error_cb`, still called.
+    """
+
+    def __init__(self, chain: Callable[[KafkaError], None] | None = None) -> None:
+        self.last: str | None = None
+        self._chain = chain
+        self._lock = threading.Lock()
+
+    def __call__(self, err: KafkaError) -> None:
+        with self._lock:
+            self.last = err.str() if isinstance(err, KafkaError) else str(err)
+        if self._chain is not None:
+            self._chain(err)
+
+    def explain(self, exc: ThreadLogError, client: Any, kafka: Mapping[str, Any] | None) -> ThreadLogError:
+        """`exc` (a timeout) with the cause librdkafka reported, in one message.
+
+        Callbacks of an admin client run only when it is polled: serve them first.
+        """
+        if exc.code != UNAVAILABLE:
+            return exc
+        try:
+            client.poll(0)
+        except Exception:  # pragma: no cover - a closed handle: no cause to add
+            pass
+        if self.last is None:
+            return exc
+        return ThreadLogError(UNAVAILABLE, scrub(f"{exc.message} (last broker error: {self.last})", kafka))
+
+
+def _defaults(bootstrap: str, client_id: str) -> dict[str, Any]:
     return {
         "bootstrap.servers": bootstrap,
         "client.id": client_id,
@@ -20,22 +200,46 @@ def base(bootstrap: str, client_id: str) -> dict:
     }
 
 
-def producer(bootstrap: str, client_id: str, **extra) -> dict:
-    return {
-        **base(bootstrap, client_id),
-        # Idempotent: a retried send never duplicates or reorders; implies acks=all.
-        "enable.idempotence": True,
-        "acks": "all",
-        "linger.ms": 1,
-        "message.max.bytes": MAX_MESSAGE_BYTES + 65536,
-        **extra,
-    }
+def _layer(defaults: dict[str, Any], kafka: Mapping[str, Any] | None, enforced: dict[str, Any]) -> dict[str, Any]:
+    # threadlog's tunables < the user's properties < what correctness needs.
+    # `check()` already refused forbidden keys; `enforced` wins regardless.
+    return {**defaults, **(kafka or {}), **enforced}
 
 
-def transactional_producer(bootstrap: str, client_id: str, transactional_id: str) -> dict:
+def base(bootstrap: str, client_id: str, kafka: Mapping[str, Any] | None = None,
+         error_trap: ErrorTrap | None = None) -> dict:
+    """An admin client's (and every client's common) settings, with the user's `kafka` properties."""
+    conf = _layer(_defaults(bootstrap, client_id), kafka, {"bootstrap.servers": bootstrap})
+    if error_trap is not None:
+        conf["error_cb"] = error_trap
+    return conf
+
+
+def producer(bootstrap: str, client_id: str, kafka: Mapping[str, Any] | None = None, **extra) -> dict:
+    return _layer(
+        {
+            **_defaults(bootstrap, client_id),
+            "linger.ms": 1,
+            "message.max.bytes": MAX_MESSAGE_BYTES + 65536,
+            **extra,
+        },
+        kafka,
+        {
+            "bootstrap.servers": bootstrap,
+            # Idempotent: a retried send never duplicates or reorders; implies acks=all.
+            "enable.idempotence": True,
+            "acks": "all",
+            **{k: v for k, v in extra.items() if k in FORBIDDEN},
+        },
+    )
+
+
+def transactional_producer(bootstrap: str, client_id: str, transactional_id: str,
+                           kafka: Mapping[str, Any] | None = None) -> dict:
     return producer(
         bootstrap,
         client_id,
+        kafka,
         **{
             "transactional.id": transactional_id,
             # Bounds how long a crashed decider's open transaction can hold back
@@ -57,22 +261,32 @@ def transactional_producer(bootstrap: str, client_id: str, transactional_id: str
 TXN_READER_WAIT_MS = 5
 
 
-def consumer(bootstrap: str, client_id: str, **extra) -> dict:
-    return {
-        **base(bootstrap, client_id),
-        "group.id": extra.pop("group.id", f"{client_id}.unused"),
+def consumer(bootstrap: str, client_id: str, kafka: Mapping[str, Any] | None = None, **extra) -> dict:
+    enforced = {
+        "bootstrap.servers": bootstrap,
+        "group.id": f"{client_id}.unused",
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         # Only committed transactions are facts.
         "isolation.level": "read_committed",
         "auto.offset.reset": "earliest",
-        "fetch.wait.max.ms": 100,
-        "fetch.error.backoff.ms": 20,
-        "max.partition.fetch.bytes": MAX_MESSAGE_BYTES + 65536,
-        "fetch.max.bytes": 64 * 1024 * 1024,
-        "receive.message.max.bytes": 80 * 1024 * 1024,
-        **extra,
     }
+    # A call site may set a correctness property deliberately (the blob reader
+    # reads uncommitted chunks; followers need EOF events): it wins over the user.
+    enforced.update({k: v for k, v in extra.items() if k in FORBIDDEN})
+    return _layer(
+        {
+            **_defaults(bootstrap, client_id),
+            "fetch.wait.max.ms": 100,
+            "fetch.error.backoff.ms": 20,
+            "max.partition.fetch.bytes": MAX_MESSAGE_BYTES + 65536,
+            "fetch.max.bytes": 64 * 1024 * 1024,
+            "receive.message.max.bytes": 80 * 1024 * 1024,
+            **{k: v for k, v in extra.items() if k not in FORBIDDEN},
+        },
+        kafka,
+        enforced,
+    )
 
 
 def drain(consumer, max_messages: int, timeout: float) -> list:
@@ -87,3 +301,35 @@ def drain(consumer, max_messages: int, timeout: float) -> list:
         return []
     rest = consumer.consume(max_messages - 1, 0) if max_messages > 1 else []
     return [first, *rest]
+
+
+_PROPERTY_LINE = re.compile(r"(?P<key>[^=:\s]+)(?P<sep>\s*[=:]?\s*)(?P<value>.*)")
+
+
+def load_properties(path: str) -> dict[str, str]:
+    """A Java `client.properties` file: `key=value` (or `key: value`, `key value`), `#`/`!` comments, blank lines.
+
+    Values stay strings: librdkafka parses them as it parses its own config
+    files. Errors name the file and line, never the line's text (it may be a secret).
+    """
+    try:
+        with open(path, encoding="utf-8") as fh:
+            raw = fh.read().splitlines()
+    except OSError as exc:
+        raise invalid_argument(f"cannot read kafka config {path}: {exc.strerror or exc}") from None
+    props: dict[str, str] = {}
+    pending = ""
+    for number, line in enumerate(raw, 1):
+        line = pending + line.strip()
+        pending = ""
+        if line.endswith("\\") and not line.endswith("\\\\"):
+            pending = line[:-1]  # a continuation line, as in Java
+            continue
+        if not line or line[0] in "#!":
+            continue
+        # As java.util.Properties: the key ends at the first '=', ':' or blank.
+        match = _PROPERTY_LINE.match(line)
+        if match is None or not (match["sep"].strip() or match["value"]):
+            raise invalid_argument(f"{path}:{number}: expected key=value")
+        props[match["key"]] = match["value"]
+    return props

@@ -25,7 +25,9 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
@@ -53,13 +55,14 @@ class Announcer:
     """A worker's registration: heartbeats on a thread, a tombstone on `stop`."""
 
     def __init__(self, bootstrap: str, topic: str, worker_id: str, address: str,
-                 interval: float = HEARTBEAT_S) -> None:
+                 interval: float = HEARTBEAT_S, kafka: Mapping[str, Any] | None = None) -> None:
         self.topic = topic
         self.worker_id = worker_id
         self.address = address
         self.interval = interval
         self.started_at = time.time() * 1000.0
-        self._producer = Producer(kafka_config.producer(bootstrap, f"{worker_id}.members", **{"linger.ms": 0}))
+        self._producer = Producer(kafka_config.producer(bootstrap, f"{worker_id}.members", kafka,
+                                                        **{"linger.ms": 0}))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="members-heartbeat", daemon=True)
 
@@ -95,10 +98,11 @@ class Announcer:
             log.exception("could not tombstone %s", self.worker_id)
 
 
-def read_members(bootstrap: str, topic: str, client_id: str, timeout: float) -> dict[str, Member]:
+def read_members(bootstrap: str, topic: str, client_id: str, timeout: float,
+                 kafka: Mapping[str, Any] | None = None) -> dict[str, Member]:
     """Every registered worker (latest record per id, tombstones removed), read to the end."""
     consumer = Consumer(kafka_config.consumer(
-        bootstrap, f"{client_id}.members",
+        bootstrap, f"{client_id}.members", kafka,
         **{"enable.partition.eof": True, "isolation.level": "read_uncommitted", "fetch.wait.max.ms": 10},
     ))
     deadline = time.monotonic() + timeout

@@ -30,7 +30,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future as CFuture
 from typing import Any
 
@@ -85,8 +85,10 @@ class _Conn:
 
 
 class QueryClient:
-    def __init__(self, bootstrap: str, members_topic: str, client_id: str, timeout: float) -> None:
+    def __init__(self, bootstrap: str, members_topic: str, client_id: str, timeout: float,
+                 kafka: Mapping[str, Any] | None = None) -> None:
         self.bootstrap = bootstrap
+        self.kafka = kafka
         self.members_topic = members_topic
         self.client_id = client_id
         self.timeout = timeout
@@ -201,7 +203,7 @@ class QueryClient:
                 try:
                     members = await asyncio.wait_for(
                         asyncio.to_thread(read_members, self.bootstrap, self.members_topic, self.client_id,
-                                          max(0.5, left)),
+                                          max(0.5, left), self.kafka),
                         max(0.5, left))
                 except (ThreadLogError, TimeoutError) as exc:
                     log.info("discovery failed: %s", exc)

@@ -22,6 +22,7 @@ from confluent_kafka.admin import AdminClient
 
 from . import kafka_config
 from .config import Options
+from .errors import ThreadLogError
 from .partitioning import partition_for
 from .processors.handlers import load_all as load_handlers
 from .processors.judge import Judge
@@ -30,7 +31,7 @@ from .projections.fold import load_all as load_folds
 from .projections.store import Store, open_slot
 from .remote import QueryClient
 from .schemas import Codec, default_codec
-from .topics import TopicLayout, Topics, ensure_topics
+from .topics import TopicLayout, Topics, ensure_topics, require_topics
 
 log = logging.getLogger("threadlog.runtime")
 
@@ -53,22 +54,30 @@ class Runtime:
 
     def start(self) -> None:
         t0 = time.monotonic()
-        self.admin = AdminClient(kafka_config.base(self.opts.bootstrap_servers, f"{self.client_id}.admin"))
-        self.layout = ensure_topics(
-            self.admin, self.topics, self.opts.partitions, self.opts.delivery_retention_ms,
-            timeout=self.opts.request_timeout,
-        )
+        kafka = self.opts.kafka
+        if kafka:
+            log.info("kafka properties for %s: %s", self.client_id, kafka_config.redacted(kafka))
+        trap = kafka_config.ErrorTrap(kafka.get("error_cb"))
+        self.admin = AdminClient(kafka_config.base(self.opts.bootstrap_servers, f"{self.client_id}.admin",
+                                                   kafka, trap))
+        try:
+            self.layout = ensure_topics(
+                self.admin, self.topics, self.opts.partitions, self.opts.delivery_retention_ms,
+                timeout=self.opts.request_timeout,
+            ) if self.opts.create_topics else require_topics(self.admin, self.topics, self.opts.request_timeout)
+        except ThreadLogError as exc:
+            raise trap.explain(exc, self.admin, kafka) from None
         self.timings["topics"] = time.monotonic() - t0
         self.store = open_slot(self.opts.state_root / self.opts.namespace)
         if self.thin:
             self.query = QueryClient(self.opts.bootstrap_servers, self.topics.members, self.client_id,
-                                     self.opts.request_timeout)
+                                     self.opts.request_timeout, self.opts.kafka)
             self.query.start()
             self.timings["started"] = time.monotonic() - t0
             return
         self.judge = Judge(
             self.opts.bootstrap_servers, self.topics.events, self.layout.events, self.store,
-            self.codec, self.client_id,
+            self.codec, self.client_id, kafka=kafka,
         )
         self.judge.start()
         self.barrier = ReadBarrier(self.admin, self.judge, timeout=self.opts.request_timeout)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from .errors import unavailable
+from .errors import namespace_not_found, unavailable
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 HOUR_MS = 3600 * 1000
@@ -97,8 +97,8 @@ def ensure_topics(
             if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                 continue
             raise unavailable(f"cannot create topic {name}: {exc}") from None
-        except Exception as exc:
-            raise unavailable(f"cannot create topic {name}: {exc}") from None
+        except Exception as exc:  # the future's own timeout: str() is empty
+            raise unavailable(f"cannot create topic {name}: {exc or f'no answer within {timeout:g}s'}") from None
     return describe(admin, topics, deadline)
 
 
@@ -133,3 +133,28 @@ def delete_topics(admin: AdminClient, topics: Topics, timeout: float = 30.0) -> 
             fut.result(timeout=timeout)
         except Exception:
             pass
+
+
+def require_topics(admin: AdminClient, topics: Topics, timeout: float = 30.0) -> TopicLayout:
+    """The layout of a namespace that must already exist; never creates a topic.
+
+    Read-only commands use this, so a mistyped namespace is an error instead
+    of three new empty topics. A namespace with none of its topics fails at
+    once; one with some (still being created elsewhere) gets until `timeout`.
+    """
+    deadline = time.monotonic() + timeout
+    try:
+        md = admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else None
+        text = err.str() if isinstance(err, KafkaError) else exc
+        raise unavailable(f"cluster metadata unavailable: {text}") from None
+    if not any(name in md.topics for name in topics.all()):
+        raise namespace_not_found(
+            f"namespace {topics.namespace!r} does not exist (no topics {', '.join(topics.all())})")
+    try:
+        return describe(admin, topics, deadline)
+    except Exception as exc:
+        if getattr(exc, "code", None) != "UNAVAILABLE" or "not visible" not in str(exc):
+            raise
+        raise namespace_not_found(f"namespace {topics.namespace!r} is incomplete: {exc}") from None

@@ -48,7 +48,7 @@ class BlobStore(StoreFacade):
             rt = self._tl.runtime
             assert rt.layout is not None
             self._sink = ChunkSink(self._tl.opts.bootstrap_servers, rt.topics.blobs, rt.layout.blobs, rt.codec,
-                                   rt.client_id, self._tl.opts.request_timeout)
+                                   rt.client_id, self._tl.opts.request_timeout, kafka=self._tl.opts.kafka)
         return self._sink
 
     def _chunk_reader(self) -> ChunkReader:
@@ -56,7 +56,7 @@ class BlobStore(StoreFacade):
             rt = self._tl.runtime
             assert rt.layout is not None
             self._reader = ChunkReader(self._tl.opts.bootstrap_servers, rt.topics.blobs, rt.layout.blobs, rt.codec,
-                                       rt.client_id, self._tl.opts.request_timeout)
+                                       rt.client_id, self._tl.opts.request_timeout, kafka=self._tl.opts.kafka)
         return self._reader
 
     def close(self) -> None:

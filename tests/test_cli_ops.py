@@ -1,0 +1,110 @@
+"""Operating the `threadlog` command: one-line errors, read-only commands, namespaces, --version."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+from confluent_kafka.admin import AdminClient
+from support import within
+
+import threadlog
+from threadlog.topics import Topics
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    # The caller's own THREADLOG_KAFKA_CONFIG must not leak into these runs.
+    inherited = {k: v for k, v in os.environ.items() if k != "THREADLOG_KAFKA_CONFIG"}
+    full_env = {**inherited, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "threadlog", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
+
+
+def one_error_line(proc: subprocess.CompletedProcess, code: str) -> str:
+    lines = proc.stderr.splitlines()
+    assert proc.returncode != 0, proc
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"threadlog: {code}: "), proc.stderr
+    return lines[0]
+
+
+def topics_of(bootstrap: str, namespace: str) -> set[str]:
+    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10)
+    return {t for t in md.topics if t.startswith(namespace + ".")}
+
+
+def test_version():
+    proc = cli("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"threadlog {threadlog.__version__}"
+
+
+@pytest.mark.parametrize("command", [["replay", "run-x"], ["rebuild"]])
+def test_read_only_commands_never_create_a_namespace(bootstrap, namespace, tmp_path, command):
+    assert topics_of(bootstrap, namespace) == set()
+    proc = cli(*command, "--bootstrap", bootstrap, "--namespace", namespace, "--state-dir", str(tmp_path))
+    line = one_error_line(proc, "NAMESPACE_NOT_FOUND")
+    assert proc.returncode == 2 and namespace in line
+    assert topics_of(bootstrap, namespace) == set()
+
+
+def test_unreachable_bootstrap_is_one_line_naming_the_cause_and_v_shows_the_traceback():
+    args = ["namespaces", "list", "--bootstrap", "127.0.0.1:1", "--request-timeout-ms", "3000"]
+    line = one_error_line(cli(*args), "UNAVAILABLE")
+    assert "Connection refused" in line
+    verbose = cli("-v", *args)
+    assert verbose.returncode == 2 and "Traceback" in verbose.stderr
+    assert verbose.stderr.splitlines()[-1].startswith("threadlog: UNAVAILABLE: ")
+
+
+def test_kafka_config_file_and_env_refusals_name_the_property_and_hide_secrets(bootstrap, tmp_path):
+    secret = f"pw-{uuid.uuid4().hex[:8]}"
+    forbidden = tmp_path / "forbidden.properties"
+    forbidden.write_text(f"# ops\nsasl.password={secret}\nacks=1\n", encoding="utf-8")
+    proc = cli("namespaces", "list", "--bootstrap", bootstrap, "--kafka-config", str(forbidden))
+    line = one_error_line(proc, "INVALID_ARGUMENT")
+    assert "'acks'" in line and secret not in proc.stderr + proc.stdout
+    invalid = tmp_path / "invalid.properties"
+    invalid.write_text(f"sasl.password={secret}\nsecurity.protocol={secret}\n", encoding="utf-8")
+    proc = cli("namespaces", "list", "--bootstrap", bootstrap, env={"THREADLOG_KAFKA_CONFIG": str(invalid)})
+    line = one_error_line(proc, "INVALID_ARGUMENT")
+    assert "'security.protocol'" in line and secret not in proc.stderr + proc.stdout
+    good = tmp_path / "good.properties"
+    good.write_text("client.rack=r1\n", encoding="utf-8")
+    proc = cli("namespaces", "list", "--bootstrap", bootstrap, env={"THREADLOG_KAFKA_CONFIG": str(good)})
+    assert proc.returncode == 0, proc.stderr
+
+
+async def test_namespaces_list_and_delete(bootstrap, namespace, tl):
+    await within(tl.messages.save_thread("t", ["m"]))
+    listed = cli("namespaces", "list", "--bootstrap", bootstrap)
+    assert listed.returncode == 0 and namespace in listed.stdout.splitlines()
+    refused = cli("namespaces", "delete", namespace, "--bootstrap", bootstrap)
+    assert "--yes" in one_error_line(refused, "INVALID_ARGUMENT")
+    assert topics_of(bootstrap, namespace) == set(Topics(namespace).all())
+    deleted = cli("namespaces", "delete", namespace, "--yes", "--bootstrap", bootstrap)
+    assert deleted.returncode == 0, deleted.stderr
+    assert namespace not in cli("namespaces", "list", "--bootstrap", bootstrap).stdout.splitlines()
+    gone = cli("namespaces", "delete", namespace, "--yes", "--bootstrap", bootstrap)
+    one_error_line(gone, "NAMESPACE_NOT_FOUND")
+
+
+def test_an_unexpected_exception_is_internal_in_one_line(bootstrap, namespace, tmp_path):
+    # A namespace that exists, and a store path that cannot be a directory: not a ThreadLogError.
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    from threadlog.topics import ensure_topics
+
+    ensure_topics(admin, Topics(namespace), partitions=1, timeout=30)
+    blocker = tmp_path / "file"
+    blocker.write_text("", encoding="utf-8")
+    proc = cli("rebuild", "--bootstrap", bootstrap, "--namespace", namespace, "--store", str(blocker / "store"))
+    assert proc.returncode == 1
+    one_error_line(proc, "INTERNAL")
+
+
+def test_demo_removes_its_namespace_unless_kept(bootstrap, namespace, tmp_path):
+    proc = cli("demo", "--bootstrap", bootstrap, "--namespace", namespace, "--state-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "demo ok" in proc.stdout and topics_of(bootstrap, namespace) == set()
