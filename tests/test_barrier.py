@@ -32,7 +32,13 @@ async def test_barrier_passes_trailing_commit_markers(tl, bootstrap, open_client
         p.begin_transaction()
         p.produce(tl.runtime.topics.events, _proposal(tl, f"[{n}]"), b"t", partition=part)
         p.commit_transaction(30)
-    stable = tl.runtime.barrier.end_offsets_sync()[part]
+    # A commit returns once decided; its marker reaches the partition just after.
+    # Wait (bounded) until all 5 markers are there: 5 records + 5 markers.
+    async def markers_written() -> int:
+        while (end := tl.runtime.barrier.end_offsets_sync()[part]) < 10:
+            await asyncio.sleep(0.02)
+        return end
+    stable = await within(markers_written(), 20)
     # 5 events, each followed by its transaction's commit marker: the end of
     # the log lies past a marker, beyond the last record any consumer yields.
     # A fresh full replica folds from zero past the markers; a thin client's worker does too.
