@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import TopicPartition
 from threadlog.projections.fold import EventMeta, apply_event, current_seq
 from threadlog.projections.follower import Follower
 from threadlog.projections.global_ids import holders as index_holders
@@ -154,18 +154,9 @@ class Judge(Follower):
 
     # -- the loop -----------------------------------------------------------------------
     def _handle(self, msgs) -> None:
-        eof: dict[int, int] = {}
-        for msg in msgs:
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    eof[msg.partition()] = msg.offset()
-                else:
-                    log.warning("events consumer error: %s", err)
-                continue
-            p = msg.partition()
-            pend = self._pending.setdefault(p, _Pending(deque()))
-            pend.msgs.append(msg)
+        by_partition, eof = self._sort(msgs)
+        for p, records in by_partition.items():
+            self._pending.setdefault(p, _Pending(deque())).msgs.extend(records)
         verdicts: dict[tuple[int, int], dict] = {}
         positions: dict[int, int] = {}
         with self.store.lock:

@@ -20,7 +20,7 @@ from threadlog.errors import invalid_argument, unavailable
 from threadlog.partitioning import partition_for
 from threadlog.topics import MAX_MESSAGE_BYTES
 
-from .pump import ProducerPump
+from .pump import ProducerPump, settle
 
 
 class DeliveryWriter:
@@ -63,9 +63,9 @@ class DeliveryWriter:
 
         def delivered(err, msg) -> None:
             if err is not None:
-                loop.call_soon_threadsafe(_settle, fut, unavailable(f"delivery record not written: {err}"), None)
+                loop.call_soon_threadsafe(settle, fut, unavailable(f"delivery record not written: {err}"), None)
             else:
-                loop.call_soon_threadsafe(_settle, fut, None, msg.offset())
+                loop.call_soon_threadsafe(settle, fut, None, msg.offset())
 
         deadline = time.monotonic() + self.timeout
         while True:
@@ -84,11 +84,3 @@ class DeliveryWriter:
     def close(self) -> None:
         self._pump.stop()
 
-
-def _settle(fut: asyncio.Future, exc: BaseException | None, value) -> None:
-    if fut.done():
-        return
-    if exc is not None:
-        fut.set_exception(exc)
-    else:
-        fut.set_result(value)

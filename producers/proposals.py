@@ -39,7 +39,7 @@ from threadlog.errors import ThreadLogError, invalid_argument, unavailable
 from threadlog.partitioning import partition_for
 from threadlog.topics import TopicLayout, Topics
 
-from .pump import ProducerPump
+from .pump import ProducerPump, settle
 
 # A proposal's effects are about as large as the proposal: keep 1 MiB of
 # headroom under the topics' 16 MiB record limit.
@@ -136,12 +136,12 @@ class ProposalBus:
         where: list[int] = []
 
         def judged(verdict: dict) -> None:
-            loop.call_soon_threadsafe(_settle, fut, None, verdict)
+            loop.call_soon_threadsafe(settle, fut, None, verdict)
 
         def delivered(err, msg) -> None:
             # On the pump thread: hand the offset straight to the verdict source.
             if err is not None:
-                loop.call_soon_threadsafe(_settle, fut, unavailable(f"proposal not written: {err}"), None)
+                loop.call_soon_threadsafe(settle, fut, unavailable(f"proposal not written: {err}"), None)
                 return
             where.append(msg.offset())
             self.verdicts.on_verdict(partition, msg.offset(), judged)
@@ -173,20 +173,11 @@ class ProposalBus:
             futures.append(fut)
 
             def done(err, _msg, fut=fut) -> None:
-                loop.call_soon_threadsafe(_settle, fut, None if err is None else unavailable(str(err)), None)
+                loop.call_soon_threadsafe(settle, fut, None if err is None else unavailable(str(err)), None)
 
             k = eff["key"]
             self.producer.produce(self.topics.blobs, None, k.encode("utf-8"),
                                   partition=partition_for(k, self.layout.blobs), on_delivery=done)
         if futures:
             await asyncio.wait_for(asyncio.gather(*futures), self.timeout)
-
-
-def _settle(fut: asyncio.Future, exc: BaseException | None, value: Any) -> None:
-    if fut.done():
-        return
-    if exc is not None:
-        fut.set_exception(exc)
-    else:
-        fut.set_result(value)
 

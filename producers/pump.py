@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from typing import Any
 
 from confluent_kafka import Producer
+
+
+def settle(fut: asyncio.Future, exc: BaseException | None, value: Any) -> None:
+    """Complete an awaited produce (on the caller's loop: call_soon_threadsafe), once."""
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(value)
 
 
 class ProducerPump:

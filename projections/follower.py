@@ -159,7 +159,8 @@ class Follower:
                 pass
         time.sleep(0.1)
 
-    def _handle(self, msgs) -> None:
+    def _sort(self, msgs) -> tuple[dict[int, list], dict[int, int]]:
+        """A consumer batch as (records by partition, in order; end-of-partition offsets)."""
         eof: dict[int, int] = {}
         by_partition: dict[int, list] = {}
         for msg in msgs:
@@ -168,9 +169,13 @@ class Follower:
                 if err.code() == KafkaError._PARTITION_EOF:
                     eof[msg.partition()] = msg.offset()
                 else:
-                    log.warning("events consumer error: %s", err)
+                    log.warning("%s consumer error: %s", self.topic, err)
                 continue
             by_partition.setdefault(msg.partition(), []).append(msg)
+        return by_partition, eof
+
+    def _handle(self, msgs) -> None:
+        by_partition, eof = self._sort(msgs)
         advanced: dict[int, int] = {}
         with self.store.lock:
             view = View(self.store)

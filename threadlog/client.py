@@ -173,6 +173,8 @@ def open(
     request_timeout_ms: int = 30_000,
     kafka: Mapping[str, Any] | None = None,
     create_topics: bool = True,
+    replication_factor: int | None = None,
+    min_insync_replicas: int | None = None,
 ) -> _Opener:
     """Open a namespace; bad options raise `ThreadLogError(INVALID_ARGUMENT)` here.
 
@@ -186,6 +188,8 @@ def open(
     `kafka`: librdkafka properties for every client threadlog creates (security,
     timeouts...); the ones threadlog needs for correctness are refused.
     `create_topics=False`: the namespace must exist (`NAMESPACE_NOT_FOUND`).
+    `replication_factor` / `min_insync_replicas` of new topics: default
+    min(3, brokers) / min(2, replication factor); existing topics are checked.
     """
     opts = Options(
         bootstrap_servers=bootstrap_servers,
@@ -200,5 +204,7 @@ def open(
         request_timeout_ms=request_timeout_ms,
         kafka=kafka or {},
         create_topics=create_topics,
+        replication_factor=replication_factor,
+        min_insync_replicas=min_insync_replicas,
     )
     return _Opener(opts)

@@ -42,6 +42,11 @@ class Options:
     # False: only use a namespace that exists (read-only commands must not
     # create topics as a side effect of a typo): NAMESPACE_NOT_FOUND otherwise.
     create_topics: bool = True
+    # Durability of new topics. None: min(3, brokers) replicas, and
+    # min.insync.replicas = min(2, replication factor) -- with acks=all, an
+    # acknowledged write then survives the loss of any one broker.
+    replication_factor: int | None = None
+    min_insync_replicas: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.bootstrap_servers, str) or not self.bootstrap_servers:
@@ -64,6 +69,14 @@ class Options:
             raise invalid_argument("clock must be a callable returning epoch ms")
         if self.state_dir is not None and not isinstance(self.state_dir, (str, os.PathLike)):
             raise invalid_argument("state_dir must be a path")
+        for name in ("replication_factor", "min_insync_replicas"):
+            value = getattr(self, name)
+            if value is not None and (not is_int(value) or value <= 0):
+                raise invalid_argument(f"{name} must be a positive int or None, got {value!r}")
+        if (self.replication_factor is not None and self.min_insync_replicas is not None
+                and self.min_insync_replicas > self.replication_factor):
+            raise invalid_argument(f"min_insync_replicas ({self.min_insync_replicas}) cannot exceed "
+                                   f"replication_factor ({self.replication_factor})")
         if not isinstance(self.create_topics, bool):
             raise invalid_argument(f"create_topics must be a bool, got {self.create_topics!r}")
         # Frozen: replace the caller's mapping by the checked copy, so a later

@@ -63,7 +63,8 @@ class Runtime:
         try:
             self.layout = ensure_topics(
                 self.admin, self.topics, self.opts.partitions, self.opts.delivery_retention_ms,
-                timeout=self.opts.request_timeout,
+                timeout=self.opts.request_timeout, replication_factor=self.opts.replication_factor,
+                min_insync_replicas=self.opts.min_insync_replicas,
             ) if self.opts.create_topics else require_topics(self.admin, self.topics, self.opts.request_timeout)
         except ThreadLogError as exc:
             raise trap.explain(exc, self.admin, kafka) from None

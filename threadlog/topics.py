@@ -6,9 +6,9 @@ import time
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from .errors import namespace_not_found, unavailable
+from .errors import invalid_argument, namespace_not_found, unavailable
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 HOUR_MS = 3600 * 1000
@@ -48,27 +48,62 @@ class TopicLayout:
     members: int = 1
 
 
-def specs(topics: Topics, partitions: int, delivery_retention_ms: int) -> list[NewTopic]:
-    big = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
+@dataclass(frozen=True)
+class Durability:
+    """Replicas of every topic and how many must hold a write before it is acknowledged."""
+
+    replication_factor: int
+    min_insync_replicas: int
+
+    @classmethod
+    def choose(cls, brokers: int, replication_factor: int | None, min_insync_replicas: int | None) -> Durability:
+        """Defaults min(3, brokers) and min(2, RF): with acks=all (every threadlog
+        producer), an acknowledged write is on at least two brokers whenever the
+        cluster has two, so losing any one broker loses nothing acknowledged."""
+        rf = min(3, max(1, brokers)) if replication_factor is None else replication_factor
+        if rf > brokers:
+            raise invalid_argument(f"replication_factor={rf} needs {rf} brokers; the cluster has {brokers}")
+        isr = min(2, rf) if min_insync_replicas is None else min_insync_replicas
+        if isr > rf:
+            raise invalid_argument(f"min_insync_replicas={isr} cannot exceed the replication factor {rf}")
+        return cls(rf, isr)
+
+
+# Settings a namespace's topics must have for threadlog to be correct, checked
+# on topics that already exist (created by someone else, or by an older version).
+REQUIRED_CONFIG = {
+    "events": {"cleanup.policy": "delete", "message.timestamp.type": "LogAppendTime"},
+    "deliveries": {"cleanup.policy": "delete"},
+    "blobs": {"cleanup.policy": "compact"},
+    "members": {"cleanup.policy": "compact"},
+}
+
+
+def specs(topics: Topics, partitions: int, delivery_retention_ms: int,
+          durability: Durability | None = None) -> list[NewTopic]:
+    durability = durability or Durability(1, 1)
+    rf = durability.replication_factor
+    isr = {"min.insync.replicas": str(durability.min_insync_replicas)}
+    big = {"max.message.bytes": str(MAX_MESSAGE_BYTES), **isr}
     return [
         # Proposals, judged in partition order: the source of truth, kept forever,
         # never compacted. Stamped with the broker's clock (LogAppendTime): a
         # proposal's own time is capped by it, so a wrong client clock cannot
         # run a partition's decision time far ahead (processors/judge.py).
-        NewTopic(topics.events, partitions, 1,
+        NewTopic(topics.events, partitions, rf,
                  config={**big, "retention.ms": "-1", "retention.bytes": "-1",
                          "message.timestamp.type": "LogAppendTime"}),
-        NewTopic(topics.deliveries, partitions, 1,
+        NewTopic(topics.deliveries, partitions, rf,
                  config={**big, "retention.ms": str(delivery_retention_ms)}),
         # Blob manifests and chunks: the latest record per key wins; tombstones reclaim.
-        NewTopic(topics.blobs, partitions, 1,
-                 config={"max.message.bytes": str(2 * 1024 * 1024), "cleanup.policy": "compact",
+        NewTopic(topics.blobs, partitions, rf,
+                 config={**isr, "max.message.bytes": str(2 * 1024 * 1024), "cleanup.policy": "compact",
                          "min.cleanable.dirty.ratio": "0.1", "segment.ms": str(HOUR_MS)}),
         # Query workers announce themselves here (threadlog/members.py): key = worker
         # id, latest heartbeat wins, a tombstone on clean exit. One partition: a
         # client reads the whole (small, compacted) membership at open.
-        NewTopic(topics.members, 1, 1,
-                 config={"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1",
+        NewTopic(topics.members, 1, rf,
+                 config={**isr, "cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1",
                          "segment.ms": str(HOUR_MS), "delete.retention.ms": str(HOUR_MS)}),
     ]
 
@@ -79,12 +114,20 @@ def ensure_topics(
     partitions: int = 4,
     delivery_retention_ms: int = 7 * 24 * HOUR_MS,
     timeout: float = 30.0,
+    replication_factor: int | None = None,
+    min_insync_replicas: int | None = None,
 ) -> TopicLayout:
-    """Create missing topics (idempotent) and return the layout the cluster has."""
+    """Create missing topics (idempotent), check the existing ones, and return
+    the layout the cluster has."""
     deadline = time.monotonic() + timeout
     try:
+        brokers = len(admin.list_topics(timeout=timeout).brokers)
+    except KafkaException as exc:
+        raise unavailable(f"cluster metadata unavailable: {exc}") from None
+    durability = Durability.choose(brokers, replication_factor, min_insync_replicas)
+    try:
         futures = admin.create_topics(
-            specs(topics, partitions, delivery_retention_ms), operation_timeout=timeout,
+            specs(topics, partitions, delivery_retention_ms, durability), operation_timeout=timeout,
             request_timeout=timeout,
         )
     except KafkaException as exc:
@@ -99,7 +142,42 @@ def ensure_topics(
             raise unavailable(f"cannot create topic {name}: {exc}") from None
         except Exception as exc:  # the future's own timeout: str() is empty
             raise unavailable(f"cannot create topic {name}: {exc or f'no answer within {timeout:g}s'}") from None
-    return describe(admin, topics, deadline)
+    layout = describe(admin, topics, deadline)
+    check_topics(admin, topics, durability, deadline)
+    return layout
+
+
+def check_topics(admin: AdminClient, topics: Topics, durability: Durability, deadline: float) -> None:
+    """Every existing topic has the settings threadlog relies on; all mismatches
+    are reported at once, in one INVALID_ARGUMENT (changing them is the
+    operator's decision: threadlog never alters an existing topic)."""
+    roles = {topics.events: "events", topics.deliveries: "deliveries", topics.blobs: "blobs",
+             topics.members: "members"}
+    try:
+        md = admin.list_topics(timeout=max(0.5, deadline - time.monotonic()))
+        resources = [ConfigResource(ConfigResource.Type.TOPIC, name) for name in roles]
+        configs = {res.name: fut.result(timeout=max(0.5, deadline - time.monotonic()))
+                   for res, fut in admin.describe_configs(resources).items()}
+    except KafkaException as exc:
+        raise unavailable(f"cannot read the settings of {topics.namespace}'s topics: {exc}") from None
+    problems = []
+    for name, role in roles.items():
+        meta = md.topics.get(name)
+        if meta is not None and meta.partitions:
+            rf = min(len(p.replicas) for p in meta.partitions.values())
+            if rf != durability.replication_factor:
+                problems.append(f"{name}: replication factor {rf}, expected {durability.replication_factor}")
+        entries = configs.get(name, {})
+        wanted = {**REQUIRED_CONFIG[role], "min.insync.replicas": str(durability.min_insync_replicas)}
+        for key, value in wanted.items():
+            have = entries[key].value if key in entries else None
+            if have != value:
+                problems.append(f"{name}: {key}={have}, expected {value}")
+    if problems:
+        raise invalid_argument(
+            f"the topics of namespace {topics.namespace!r} do not have the settings threadlog needs "
+            f"({'; '.join(problems)}): fix them with kafka-configs / a new namespace, or pass "
+            "replication_factor= / min_insync_replicas= to match")
 
 
 def describe(admin: AdminClient, topics: Topics, deadline: float) -> TopicLayout:

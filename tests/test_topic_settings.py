@@ -1,0 +1,67 @@
+"""Durability settings of a namespace's topics (issue 10, item 2).
+
+New topics get min(3, brokers) replicas and min.insync.replicas = min(2, RF)
+(configurable); existing topics are checked at open, and every mismatch is
+reported in one INVALID_ARGUMENT that changes nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+import threadlog
+from threadlog import ThreadLogError
+from threadlog.topics import REQUIRED_CONFIG, Durability, Topics
+
+
+def _configs(bootstrap: str, topic: str) -> dict[str, str]:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    (fut,) = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)]).values()
+    return {k: v.value for k, v in fut.result(timeout=30).items()}
+
+
+def test_defaults_follow_the_broker_count():
+    assert Durability.choose(1, None, None) == Durability(1, 1)
+    assert Durability.choose(2, None, None) == Durability(2, 2)
+    assert Durability.choose(5, None, None) == Durability(3, 2)
+    assert Durability.choose(5, 5, 3) == Durability(5, 3)
+    for args in [(1, 2, None), (3, 2, 3)]:
+        with pytest.raises(ThreadLogError) as err:
+            Durability.choose(*args)
+        assert err.value.code == "INVALID_ARGUMENT"
+
+
+async def test_new_topics_carry_the_settings_and_open_checks_them(open_client, bootstrap, namespace):
+    await open_client()
+    topics = Topics(namespace)
+    for role, name in [("events", topics.events), ("deliveries", topics.deliveries), ("blobs", topics.blobs)]:
+        conf = _configs(bootstrap, name)
+        assert conf["min.insync.replicas"] == "1"  # one broker here: min(2, 1)
+        for key, value in REQUIRED_CONFIG[role].items():
+            assert conf[key] == value
+    # More replicas than brokers: refused at open, naming the setting.
+    with pytest.raises(ThreadLogError) as err:
+        await open_client(replication_factor=2)
+    assert err.value.code == "INVALID_ARGUMENT" and "replication_factor=2" in err.value.message
+    with pytest.raises(ThreadLogError) as err:
+        threadlog.open(bootstrap, namespace=namespace, replication_factor=1, min_insync_replicas=2)
+    assert err.value.code == "INVALID_ARGUMENT"
+
+
+async def test_an_existing_topic_with_the_wrong_settings_is_reported_in_one_message(open_client, bootstrap,
+                                                                                  namespace):
+    topics = Topics(namespace)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    # Someone created the events topic by hand: CreateTime stamps, compacted.
+    (fut,) = admin.create_topics([NewTopic(topics.events, 4, 1, config={
+        "cleanup.policy": "compact", "message.timestamp.type": "CreateTime"})]).values()
+    fut.result(timeout=30)
+    with pytest.raises(ThreadLogError) as err:
+        await open_client()
+    message = err.value.message
+    assert err.value.code == "INVALID_ARGUMENT"
+    assert "cleanup.policy=compact, expected delete" in message
+    assert "message.timestamp.type=CreateTime, expected LogAppendTime" in message
+    # Nothing was changed on the existing topic.
+    assert _configs(bootstrap, topics.events)["cleanup.policy"] == "compact"
