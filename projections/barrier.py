@@ -60,7 +60,11 @@ class ReadBarrier:
         while True:
             try:
                 futures = self._request()
-                return {tp.partition: f.result(timeout=self.timeout).offset for tp, f in futures.items()}
+                out = {tp.partition: f.result(timeout=self.timeout).offset for tp, f in futures.items()}
+                if _complete(out):
+                    return out
+                if time.monotonic() > deadline:
+                    raise unavailable(f"end offsets of {self.topic} unknown (no leader?): {out}")
             except KafkaException as exc:
                 # Retriable (e.g. a just-created topic without a leader yet) until the deadline.
                 if not _retriable(exc) or time.monotonic() > deadline:
@@ -75,7 +79,11 @@ class ReadBarrier:
             futures = self._request()
             try:
                 await asyncio.wait_for(_all_done(list(futures.values())), self.timeout)
-                return {tp.partition: f.result().offset for tp, f in futures.items()}
+                out = {tp.partition: f.result().offset for tp, f in futures.items()}
+                if _complete(out):
+                    return out
+                if time.monotonic() > deadline:
+                    raise unavailable(f"end offsets of {self.topic} unknown (no leader?): {out}")
             except KafkaException as exc:
                 if not _retriable(exc) or time.monotonic() > deadline:
                     raise unavailable(f"cannot read end offsets of {self.topic}: {exc}") from None
@@ -160,6 +168,14 @@ def _all_done(futures: list) -> asyncio.Future:
     for f in futures:
         f.add_done_callback(one_done)
     return done
+
+
+def _complete(offsets: dict[int, int]) -> bool:
+    """Every partition has a real end offset. librdkafka reports a partition it
+    could not ask (its leader is down) as a negative sentinel (-1001) rather than
+    an error: a barrier built on it would pass on an empty store and break
+    read-your-writes, so such a round is retried, then fails UNAVAILABLE."""
+    return all(o >= 0 for o in offsets.values())
 
 
 def _retriable(exc: KafkaException) -> bool:
