@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--bootstrap", default=os.environ.get("THREADLOG_BOOTSTRAP", "127.0.0.1:9092"))
     parser.add_argument("--namespace", default="approval-example")
-    parser.add_argument("--state-dir", default=None, help="this host's RocksDB state (default: a temp dir)")
+    parser.add_argument("--state-dir", default=None,
+                        help="this host's RocksDB state (default: under $THREADLOG_STATE_DIR or ~/.local/state)")
     commands = parser.add_subparsers(dest="command", required=True)
     p = commands.add_parser("start", help="run the agent until it asks for approval")
     p.add_argument("--thread", required=True)

@@ -267,8 +267,11 @@ def create_app(tl: threadlog.ThreadLog | None = None, *, bootstrap: str | None =
         return Response(client_js, media_type="text/javascript")
 
     async def send(request: Request) -> Response:
-        body = await request.json()
-        thread_id, text = body.get("threadId"), body.get("text")
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        thread_id, text = (body.get("threadId"), body.get("text")) if isinstance(body, dict) else (None, None)
         if not isinstance(thread_id, str) or not isinstance(text, str) or not text:
             return JSONResponse({"error": "give a threadId and a non-empty text"}, status_code=400)
         return JSONResponse(await chat.send(thread_id, text))
@@ -306,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--namespace", default="chat-example")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--state-dir", default=None, help="this host's RocksDB state (default: a temp dir)")
+    parser.add_argument("--state-dir", default=None,
+                        help="this host's RocksDB state (default: under $THREADLOG_STATE_DIR or ~/.local/state)")
     parser.add_argument("--token-delay", type=float, default=0.08, help="seconds between the fake model's words")
     asyncio.run(serve(parser.parse_args(argv)))
     return 0

@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--bootstrap", default=os.environ.get("THREADLOG_BOOTSTRAP", "127.0.0.1:9092"))
     parser.add_argument("--namespace", default="takeover-example")
-    parser.add_argument("--state-dir", default=None, help="this host's RocksDB state (default: a temp dir)")
+    parser.add_argument("--state-dir", default=None,
+                        help="this host's RocksDB state (default: under $THREADLOG_STATE_DIR or ~/.local/state)")
     commands = parser.add_subparsers(dest="command", required=True)
     p = commands.add_parser("drive", help="claim the run and stream (the rest of) its output")
     p.add_argument("--run", required=True)

@@ -106,7 +106,7 @@ def _chat_in_browser(url: str) -> dict:
 
 
 @pytest.fixture
-async def chat_app(bootstrap, namespace, tmp_path):
+async def chat_url(bootstrap, namespace, tmp_path):
     app = await ExampleProcess("chat_app.py", "--bootstrap", bootstrap, "--namespace", namespace, "--port", "0",
                                "--state-dir", str(tmp_path / "app-state"), "--token-delay", str(TOKEN_DELAY),
                                log_dir=tmp_path).start()
@@ -117,8 +117,8 @@ async def chat_app(bootstrap, namespace, tmp_path):
         await app.stop()
 
 
-async def test_reload_mid_answer_continues_the_answer_once(chat_app, open_client):
-    seen = await within(asyncio.to_thread(_chat_in_browser, chat_app), 90)
+async def test_reload_mid_answer_continues_the_answer_once(chat_url, open_client):
+    seen = await within(asyncio.to_thread(_chat_in_browser, chat_url), 90)
 
     # The reload happened mid-answer: a strict prefix was on screen, the run still going.
     assert seen["state_before_reload"] == "streaming", seen
