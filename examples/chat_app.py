@@ -109,6 +109,7 @@ class Chat:
         tl = self.get_tl()
         log = tl.delivery(run_id, epoch)
         message_id = f"assistant-{run_id}"
+        finished = False
         try:
             await log.append([{"type": "RUN_STARTED", "threadId": thread_id, "runId": run_id},
                               {"type": "TEXT_MESSAGE_START", "messageId": message_id, "role": "assistant"}])
@@ -122,11 +123,15 @@ class Chat:
                                                       _text_message(message_id, "assistant", ANSWER)])
             await log.append([{"type": "RUN_FINISHED", "threadId": thread_id, "runId": run_id,
                                "finishReason": "stop"}])
+            finished = True
             await tl.runs.update(run_id, {"status": "completed", "finishedAt": _now_ms()})
         except BaseException as exc:
-            with contextlib.suppress(Exception):
-                await log.append([{"type": "RUN_ERROR", "runId": run_id, "message": repr(exc)}])
-                await tl.runs.update(run_id, {"status": "failed", "finishedAt": _now_ms()})
+            # Cut short (error, or shutdown cancelling the task): readers get a terminal chunk
+            # instead of waiting for words that will never come. Nothing after a RUN_FINISHED.
+            if not finished:
+                with contextlib.suppress(Exception):
+                    await log.append([{"type": "RUN_ERROR", "runId": run_id, "message": repr(exc)}])
+                    await tl.runs.update(run_id, {"status": "failed", "finishedAt": _now_ms()})
             raise
         finally:
             # Readers' streams end at the close (after a terminal chunk, so no client retries).
