@@ -1,0 +1,73 @@
+"""`examples/takeover.py`: host A drives a run and is SIGKILLed mid-run; host B claims the
+run and finishes it; a reader that followed the log throughout sees each word once, in order."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+from delivery_support import collect
+from example_support import EXAMPLES, ExampleProcess, run_example
+from support import within
+
+sys.path.insert(0, str(EXAMPLES))
+from takeover import TEXT, words  # the example's own output, not a copy
+
+RUN, THREAD = "run-takeover", "thread-takeover"
+
+
+async def test_killed_driver_taken_over_reader_sees_one_stream(open_client, bootstrap, namespace, tmp_path):
+    common = ["--bootstrap", bootstrap, "--namespace", namespace]
+    drive = ["drive", "--run", RUN, "--thread", THREAD, "--delay", "0.05"]
+    host_a = await ExampleProcess("takeover.py", *common, "--state-dir", str(tmp_path / "host-a"), *drive,
+                                  log_dir=tmp_path).start()
+    try:
+        await host_a.wait_for('"index": 5,', 60)
+        # This test is a third host: it follows the log live, from before the kill to the close.
+        reader = await open_client()
+        live = asyncio.create_task(collect(reader.delivery(RUN).read("-1"), 60))
+        await host_a.wait_for('"index": 12,', 30)
+        host_a.kill()  # mid-run, maybe mid-append: no cleanup, no close
+        await within(host_a.proc.wait())
+        assert host_a.proc.returncode == -9
+    finally:
+        await host_a.stop()
+    by_a = [json.loads(line) for line in host_a.lines]
+    assert by_a[0] == {"event": "claimed", "epoch": 1, "resume_at": 0}
+    appended_a = [e for e in by_a if e["event"] == "appended"]
+
+    host_b = await run_example("takeover.py", *common, "--state-dir", str(tmp_path / "host-b"), *drive,
+                               log_dir=tmp_path)
+    by_b = [json.loads(line) for line in host_b.lines]
+    claimed = by_b[0]
+    assert claimed["event"] == "claimed" and claimed["epoch"] == 2
+    # B goes on after everything A got acknowledged (and maybe one more A wrote but never printed).
+    assert claimed["resume_at"] in (len(appended_a), len(appended_a) + 1), (claimed, appended_a[-1])
+    assert by_b[-1] == {"event": "finished", "epoch": 2}
+    appended_b = [e for e in by_b if e["event"] == "appended"]
+    assert appended_b[0]["index"] == claimed["resume_at"]
+
+    got = await within(live, 60)
+    chunks = [c for _, c in got]
+    content = [c for c in chunks if c["type"] == "TEXT_MESSAGE_CONTENT"]
+    # One stream: every word once, in order, across the kill and the claim.
+    assert [c["index"] for c in content] == list(range(len(words())))
+    assert "".join(c["delta"] for c in content) == TEXT
+    assert [c["type"] for c in chunks] == ["RUN_STARTED", "TEXT_MESSAGE_START",
+                                           *["TEXT_MESSAGE_CONTENT"] * len(content),
+                                           "TEXT_MESSAGE_END", "RUN_FINISHED"]
+    offsets = [o for o, _ in got]
+    assert len(set(offsets)) == len(offsets)
+    # Every acknowledged append of either driver is in the stream, at the offset it was given.
+    by_offset = dict(got)
+    for e in appended_a + appended_b:
+        assert by_offset[e["offset"]]["index"] == e["index"]
+
+    # A reader started after the fact (the example's `read`, another process) sees the same stream.
+    late = await run_example("takeover.py", *common, "--state-dir", str(tmp_path / "host-c"), "read", "--run", RUN,
+                             log_dir=tmp_path)
+    assert [(e["offset"], e["chunk"]) for e in map(json.loads, late.lines)] == got
+
+    run = await within(reader.runs.get(RUN))
+    assert run["status"] == "completed" and run["driverEpoch"] == 2
