@@ -14,6 +14,9 @@ of conversation, ~1.5-1.9 KB however it is encoded). Rows:
 - threadlog: `checkpoints.append(checkpoint=, expected_head_id=, writer=)` under a writer lease,
   each append a compare-and-set on the thread's head (public API only, so the same script
   measures any core); reads: `checkpoints.get_head` then `checkpoints.get`;
+- threadlog's LangGraph saver (`threadlog.integrations.langgraph.AsyncThreadLogSaver`)
+  `aput` / `aget_tuple`: the very calls of the AsyncPostgresSaver rows, for a LangGraph user
+  choosing between the two;
 - LangGraph `AsyncPostgresSaver` (16 pooled connections) `aput` / `aget_tuple`, on a temporary
   PostgreSQL cluster (`initdb` in a temp dir, fsync and synchronous_commit on, the defaults);
 - hand-written PostgreSQL compare-and-set, same cluster, 16 pooled connections: one transaction
@@ -186,6 +189,24 @@ async def threadlog_rows(bootstrap: str, ns: str, shape: Shape, seconds: float, 
             return out
 
 
+async def threadlog_saver_rows(bootstrap: str, ns: str, shape: Shape, seconds: float, partitions: int,
+                               reads: bool) -> list[Result]:
+    """LangGraph's own put/get_tuple, through threadlog's AsyncThreadLogSaver: the same calls the
+    AsyncPostgresSaver rows make, so the two rows compare the saver a LangGraph user would swap."""
+    from threadlog.integrations.langgraph import AsyncThreadLogSaver
+
+    with tempfile.TemporaryDirectory(prefix="threadlog-peers-saver-") as state:
+        async with threadlog.open(bootstrap, namespace=f"{ns}-lg", state_dir=state, partitions=partitions) as tl:
+            lg = LangGraphWriter(AsyncThreadLogSaver(tl), shape, "tl-lg-thread")
+            out = [await sized(lambda n: closed_loop("threadlog AsyncThreadLogSaver.aput", shape.callers,
+                                                     n // shape.callers, lg.put), seconds, shape)]
+            if reads:
+                out.append(await sized(lambda n: closed_loop("threadlog AsyncThreadLogSaver.aget_tuple",
+                                                             shape.callers, n // shape.callers, lg.get),
+                                       seconds, shape))
+            return out
+
+
 class LangGraphWriter:
     """Checkpoints as LangGraph writes them: the files and the conversation are two channels
     (stored as blobs), both new at every step; the parent is the thread's last checkpoint."""
@@ -332,6 +353,8 @@ async def amain(args: Any, bootstrap: str, conninfo: str | None) -> None:
             tl_rows = await threadlog_rows(bootstrap, ns, shape, args.seconds, args.partitions, not args.skip_reads)
             tl_write, tl_read = tl_rows[0], (tl_rows[1] if len(tl_rows) > 1 else None)
             rows += tl_rows
+            rows += await threadlog_saver_rows(bootstrap, ns, shape, args.seconds, args.partitions,
+                                               not args.skip_reads)
         if conninfo is not None:
             pg_rows = await postgres_saver_rows(conninfo, shape, args.seconds, not args.skip_reads)
             peer_writes.append(pg_rows[0])
@@ -344,6 +367,7 @@ async def amain(args: Any, bootstrap: str, conninfo: str | None) -> None:
     finally:
         delete_topic(bootstrap, topic)
         delete_namespace(bootstrap, ns)
+        delete_namespace(bootstrap, f"{ns}-lg")
 
     for r in rows:
         if r.latencies and not r.bytes:
