@@ -8,7 +8,6 @@ fixture's teardown whatever happens. Every wait is bounded.
 from __future__ import annotations
 
 import random
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,21 +16,12 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from support import read_topic
+from threadlog.broker.local import _port_free  # the broker's own test: one definition of 'free'
 
 from threadlog import broker
 
 NODES = 3
 SHARED_TEST_PORTS = range(19090, 19100)  # the shared single-node test broker and its neighbours
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 def _ephemeral_low() -> int:
@@ -52,7 +42,7 @@ def _free_port_block(count: int) -> int:
     for _ in range(200):
         base = random.randrange(20000, _ephemeral_low() - count, 2)
         ports = range(base, base + count)
-        if not any(p in SHARED_TEST_PORTS for p in ports) and all(_free(p) for p in ports):
+        if not any(p in SHARED_TEST_PORTS for p in ports) and all(_port_free(p) for p in ports):
             return base
     raise RuntimeError("no block of free ports on 127.0.0.1")
 

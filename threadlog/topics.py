@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, NewTopic
 
 from .errors import invalid_argument, namespace_not_found, unavailable
 
@@ -142,19 +142,19 @@ def ensure_topics(
             raise unavailable(f"cannot create topic {name}: {exc}") from None
         except Exception as exc:  # the future's own timeout: str() is empty
             raise unavailable(f"cannot create topic {name}: {exc or f'no answer within {timeout:g}s'}") from None
-    layout = describe(admin, topics, deadline)
-    check_topics(admin, topics, durability, deadline)
+    layout, md = _describe(admin, topics, deadline)
+    check_topics(admin, topics, durability, md, deadline)
     return layout
 
 
-def check_topics(admin: AdminClient, topics: Topics, durability: Durability, deadline: float) -> None:
+def check_topics(admin: AdminClient, topics: Topics, durability: Durability, md: ClusterMetadata,
+                 deadline: float) -> None:
     """Every existing topic has the settings threadlog relies on; all mismatches
     are reported at once, in one INVALID_ARGUMENT (changing them is the
     operator's decision: threadlog never alters an existing topic)."""
     roles = {topics.events: "events", topics.deliveries: "deliveries", topics.blobs: "blobs",
              topics.members: "members"}
     try:
-        md = admin.list_topics(timeout=max(0.5, deadline - time.monotonic()))
         resources = [ConfigResource(ConfigResource.Type.TOPIC, name) for name in roles]
         configs = {res.name: fut.result(timeout=max(0.5, deadline - time.monotonic()))
                    for res, fut in admin.describe_configs(resources).items()}
@@ -181,6 +181,11 @@ def check_topics(admin: AdminClient, topics: Topics, durability: Durability, dea
 
 
 def describe(admin: AdminClient, topics: Topics, deadline: float) -> TopicLayout:
+    return _describe(admin, topics, deadline)[0]
+
+
+def _describe(admin: AdminClient, topics: Topics, deadline: float) -> tuple[TopicLayout, ClusterMetadata]:
+    """The layout, once every topic is visible, with the metadata it was read from."""
     while True:
         try:
             md = admin.list_topics(timeout=max(0.5, deadline - time.monotonic()))
@@ -197,7 +202,7 @@ def describe(admin: AdminClient, topics: Topics, deadline: float) -> TopicLayout
                 deliveries=counts[topics.deliveries],
                 blobs=counts[topics.blobs],
                 members=counts[topics.members],
-            )
+            ), md
         if time.monotonic() > deadline:
             missing = sorted(set(topics.all()) - set(counts))
             raise unavailable(f"topics not visible in metadata: {missing}")
