@@ -29,27 +29,37 @@ import json
 import logging
 import math
 import struct
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from threadlog.projections.fold import EventMeta, apply_event, current_seq
 from threadlog.projections.follower import Follower
-from threadlog.projections.global_ids import holders as index_holders
+from threadlog.projections.global_ids import holders_as_of as index_holders
 from threadlog.projections.keys import key
+from threadlog.projections.partition_stores import PartitionStores
 from threadlog.projections.store import Store
 from threadlog.projections.view import View
 from threadlog.schemas import Codec, CodecError
 
-from threadlog.errors import INVALID_ARGUMENT, INVALID_MESSAGE, ThreadLogError
+from threadlog import kafka_config
+from threadlog.errors import INVALID_ARGUMENT, INVALID_MESSAGE, NOT_OWNER, ThreadLogError
 from threadlog.kafka_config import Props
 from threadlog.partitioning import partition_for
 from threadlog.validation import dumps
 
 from .handlers import HANDLERS, Context, Decision
 
+if TYPE_CHECKING:
+    from .lookups import Lookups
+
 log = logging.getLogger("threadlog.judge")
+
+# (partition q, id kind, id, offset of q) -> threads holding the id there, or None: not known yet.
+Others = Callable[[int, str, str, int], "list[str] | None"]
 
 # The judging rules this code implements (Proposal.rules). A proposal naming a
 # newer version is not guessed at: its partition stops until judges are upgraded.
@@ -116,32 +126,141 @@ def refusal(code: str, message: str) -> dict:
 
 
 class Judge(Follower):
-    """Judges every proposal of the `<ns>.events` partitions it folds."""
+    """Judges every proposal of the `<ns>.events` partitions it owns.
 
-    def __init__(self, bootstrap: str, topic: str, partitions: int, store: Store, codec: Codec,
-                 client_id: str, *, kafka: Props | None = None) -> None:
-        super().__init__(bootstrap, topic, partitions, store, codec, client_id, kafka=kafka)
+    Without `group` (an embedded client, a rebuild, `threadlog replay`) it owns
+    every partition. With `group` (`threadlog worker`) it is one member of the
+    consumer group `group`: Kafka hands it some partitions, it judges those,
+    keeps their state in its own stores (projections/partition_stores.py) and
+    gives them up at the next rebalance. A partition taken over starts from the
+    store left here by an earlier ownership, else from `restore` (a state
+    snapshot), else from offset 0.
+
+    Cross-partition rules look at other partitions only as of positions the
+    proposal names (see `judge_record`): partitions owned here are read from
+    their stores, the others are asked of their owners through `lookups`
+    (an answer about fixed positions never changes, so it is cached).
+    """
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int, stores: PartitionStores, codec: Codec,
+                 client_id: str, *, kafka: Props | None = None, group: str | None = None,
+                 lookups: Lookups | None = None, restore: Callable[[int, Store], object] | None = None,
+                 on_ownership: Callable[[list[int]], None] | None = None) -> None:
+        self.stores = stores
+        self.group = group
+        self.lookups = lookups
+        self.restore = restore
+        self.on_ownership = on_ownership
+        if group is None:
+            for p in range(partitions):
+                stores.open(p)
         self._pending: dict[int, _Pending] = {}
         self._paused: set[int] = set()
         # Callbacks waiting for the verdict at (partition, offset).
         self._verdict_waiters: dict[tuple[int, int], list[Callable[[dict], None]]] = {}
-        self.stats = {"judged": 0, "accepted": 0, "refused": 0, "poison": 0, "blocked": 0}
+        self.stats = {"judged": 0, "accepted": 0, "refused": 0, "poison": 0, "blocked": 0, "restored": 0}
+        self.restores: dict[int, object] = {}  # partition -> what its restore reported
+        super().__init__(bootstrap, topic, partitions, stores, codec, client_id, kafka=kafka)  # type: ignore[arg-type]
+        if group is not None:
+            self.owned = set()
+
+    # -- ownership ----------------------------------------------------------------------
+    def _consumer_extra(self) -> dict:
+        if self.group is None:
+            return {}
+        return {
+            "group.id": self.group,
+            # Sticky and incremental: a rebalance moves only the partitions that
+            # must move; the others keep being judged meanwhile.
+            "partition.assignment.strategy": "cooperative-sticky",
+            # A dead worker's partitions move after this long (the broker's minimum).
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 1500,
+        }
+
+    def _begin(self) -> None:
+        if self.group is None:
+            super()._begin()
+            return
+        self._consumer.subscribe([self.topic], on_assign=self._assigned, on_revoke=self._revoked,
+                                 on_lost=self._revoked)
+
+    def _assigned(self, consumer, tps: list[TopicPartition]) -> None:
+        """Called on the judge's thread (inside poll): take the partitions over."""
+        for tp in tps:
+            p = tp.partition
+            self._take(p)
+            pos = self.stores.offset(self.topic, p)
+            tp.offset = pos if pos > 0 else OFFSET_BEGINNING
+        consumer.incremental_assign(tps)
+        with self._cond:
+            for tp in tps:
+                self._applied[tp.partition] = self.stores.offset(self.topic, tp.partition)
+            self.owned |= {tp.partition for tp in tps}
+            self._cond.notify_all()
+        log.info("%s now owns %s of %s", self.group, sorted(self.owned), self.topic)
+        self._ownership_changed()
+
+    def _take(self, p: int) -> None:
+        if self.stores.has_local(p) or self.restore is None:
+            self.stores.open(p)  # resumes where an earlier ownership stopped (or at 0)
+            return
+        store = self.stores.replace(p)
+        info = self.restore(p, store)
+        if info is not None:
+            self.stats["restored"] += 1
+            self.restores[p] = info
+
+    def _revoked(self, consumer, tps: list[TopicPartition]) -> None:
+        gone = {tp.partition for tp in tps}
+        calls: list[Callable[[dict], None]] = []
+        with self._cond:
+            self.owned -= gone
+            for pos in [pos for pos in self._verdict_waiters if pos[0] in gone]:
+                calls.extend(self._verdict_waiters.pop(pos))
+            self._drop_waiters(gone)
+        for cb in calls:
+            cb(refusal(NOT_OWNER, "the partition moved to another worker"))
+        for p in gone:
+            self._pending.pop(p, None)
+            self._paused.discard(p)
+        try:
+            consumer.incremental_unassign(tps)
+        except Exception:  # pragma: no cover - on_lost: the assignment is already gone
+            pass
+        for p in gone:
+            self.stores.close_partition(p)
+        log.info("%s gave up %s of %s", self.group, sorted(gone), self.topic)
+        self._ownership_changed()
+
+    def _ownership_changed(self) -> None:
+        if self.on_ownership is not None:
+            try:
+                self.on_ownership(sorted(self.owned))
+            except Exception:  # pragma: no cover
+                log.exception("ownership callback failed")
 
     # -- verdicts -------------------------------------------------------------------
     def verdict(self, partition: int, offset: int) -> dict | None:
         """The stored verdict at (partition, offset), None if not judged (yet)."""
-        raw = self.store.get(verdict_key(partition, offset))
+        raw = self.stores.get(verdict_key(partition, offset), [partition])
         return None if raw is None else json.loads(raw)
 
     def on_verdict(self, partition: int, offset: int, callback: Callable[[dict], None]) -> None:
         """Call `callback(verdict)` once the proposal at (partition, offset) is
         judged: at once if it was already, else from the judge's thread (keep
-        the callback short and thread-safe)."""
+        the callback short and thread-safe). A partition not owned here gets a
+        NOT_OWNER refusal (only thin clients' workers ever answer that)."""
         with self._cond:
-            if self._applied[partition] <= offset:
+            if partition not in self.owned:
+                found = refusal(NOT_OWNER, f"partition {partition} is not judged here")
+            elif self._applied[partition] <= offset:
                 self._verdict_waiters.setdefault((partition, offset), []).append(callback)
                 return
-        found = self.verdict(partition, offset)
+            else:
+                found = None
+        if found is None:
+            found = self.verdict(partition, offset)
         callback(found if found is not None else refusal(INVALID_MESSAGE, "no verdict recorded at that position"))
 
     def forget(self, partition: int, offset: int, callback: Callable[[dict], None]) -> None:
@@ -153,22 +272,50 @@ class Judge(Follower):
                     del self._verdict_waiters[(partition, offset)]
 
     # -- the loop -----------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            # A partition waiting for another owner's answer is retried soon,
+            # whether or not new records arrive.
+            waiting = any(pend.needs is not None and pend.msgs for pend in self._pending.values())
+            try:
+                msgs = kafka_config.drain(self._consumer, 2000, 0.005 if waiting else 0.1)
+            except Exception:  # pragma: no cover - librdkafka hiccup
+                log.exception("judge consume failed")
+                time.sleep(0.1)
+                continue
+            if msgs or waiting:
+                try:
+                    self._handle(msgs)
+                except Exception:  # pragma: no cover - a bug must not stop judging
+                    log.exception("judge failed on a batch; retrying from stored positions")
+                    self._rewind()
+
     def _handle(self, msgs) -> None:
         by_partition, eof = self._sort(msgs)
+        owned = set(self.owned)
         for p, records in by_partition.items():
-            self._pending.setdefault(p, _Pending(deque())).msgs.extend(records)
+            if p in owned:  # records fetched before a revocation are dropped
+                self._pending.setdefault(p, _Pending(deque())).msgs.extend(records)
         verdicts: dict[tuple[int, int], dict] = {}
         positions: dict[int, int] = {}
-        with self.store.lock:
-            view = View(self.store)
-            progress = dict(self._applied)
+        with self.stores.lock:
+            views: dict[int, View] = {}
+
+            def view_of(q: int) -> View:
+                view = views.get(q)
+                if view is None:
+                    view = views[q] = View(self.stores.store_of(q))
+                return view
+
+            progress = {p: self._applied[p] for p in owned}
+            others = self._others(owned, view_of, progress)
             moved = True
             while moved:  # a partition unblocked by another's progress is retried at once
                 moved = False
                 for p, pend in self._pending.items():
                     if pend.needs is not None:
                         q, need = pend.needs
-                        if q < 0 or progress.get(q, 0) < need:
+                        if q < 0 or (q in owned and progress.get(q, 0) < need):
                             continue
                         pend.needs = None
                     while pend.msgs:
@@ -177,7 +324,7 @@ class Judge(Follower):
                             pend.msgs.popleft()  # already judged (a re-fetch after a rewind)
                             continue
                         try:
-                            verdict = self._judge(view, p, msg, progress)
+                            verdict = self._judge(view_of(p), p, msg, progress, others)
                         except _Blocked as blocked:
                             pend.needs = (blocked.q, blocked.offset)
                             self.stats["blocked"] += 1
@@ -187,15 +334,34 @@ class Judge(Follower):
                         progress[p] = msg.offset() + 1
                         positions[p] = msg.offset() + 1
                         moved = True
-            if positions:
-                self.store.apply(view.buffer, {(self.topic, p): o for p, o in positions.items()})
+            for p, nxt in positions.items():
+                # State, verdicts and position of one partition: one atomic batch.
+                self.stores.store_of(p).apply(views[p].buffer, {(self.topic, p): nxt})
         for p, off in eof.items():
             pend = self._pending.get(p)
-            if pend is None or not pend.msgs:
+            if p in owned and (pend is None or not pend.msgs):
                 positions[p] = max(positions.get(p, 0), off)
         self._flow_control()
         if positions or verdicts:
             self._publish(positions, verdicts)
+
+    def _others(self, owned: set[int], view_of: Callable[[int], View], progress: dict[int, int]) -> Others:
+        """Holders of an id on another partition q as of offset `need` of q, or
+        None when that cannot be known yet (q not judged that far here, or its
+        owner not answered yet)."""
+
+        def others(q: int, kind: str, ident: str, need: int) -> list[str] | None:
+            if need <= 0:
+                return []
+            if q in owned:
+                if progress.get(q, 0) < need:
+                    return None
+                return index_holders(view_of(q), kind, ident, need)
+            if self.lookups is None:
+                return None
+            return self.lookups.get(q, kind, ident, need)
+
+        return others
 
     def _flow_control(self) -> None:
         """Stop fetching a partition that waits with many records in hand."""
@@ -226,15 +392,20 @@ class Judge(Follower):
 
     def _rewind(self) -> None:
         self._pending.clear()
-        super()._rewind()
+        for p in sorted(self.owned):
+            try:
+                self._consumer.seek(TopicPartition(self.topic, p, self.stores.offset(self.topic, p)))
+            except Exception:
+                pass
+        time.sleep(0.1)
 
     # -- one proposal -----------------------------------------------------------------------
-    def _judge(self, view: View, p: int, msg, progress: dict[int, int]) -> dict:
+    def _judge(self, view: View, p: int, msg, progress: dict[int, int], others: Others) -> dict:
         """Judge the record at (p, offset) (see `judge_record`) and count it."""
         ts_type, ts = msg.timestamp()
         rec = Record(p, msg.offset(), msg.value(), ts if ts_type != 0 else None)
         verdict = judge_record(view, rec, codec=self.codec, partitions=self.partitions, progress=progress,
-                               topic=self.topic)
+                               topic=self.topic, others=others)
         self.stats["judged"] += 1
         self.stats["accepted" if verdict["ok"] else "refused"] += 1
         if verdict.get("code") == INVALID_MESSAGE:
@@ -253,7 +424,7 @@ class Record:
 
 
 def judge_record(view: View, rec: Record, *, codec: Codec, partitions: int, progress: dict[int, int],
-                 topic: str = "events") -> dict:
+                 topic: str = "events", others: Others | None = None) -> dict:
     """THE judging step, a pure function of (state before the record, the record).
 
     Decides the proposal at (rec.partition, rec.offset) against `view`, folds
@@ -262,13 +433,29 @@ def judge_record(view: View, rec: Record, *, codec: Codec, partitions: int, prog
     positions the proposal names are judged yet: if not, raises `_Blocked`
     having written nothing (the answer, once it can be given, does not depend
     on how far the other partitions got). Never raises for bad input.
+
+    `others(q, kind, id, need)` answers "who holds this id on partition q as of
+    offset need" (None: not known yet); by default from `view` itself, which
+    then holds every partition's state (one store, as in unit tests).
     """
-    verdict = _decide(view, rec, codec, partitions, progress, topic)
+    if others is None:
+        others = _local_others(view, progress, partitions)
+    verdict = _decide(view, rec, codec, partitions, progress, topic, others)
     view.put(verdict_key(rec.partition, rec.offset), dumps(verdict).encode())
     return verdict
 
 
-def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: dict[int, int], topic: str) -> dict:
+def _local_others(view: View, progress: dict[int, int], partitions: int) -> Others:
+    def others(q: int, kind: str, ident: str, need: int) -> list[str] | None:
+        if progress.get(q, 0) < need:
+            return None
+        return index_holders(view, kind, ident, need, lambda thread: partition_for(thread, partitions) == q)
+
+    return others
+
+
+def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: dict[int, int], topic: str,
+            others: Others) -> dict:
     p, offset = rec.partition, rec.offset
     try:
         _, env = codec.decode(rec.value, expect="threadlog.Proposal")
@@ -307,10 +494,18 @@ def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: di
     limits = {q: o for q, o in enumerate(seen) if q != p} if len(seen) == partitions else {}
 
     def holders(kind: str, ident: str) -> list[str]:
+        # Its own partition as of now; every other as of the position the proposal names.
+        found = set(index_holders(child, kind, ident, None, lambda thread: partition_for(thread, partitions) == p))
+        missing: tuple[int, int] | None = None
         for q, need in limits.items():
-            if progress.get(q, 0) < need:
-                raise _Blocked(q, need)
-        return index_holders(child, kind, ident, p, limits, lambda thread: partition_for(thread, partitions))
+            held = others(q, kind, ident, need)
+            if held is None:
+                missing = missing or (q, need)  # every lookup is started before waiting
+            else:
+                found.update(held)
+        if missing is not None:
+            raise _Blocked(*missing)
+        return sorted(found)
 
     ctx = Context(now=now, key=env["key"], command_id=env["proposalId"], partition=p, view=child, holders=holders)
     try:
@@ -348,7 +543,7 @@ def _fold_effects(ctx: Context, p: int, offset: int, decision: Decision) -> int:
     return len(decision.events)
 
 
-def all_verdicts(store: Store, partition: int) -> list[tuple[int, dict]]:
+def all_verdicts(store, partition: int) -> list[tuple[int, dict]]:
     """Every stored verdict of a partition, by offset (tests compare judges with it)."""
     prefix = verdict_prefix(partition)
     return [(struct.unpack(">Q", k[len(prefix):])[0], json.loads(v)) for k, v in store.scan(prefix)]

@@ -19,11 +19,19 @@ Operations (bytes travel as base64; partitions as JSON object keys):
   barriers and verdicts saw: after a failover to a worker that lags behind,
   a read waits for it instead of answering older state). Scans are paged:
   `next` is the key to resume at, null at the end; pages are not one snapshot;
+- `holders {q, kind, id, asof}`: threads holding a global id on partition q as
+  of offset `asof` of q (another worker's judge asks, processors/lookups.py);
+- `stats {}`: partitions owned, records judged, restores (operators, tests);
 - `end_offsets {}`: the events partitions' end offsets (for a proposal's `seen`).
 
+Reads name their `partitions` (the client routes by partition, see
+threadlog/remote.py); a worker that does not own one of them answers
+`NOT_OWNER` and the client asks the new owner.
+
 Every judge reaches the same verdicts and state for the same log prefix
-(processors/judge.py), so a client may ask any worker, and switch workers
-mid-stream, without answers changing meaning.
+(processors/judge.py), so when ownership moves a client may switch workers
+mid-stream without answers changing meaning; the floor keeps it from ever
+reading a state older than one it already saw.
 """
 
 from __future__ import annotations
@@ -38,9 +46,10 @@ from typing import Any
 import orjson
 from threadlog.processors.judge import Judge
 from threadlog.projections.barrier import ReadBarrier
-from threadlog.projections.store import Store
+from threadlog.projections.global_ids import holders_as_of
+from threadlog.projections.partition_stores import PartitionStores
 
-from threadlog.errors import INVALID_ARGUMENT, UNAVAILABLE, ThreadLogError, unavailable
+from threadlog.errors import INVALID_ARGUMENT, NOT_OWNER, UNAVAILABLE, ThreadLogError, not_owner, unavailable
 
 log = logging.getLogger("threadlog.query")
 
@@ -64,8 +73,8 @@ def floor_of(raw: Any) -> dict[int, int]:
 
 
 class QueryServer:
-    def __init__(self, store: Store, judge: Judge, barrier: ReadBarrier, timeout: float = 30.0) -> None:
-        self.store = store
+    def __init__(self, stores: PartitionStores, judge: Judge, barrier: ReadBarrier, timeout: float = 30.0) -> None:
+        self.stores = stores
         self.judge = judge
         self.barrier = barrier
         self.timeout = timeout
@@ -130,20 +139,57 @@ class QueryServer:
     # -- operations -------------------------------------------------------------------
     async def dispatch(self, op: str, args: dict) -> Any:
         if op == "get":
-            await self._floor(args.get("floor"))
-            raw = self.store.get(unb64(args["key"]))
+            parts = await self._owned(args)
+            raw = self._read(lambda: self.stores.get(unb64(args["key"]), parts), parts)
             return {"value": None if raw is None else b64(raw)}
         if op == "scan":
-            await self._floor(args.get("floor"))
-            return self._scan(unb64(args["prefix"]), None if args.get("start") is None else unb64(args["start"]),
-                              min(int(args.get("limit") or SCAN_PAGE), SCAN_PAGE))
+            parts = await self._owned(args)
+            prefix = unb64(args["prefix"])
+            start = None if args.get("start") is None else unb64(args["start"])
+            limit = min(int(args.get("limit") or SCAN_PAGE), SCAN_PAGE)
+            return {"pages": {str(p): self._read(lambda p=p: self._scan(prefix, start, limit, p), parts)
+                              for p in parts}}
         if op == "verdict":
             return await self._verdict(int(args["p"]), int(args["o"]), self._bounded(args.get("timeout")))
         if op == "barrier":
-            return {"targets": await self._barrier(args.get("partitions"))}
+            return {"targets": await self._barrier(await self._owned(args, floor=False))}
+        if op == "holders":
+            return await self._holders(args)
+        if op == "stats":
+            return self.stats()
         if op == "end_offsets":
             return {str(p): o for p, o in (await self.barrier.end_offsets()).items()}
         raise ThreadLogError(INVALID_ARGUMENT, f"unknown operation {op!r}")
+
+    def stats(self) -> dict:
+        """What this worker owns and has judged (operators, tests, benchmarks)."""
+        judge = self.judge
+        return {"owned": sorted(judge.owned), "judged": judge.stats["judged"],
+                "restored": {str(p): info for p, info in judge.restores.items()},
+                "applied": {str(p): judge.applied(p) for p in sorted(judge.owned)},
+                "lookups": judge.lookups.asked if judge.lookups is not None else 0}
+
+    async def _owned(self, args: dict, floor: bool = True) -> list[int]:
+        """The partitions asked about, all owned here (else NOT_OWNER: the client
+        asks their new owner), once the judge reached the client's floor."""
+        parts = sorted({int(p) for p in args.get("partitions") or ()})
+        gone = [p for p in parts if p not in self.judge.owned]
+        if gone:
+            raise not_owner(f"partitions {gone} are not owned by this worker")
+        if floor:
+            wanted = {p: o for p, o in floor_of(args.get("floor")).items() if p in parts}
+            if wanted:
+                await self.judge.wait(wanted, self.timeout)
+        return parts
+
+    def _read(self, read, parts: list[int]):
+        """A read of stores that may close under it when ownership moves."""
+        try:
+            return read()
+        except Exception:
+            if any(p not in self.judge.owned for p in parts):
+                raise not_owner(f"partitions {parts} moved during the read") from None
+            raise
 
     def _bounded(self, asked: Any) -> float:
         try:
@@ -151,15 +197,10 @@ class QueryServer:
         except (TypeError, ValueError):
             return self.timeout
 
-    async def _floor(self, raw: Any) -> None:
-        floor = floor_of(raw)
-        if floor:
-            await self.judge.wait(floor, self.timeout)
-
-    def _scan(self, prefix: bytes, start: bytes | None, limit: int) -> dict:
+    def _scan(self, prefix: bytes, start: bytes | None, limit: int, partition: int) -> dict:
         items: list[list[str]] = []
         size = 0
-        for k, v in self.store.scan(prefix, start):
+        for k, v in self.stores.scan(prefix, start, [partition]):
             if len(items) >= limit or size >= SCAN_PAGE_BYTES:
                 return {"items": items, "next": b64(k)}
             items.append([b64(k), b64(v)])
@@ -177,21 +218,35 @@ class QueryServer:
 
         self.judge.on_verdict(p, o, judged)
         try:
-            return await asyncio.wait_for(fut, timeout)
+            verdict = await asyncio.wait_for(fut, timeout)
         except TimeoutError:
             self.judge.forget(p, o, judged)
             raise ThreadLogError(UNAVAILABLE, f"offset {o} of partition {p} not judged within {timeout}s") from None
+        if verdict.get("code") == NOT_OWNER:  # not a verdict: ask the new owner
+            raise not_owner(verdict.get("message") or f"partition {p} is not owned here")
+        return verdict
 
-    async def _barrier(self, partitions: list[int] | None) -> dict[str, int]:
+    async def _barrier(self, parts: list[int]) -> dict[str, int]:
         start = time.monotonic()
         ends = await self.barrier.end_offsets()  # asked after the request arrived
-        targets = ends if partitions is None else {int(p): ends[int(p)] for p in partitions}
+        targets = {p: ends[p] for p in parts}
         left = max(0.1, self.timeout - (time.monotonic() - start))
         try:
             await self.judge.wait(targets, left)
         except ThreadLogError as exc:
+            if exc.code == NOT_OWNER:
+                raise
             raise unavailable(f"worker behind: {exc.message}") from None
         return {str(p): o for p, o in targets.items()}
+
+    async def _holders(self, args: dict) -> dict:
+        """Who holds a global id on partition q as of offset `asof` of q (for
+        another worker's judge; see processors/judge.py). Waits until q is
+        judged that far here: the answer is then final."""
+        q, asof = int(args["q"]), int(args["asof"])
+        await self._owned({"partitions": [q], "floor": {str(q): asof}})
+        threads = self._read(lambda: holders_as_of(self.stores.store_of(q), args["kind"], args["id"], asof), [q])
+        return {"threads": threads}
 
 
 def _settle(fut: asyncio.Future, value: Any) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 from threadlog.projections.barrier import ReadBarrier
 from threadlog.projections.fold import load_all
-from threadlog.projections.store import Store
+from threadlog.projections.partition_stores import PartitionStores
 from threadlog.schemas import default_codec
 
 from threadlog import kafka_config
@@ -34,7 +34,8 @@ def rebuild(
     kafka: kafka_config.Props | None = None,
     request_timeout: float = 30.0,
 ) -> dict:
-    """Drop the store at `store_path` and fold every event again. Returns stats.
+    """Drop the state at `store_path` (a directory of per-partition stores) and
+    judge every proposal again. Returns stats.
 
     Never creates topics: an unknown namespace is NAMESPACE_NOT_FOUND, raised
     before the store is touched.
@@ -48,9 +49,8 @@ def rebuild(
         layout = require_topics(admin, topics, request_timeout)
     except ThreadLogError as exc:
         raise trap.explain(exc, admin, kafka) from None
-    store = Store(store_path)
-    store.destroy()
-    store = Store(store_path)
+    PartitionStores(store_path, topics.events).destroy()
+    store = PartitionStores(store_path, topics.events)
     follower = Judge(bootstrap, topics.events, layout.events, store, default_codec(), f"{namespace}.rebuild",
                      kafka=kafka)
     barrier = ReadBarrier(admin, follower)

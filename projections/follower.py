@@ -18,7 +18,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 from threadlog.schemas import Codec, CodecError
 
 from threadlog import kafka_config
-from threadlog.errors import unavailable
+from threadlog.errors import not_owner, unavailable
 
 from .fold import EventMeta, apply_event
 from .store import Store
@@ -53,21 +53,31 @@ class Follower:
         self._async_waiters: list[tuple[dict[int, int], asyncio.Future, asyncio.AbstractEventLoop]] = []
         self._stop = threading.Event()
         self.skipped = 0  # poison events seen (for tests and operators)
+        # Partitions folded here (all of them, unless a subclass takes part in a group).
+        self.owned: set[int] = set(range(partitions))
         self._consumer = Consumer(
             kafka_config.consumer(
                 bootstrap,
                 f"{client_id}.follower",
                 kafka,
-                **{"enable.partition.eof": True, "fetch.wait.max.ms": kafka_config.TXN_READER_WAIT_MS},
+                **{"enable.partition.eof": True, "fetch.wait.max.ms": kafka_config.TXN_READER_WAIT_MS,
+                   **self._consumer_extra()},
             )
         )
+        self._begin()
+        self._thread = threading.Thread(target=self._run, name=f"follower:{topic}", daemon=True)
+
+    def _consumer_extra(self) -> dict:
+        return {}
+
+    def _begin(self) -> None:
+        """Start consuming: every partition, from its stored position."""
         self._consumer.assign(
             [
-                TopicPartition(topic, p, self._applied[p] if self._applied[p] > 0 else OFFSET_BEGINNING)
-                for p in range(partitions)
+                TopicPartition(self.topic, p, self._applied[p] if self._applied[p] > 0 else OFFSET_BEGINNING)
+                for p in range(self.partitions)
             ]
         )
-        self._thread = threading.Thread(target=self._run, name=f"follower:{topic}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -103,14 +113,33 @@ class Follower:
             self._cond.notify_all()
             still = []
             for targets, fut, loop in self._async_waiters:
-                if self._reached(targets):
+                if self._reached_quietly(targets):
                     loop.call_soon_threadsafe(_resolve, fut)
                 else:
                     still.append((targets, fut, loop))
             self._async_waiters = still
 
     def _reached(self, targets: dict[int, int]) -> bool:
-        return all(self._applied[p] >= t for p, t in targets.items())
+        for p, t in targets.items():
+            if p not in self.owned:
+                raise not_owner(f"partition {p} of {self.topic} is not folded here")
+            if self._applied[p] < t:
+                return False
+        return True
+
+    def _drop_waiters(self, partitions: set[int]) -> None:
+        """Fail the waits on partitions no longer folded here (call holding `_cond`)."""
+        still = []
+        for targets, fut, loop in self._async_waiters:
+            if partitions.intersection(targets):
+                loop.call_soon_threadsafe(_fail, fut, not_owner(f"partitions {sorted(partitions)} moved away"))
+            else:
+                still.append((targets, fut, loop))
+        self._async_waiters = still
+        self._cond.notify_all()
+
+    def _reached_quietly(self, targets: dict[int, int]) -> bool:
+        return all(self._applied.get(p, 0) >= t for p, t in targets.items())
 
     def wait_sync(self, targets: dict[int, int], timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -224,3 +253,8 @@ class Follower:
 def _resolve(fut: asyncio.Future) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+def _fail(fut: asyncio.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)

@@ -53,17 +53,21 @@ def mark(view, meta, kind: str, ident: str, thread: str, held: bool) -> None:
     view.put(key(TAG, kind, ident, thread) + struct.pack(">Q", meta.offset), HELD if held else RELEASED)
 
 
-def holders(reader, kind: str, ident: str, own_partition: int, limits: dict[int, int],
-            partition_of: Callable[[str], int]) -> list[str]:
-    """Threads holding `ident`: on `own_partition` as of now, on any other
-    partition q as of offsets below `limits.get(q, 0)`. Sorted by thread id."""
+def holders_as_of(reader, kind: str, ident: str, asof: int | None,
+                  belongs: Callable[[str], bool] | None = None) -> list[str]:
+    """Threads holding `ident` as of offset `asof` of their partition (entries
+    decided at offsets below it; None: everything `reader` has), sorted.
+
+    `reader` is one partition's state (a store owns one partition), or, with
+    `belongs`, state holding several partitions filtered down to one.
+    """
     latest: dict[str, bool] = {}
     prefix = _prefix(kind, ident)
     for k, v in reader.scan(prefix):
         (thread,) = split(prefix, k, "s")
-        offset = struct.unpack(">Q", k[-8:])[0]
-        q = partition_of(thread)
-        if q != own_partition and offset >= limits.get(q, 0):
+        if belongs is not None and not belongs(thread):
+            continue
+        if asof is not None and struct.unpack(">Q", k[-8:])[0] >= asof:
             continue
         latest[thread] = v == HELD  # keys ascend by offset within a thread
     return sorted(t for t, held in latest.items() if held)

@@ -1,12 +1,10 @@
-"""The RocksDB store of one process: materialized state plus tracking offsets.
+"""A RocksDB store: materialized state plus tracking offsets.
 
 One invariant lives here: **state and the position it reflects are written in
-one atomic batch, and a partition's position only moves forward.** Two writers
-share a store -- the follower folding the events topic, and the decider folding
-the events it has just committed -- and `apply` is where they meet: an event at
-or below the stored position of its partition was already folded and is
-skipped, so nothing is ever folded twice (reference counts depend on it) and a
-crash between a fold and its offset is impossible.
+one atomic batch** (`apply`), so a crash between a fold and its offset is
+impossible and a restarted folder resumes exactly where its state stands
+(pyeventsourcing's "tracking" records). The events state has one store per
+partition (projections/partition_stores.py); the delivery run index has its own.
 """
 
 from __future__ import annotations
@@ -98,23 +96,3 @@ class Store:
         """Close and delete everything (a rebuild starts from an empty store)."""
         self.close()
         shutil.rmtree(self.path, ignore_errors=True)
-
-
-def open_slot(base: str | os.PathLike, max_slots: int = 64) -> Store:
-    """Open the first store under `base` that no other process (or client) holds.
-
-    RocksDB allows one opener per directory (its LOCK file). Each client takes
-    a numbered slot, so a restarted process reuses a store and resumes from its
-    tracking offsets, while concurrent clients of one namespace never collide.
-    """
-    base = Path(base)
-    base.mkdir(parents=True, exist_ok=True)
-    last: Exception | None = None
-    for n in range(max_slots):
-        try:
-            return Store(base / f"slot-{n}")
-        except Exception as exc:  # rocksdict raises a bare Exception on LOCK
-            if "lock" not in str(exc).lower():
-                raise
-            last = exc
-    raise RuntimeError(f"no free state slot under {base}: {last}")

@@ -27,7 +27,7 @@ from checkpoint_helpers import checkpoint
 from support import within
 from threadlog.processors.judge import all_verdicts
 from threadlog.projections.fold import current_seq
-from threadlog.projections.store import Store
+from threadlog.projections.partition_stores import PartitionStores
 from worker_support import WorkerProcess
 
 from threadlog.checkpoint_rules import blob_keys, normalized
@@ -80,7 +80,10 @@ async def until(predicate, seconds: float) -> None:
 
 
 def worker_verdicts(state_dir: Path, namespace: str, partitions: int) -> dict[int, list]:
-    store = Store(state_dir / namespace / "slot-0")
+    store = PartitionStores(state_dir / namespace / "slot-0", f"{namespace}.events")
+    for p in range(partitions):
+        if store.has_local(p):
+            store.open(p)
     try:
         return {p: all_verdicts(store, p) for p in range(partitions)}
     finally:
@@ -133,6 +136,8 @@ async def test_writer_and_judge_killed_mid_stream_lose_nothing_and_agree(bootstr
         # The restarted judge caught up and agrees with the fresh host, verdict by verdict.
         partitions = tl.runtime.layout.events
         await tl.read_barrier(None)
+        # Through the worker: answered once it owns every partition and judged past the end.
+        await within((await open_client(processors="external", own_worker=True)).read_barrier(None), 60)
         await restarted.stop()
         theirs = worker_verdicts(judge_dir, namespace, partitions)
         ours = {p: all_verdicts(tl.runtime.store, p) for p in range(partitions)}

@@ -22,7 +22,7 @@ from confluent_kafka import Producer
 from delivery_support import chunk, collect
 from support import state_of, within
 from threadlog.processors.judge import all_verdicts, decision_time
-from threadlog.projections.store import Store
+from threadlog.projections.partition_stores import PartitionStores
 
 from threadlog.errors import (
     INVALID_ARGUMENT,
@@ -98,7 +98,9 @@ async def test_two_judges_and_a_rebuild_reach_identical_verdicts(open_client, bo
                            "--namespace", namespace, "--store", str(path)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    rebuilt = Store(path)
+    rebuilt = PartitionStores(path, a.runtime.topics.events)
+    for p in range(partitions):
+        rebuilt.open(p)
     try:
         assert _verdicts(rebuilt, partitions) == va
     finally:

@@ -31,6 +31,9 @@ async def test_a_worker_judges_alike_and_resumes_where_it_stopped(bootstrap, nam
         await within(client.messages.save_thread("t", ["one", "two", "three"]))
         assert await within(client.messages.load_thread("t")) == ["one", "two", "three"]
         await client.read_barrier(None)
+        # Read through the worker: it answers once it owns every partition and judged past the end.
+        thin = await open_client(processors="external", own_worker=True)
+        await within(thin.read_barrier(None))
         restarted.signal(signal.SIGTERM)
         assert await restarted.wait_exit(30) == 0
         partitions = client.runtime.layout.events

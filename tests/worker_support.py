@@ -101,3 +101,32 @@ class WorkerProcess:
         if self._reader is not None:
             await asyncio.wait_for(self._reader, 5)
         self._stderr.close()
+
+
+async def ask_worker(address: str, op: str, args: dict | None = None, timeout: float = 10) -> dict:
+    """One request to one worker's query service (bypassing routing)."""
+    import json
+
+    host, _, port = address.rpartition(":")
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout)
+    try:
+        writer.write(json.dumps({"id": 1, "op": op, "args": args or {}}).encode() + b"\n")
+        await writer.drain()
+        reply = json.loads(await asyncio.wait_for(reader.readline(), timeout))
+    finally:
+        writer.close()
+    assert reply["ok"], reply
+    return reply["result"]
+
+
+async def owned_by(workers: list[WorkerProcess], partitions: int, timeout: float = 60) -> dict[str, list[int]]:
+    """Wait until the workers own every partition between them, each once; {name: owned}."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        owned = {w.name: (await ask_worker(w.address, "stats"))["owned"] for w in workers}
+        flat = sorted(p for ps in owned.values() for p in ps)
+        if flat == list(range(partitions)) and all(owned.values()):
+            return owned
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"partitions not split between the workers in {timeout}s: {owned}")
+        await asyncio.sleep(0.2)  # polling a state no event announces to the test

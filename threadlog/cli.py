@@ -116,7 +116,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except ValueError:
         print(f"threadlog worker: --listen must be HOST:PORT, got {args.listen!r}", file=sys.stderr)
         return 2
-    return asyncio.run(_worker(Runtime(opts), listen))
+    return asyncio.run(_worker(Runtime(opts, worker=True), listen))
 
 
 async def _worker(rt, listen: tuple[str, int]) -> int:
@@ -134,15 +134,21 @@ async def _worker(rt, listen: tuple[str, int]) -> int:
         await asyncio.to_thread(rt.stop)
         raise
     _started()
-    assert rt.store is not None and rt.judge is not None and rt.barrier is not None
-    server = QueryServer(rt.store, rt.judge, rt.barrier, timeout=rt.opts.request_timeout)
+    assert rt.stores is not None and rt.judge is not None and rt.barrier is not None
+    server = QueryServer(rt.stores, rt.judge, rt.barrier, timeout=rt.opts.request_timeout)
     announcer: Announcer | None = None
     try:
         address = await server.start(*listen)
+        judge = rt.judge
         announcer = Announcer(rt.opts.bootstrap_servers, rt.topics.members, rt.client_id, address,
-                              kafka=rt.opts.kafka)
+                              kafka=rt.opts.kafka, partitions=lambda: sorted(judge.owned))
+        def owned_now(owned: list[int]) -> None:
+            announcer.announce_now()
+            print(f"worker owns partitions {owned}", flush=True)
+
+        rt.ownership_listeners.append(owned_now)
         await asyncio.to_thread(announcer.start, rt.opts.request_timeout)
-        print(f"worker judging {rt.topics.events} (state {rt.store.path}), serving queries at {address} "
+        print(f"worker judging {rt.topics.events} (state {rt.stores.path}), serving queries at {address} "
               f"as {rt.client_id}", flush=True)
         await stop.wait()
     finally:

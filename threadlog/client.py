@@ -11,6 +11,7 @@ from .config import Options
 from .delivery import DeliveryLog, DeliveryService
 from .errors import ThreadLogError, unavailable
 from .producers.proposals import ProposalBus, Verdicts
+from .projections.partition_stores import PartitionStores
 from .projections.store import Store
 from .remote import RemoteStore, RemoteVerdicts
 from .runtime import Runtime
@@ -42,7 +43,7 @@ class ThreadLog:
         self.checkpoints = CheckpointStore(self)
         self.blobs = BlobStore(self)
         self._delivery: DeliveryService | None = None
-        self._state: Store | RemoteStore | None = None
+        self._state: Store | PartitionStores | RemoteStore | None = None
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------
@@ -121,7 +122,7 @@ class ThreadLog:
         return await self.bus.send(type_name, key, payload)
 
     @property
-    def state(self) -> Store | RemoteStore:
+    def state(self) -> Store | PartitionStores | RemoteStore:
         """What the stores read after a barrier: this process's store (embedded), or a worker's (thin)."""
         if self._state is None:
             raise unavailable("the threadlog client is not started")

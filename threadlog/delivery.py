@@ -223,16 +223,16 @@ class DeliveryService:
 
     def __init__(self, tl: ThreadLog) -> None:
         rt = tl.runtime
-        assert rt.layout is not None and rt.store is not None and rt.admin is not None
+        assert rt.layout is not None and rt.index_store is not None and rt.admin is not None
         self.tl = tl
         self.topic = rt.topics.deliveries
         self.partitions = rt.layout.deliveries
-        self.store = rt.store
+        self.store = rt.index_store
         self.codec = rt.codec
         self.admin = rt.admin
         self.timeout = tl.opts.request_timeout
         self.first_chunk_wait = tl.opts.first_chunk_wait_ms / 1000.0
-        self.index = DeliveryIndex(tl.opts.bootstrap_servers, self.topic, self.partitions, rt.store,
+        self.index = DeliveryIndex(tl.opts.bootstrap_servers, self.topic, self.partitions, rt.index_store,
                                    rt.codec, rt.client_id, kafka=tl.opts.kafka)
         self.barrier = ReadBarrier(rt.admin, self.index, timeout=self.timeout)
         self.writer = DeliveryWriter(bootstrap=tl.opts.bootstrap_servers, topic=self.topic,

@@ -84,3 +84,13 @@ def unavailable(message: str) -> ThreadLogError:
 
 def namespace_not_found(message: str) -> ThreadLogError:
     return ThreadLogError(NAMESPACE_NOT_FOUND, message)
+
+
+# Between a thin client and the workers only: "this worker does not own that
+# partition (any more)". A client never surfaces it -- it looks the owner up
+# again and retries until its deadline, then fails with UNAVAILABLE.
+NOT_OWNER = "NOT_OWNER"
+
+
+def not_owner(message: str) -> ThreadLogError:
+    return ThreadLogError(NOT_OWNER, message)

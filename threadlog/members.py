@@ -25,7 +25,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +46,12 @@ class Member:
     address: str  # "host:port"
     started_at: float  # epoch ms
     heartbeat_at: float  # epoch ms
+    # The events partitions it owns and serves; None: every partition (a
+    # worker from before ownership, which judged them all).
+    partitions: tuple[int, ...] | None = None
+
+    def serves(self, partition: int) -> bool:
+        return self.partitions is None or partition in self.partitions
 
     def live(self, now_ms: float, window_s: float = LIVE_AFTER_S) -> bool:
         return now_ms - self.heartbeat_at < window_s * 1000.0
@@ -55,8 +61,10 @@ class Announcer:
     """A worker's registration: heartbeats on a thread, a tombstone on `stop`."""
 
     def __init__(self, bootstrap: str, topic: str, worker_id: str, address: str,
-                 interval: float = HEARTBEAT_S, kafka: Mapping[str, Any] | None = None) -> None:
+                 interval: float = HEARTBEAT_S, kafka: Mapping[str, Any] | None = None,
+                 partitions: Callable[[], list[int]] | None = None) -> None:
         self.topic = topic
+        self.partitions = partitions
         self.worker_id = worker_id
         self.address = address
         self.interval = interval
@@ -64,6 +72,8 @@ class Announcer:
         self._producer = Producer(kafka_config.producer(bootstrap, f"{worker_id}.members", kafka,
                                                         **{"linger.ms": 0}))
         self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._started = False
         self._thread = threading.Thread(target=self._run, name="members-heartbeat", daemon=True)
 
     def start(self, timeout: float = 30.0) -> None:
@@ -71,13 +81,25 @@ class Announcer:
         self._announce()
         if self._producer.flush(timeout) != 0:
             raise unavailable(f"could not register in {self.topic} within {timeout}s")
+        self._started = True
         self._thread.start()
 
     def _announce(self) -> None:
-        value = json.dumps({"address": self.address, "startedAt": self.started_at,
-                            "heartbeatAt": time.time() * 1000.0})
-        self._producer.produce(self.topic, value.encode(), self.worker_id.encode(), partition=0)
-        self._producer.poll(0)
+        record: dict[str, Any] = {"address": self.address, "startedAt": self.started_at,
+                                  "heartbeatAt": time.time() * 1000.0}
+        if self.partitions is not None:
+            record["partitions"] = list(self.partitions())
+        with self._lock:
+            self._producer.produce(self.topic, json.dumps(record).encode(), self.worker_id.encode(), partition=0)
+            self._producer.poll(0)
+
+    def announce_now(self) -> None:
+        """Re-announce at once (ownership changed): clients route by the newest record."""
+        if self._started:
+            try:
+                self._announce()
+            except Exception:  # pragma: no cover - the next beat repeats it
+                log.exception("announcement failed")
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -89,6 +111,7 @@ class Announcer:
     def stop(self, timeout: float = 5.0) -> None:
         """Leave cleanly: a tombstone, so clients stop picking this worker at once."""
         self._stop.set()
+        self._started = False
         if self._thread.is_alive():
             self._thread.join(timeout)
         try:
@@ -132,13 +155,98 @@ def read_members(bootstrap: str, topic: str, client_id: str, timeout: float,
             else:
                 try:
                     v = json.loads(msg.value())
-                    out[wid] = Member(wid, str(v["address"]), float(v["startedAt"]), float(v["heartbeatAt"]))
+                    out[wid] = parse_member(wid, v)
                 except (ValueError, KeyError, TypeError):
                     log.warning("malformed member record for %r ignored", wid)
             if msg.offset() + 1 >= high:
                 return out
     finally:
         consumer.close()
+
+
+def parse_member(worker_id: str, v: dict) -> Member:
+    parts = v.get("partitions")
+    return Member(worker_id, str(v["address"]), float(v["startedAt"]), float(v["heartbeatAt"]),
+                  None if parts is None else tuple(int(p) for p in parts))
+
+
+class MembersView:
+    """The members topic, followed continuously: who is alive and owns what.
+
+    Read to its end at `start` (like `read_members`), then tailed on a thread,
+    so routing learns of an ownership change a few milliseconds after the
+    worker announced it, without a discovery round per call.
+    """
+
+    def __init__(self, bootstrap: str, topic: str, client_id: str, kafka: Mapping[str, Any] | None = None) -> None:
+        self.topic = topic
+        self._members: dict[str, Member] = {}
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self.version = 0
+        self._stop = threading.Event()
+        self._consumer = Consumer(kafka_config.consumer(
+            bootstrap, f"{client_id}.members", kafka,
+            **{"enable.partition.eof": True, "isolation.level": "read_uncommitted", "fetch.wait.max.ms": 50},
+        ))
+        self._caught_up = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="members-view", daemon=True)
+
+    def start(self, timeout: float) -> None:
+        self._consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
+        self._thread.start()
+        if not self._caught_up.wait(timeout):
+            log.warning("%s not read to its end within %ss", self.topic, timeout)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+        try:
+            self._consumer.close()
+        except Exception:  # pragma: no cover
+            pass
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                msgs = kafka_config.drain(self._consumer, 500, 0.2)
+            except Exception:  # pragma: no cover
+                log.exception("members view poll failed")
+                time.sleep(0.2)
+                continue
+            changed = False
+            for msg in msgs:
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        self._caught_up.set()
+                    continue
+                wid = (msg.key() or b"").decode(errors="replace")
+                with self._lock:
+                    if msg.value() is None:
+                        self._members.pop(wid, None)
+                    else:
+                        try:
+                            self._members[wid] = parse_member(wid, json.loads(msg.value()))
+                        except (ValueError, KeyError, TypeError):
+                            log.warning("malformed member record for %r ignored", wid)
+                            continue
+                changed = True
+            if changed:
+                with self._changed:
+                    self.version += 1
+                    self._changed.notify_all()
+
+    def live(self) -> list[Member]:
+        with self._lock:
+            return live_members(dict(self._members))
+
+    def wait_change(self, version: int, timeout: float) -> int:
+        """Block until a record newer than `version` arrived (or the timeout); the new version."""
+        with self._changed:
+            self._changed.wait_for(lambda: self.version != version, timeout)
+            return self.version
 
 
 def live_members(members: dict[str, Member], now_ms: float | None = None) -> list[Member]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import heapq
 import itertools
 import logging
 import random
@@ -36,14 +37,15 @@ from typing import Any
 
 import orjson
 
-from .errors import UNAVAILABLE, ThreadLogError, unavailable
-from .members import live_members, read_members
+from .errors import NOT_OWNER, UNAVAILABLE, ThreadLogError, unavailable
+from .members import MembersView
 
 log = logging.getLogger("threadlog.remote")
 
 LINE_LIMIT = 64 * 1024 * 1024
 CONNECT_TIMEOUT = 2.0
-RETRY_PAUSE = 0.1  # between rounds of discovery when no worker answered
+RETRY_PAUSE = 0.1  # longest wait for a new announcement before asking again
+SHUN_S = 1.0  # a worker that refused or dropped a call is skipped this long
 
 
 class _ConnectionLost(Exception):
@@ -84,33 +86,50 @@ class _Conn:
         self.writer.close()
 
 
+class _Retry(Exception):
+    """This worker could not answer for these partitions (gone, or not their owner now)."""
+
+
 class QueryClient:
+    """Calls to the workers, routed by partition to their owners.
+
+    Every worker announces the events partitions it owns in `<ns>.members`
+    (followed by a `MembersView`). A call names the partitions it is about; the
+    client sends one request per owner and merges. A worker that does not own
+    a partition (any more) answers NOT_OWNER; a dead one drops the connection:
+    either way the client waits for the next announcement and sends again, to
+    the deadline -- so a call during a rebalance waits, bounded, and never
+    gets an answer from a worker that does not own the state.
+    """
+
     def __init__(self, bootstrap: str, members_topic: str, client_id: str, timeout: float,
-                 kafka: Mapping[str, Any] | None = None) -> None:
+                 kafka: Mapping[str, Any] | None = None, partitions: int = 1) -> None:
         self.bootstrap = bootstrap
         self.kafka = kafka
         self.members_topic = members_topic
         self.client_id = client_id
         self.timeout = timeout
+        self.partitions = partitions
         self._ids = itertools.count(1)
         self._floor: dict[int, int] = {}
         self._floor_lock = threading.Lock()
-        self._conn: _Conn | None = None
+        self._conns: dict[str, _Conn] = {}
+        self._connecting: dict[str, asyncio.Future] = {}
+        self._shun: dict[str, float] = {}  # address -> until (monotonic): refused or unreachable
+        self.members = MembersView(bootstrap, members_topic, client_id, kafka)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"query:{client_id}", daemon=True)
-        self._connecting: asyncio.Lock | None = None
         self.failovers = 0
         self.closed = False
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
-        # One discovery round at open; no live worker yet is not fatal (workers may
-        # start after their clients): calls then look again until their deadline.
-        try:
-            self._run(self._connect(time.monotonic() + self.timeout, once=True)).result(self.timeout + 5)
-        except ThreadLogError as exc:
-            log.warning("no query worker reachable at open: %s", exc.message)
+        # No live worker yet is not fatal (workers may start after their
+        # clients): calls wait for one until their deadline.
+        self.members.start(self.timeout)
+        if not self.members.live():
+            log.warning("no query worker registered in %s yet", self.members_topic)
 
     def close(self) -> None:
         if self.closed:
@@ -118,8 +137,8 @@ class QueryClient:
         self.closed = True
 
         async def shut() -> None:
-            if self._conn is not None:
-                self._conn.fail()
+            for conn in list(self._conns.values()):
+                conn.fail()
 
         try:
             self._run(shut()).result(5)
@@ -127,11 +146,15 @@ class QueryClient:
             pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        self.members.close()
 
     @property
     def address(self) -> str | None:
-        conn = self._conn
-        return conn.address if conn is not None and conn.alive else None
+        """A worker this client is connected to (tests)."""
+        for addr, conn in self._conns.items():
+            if conn.alive:
+                return addr
+        return None
 
     # -- the floor ----------------------------------------------------------------------
     def raise_floor(self, positions: dict[int, int]) -> None:
@@ -140,138 +163,204 @@ class QueryClient:
                 if o > self._floor.get(p, 0):
                     self._floor[p] = o
 
-    def floor(self) -> dict[str, int]:
+    def floor(self, partitions: list[int] | None = None) -> dict[str, int]:
         with self._floor_lock:
-            return {str(p): o for p, o in self._floor.items()}
+            return {str(p): o for p, o in self._floor.items() if partitions is None or p in partitions}
 
     # -- calls --------------------------------------------------------------------------
     def _run(self, coro) -> CFuture:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
-    def call_sync(self, op: str, args: dict) -> Any:
-        """Blocking call (from any thread but the client's own loop thread)."""
+    def call_sync(self, op: str, args: dict, partitions: list[int] | None = None) -> dict[tuple[int, ...], Any]:
+        """Blocking `call` (from any thread but the client's own loop thread)."""
         if threading.current_thread() is self._thread:  # pragma: no cover - a bug, not a state
             raise RuntimeError("QueryClient.call_sync on its own loop")
-        return self._run(self.call(op, args)).result(self.timeout + 5)
+        return self._run(self.call(op, args, partitions)).result(self.timeout + 5)
 
-    async def acall(self, op: str, args: dict) -> Any:
-        """Awaitable call from any event loop."""
-        return await asyncio.wrap_future(self._run(self.call(op, args)))
+    async def acall(self, op: str, args: dict, partitions: list[int] | None = None) -> dict[tuple[int, ...], Any]:
+        """Awaitable `call` from any event loop."""
+        return await asyncio.wrap_future(self._run(self.call(op, args, partitions)))
 
-    async def call(self, op: str, args: dict, timeout: float | None = None) -> Any:
-        """On the client's loop: send until a worker answers or the deadline passes."""
+    async def call(self, op: str, args: dict, partitions: list[int] | None = None,
+                   timeout: float | None = None) -> dict[tuple[int, ...], Any]:
+        """On the client's loop: ask the owners of `partitions` (None: any one
+        worker), each request carrying its `partitions` and their floor.
+        Returns {partitions asked of one worker: its result}."""
         if self.closed:
             raise unavailable("this ThreadLog is closed")
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        todo = None if partitions is None else sorted(set(partitions))
+        results: dict[tuple[int, ...], Any] = {}
         while True:
-            conn = await self._connect(deadline)
-            rid = next(self._ids)
-            fut = self._loop.create_future()
-            conn.pending[rid] = fut
-            try:
-                async with conn.lock:
-                    conn.writer.write(orjson.dumps({"id": rid, "op": op, "args": args}) + b"\n")
-                    await conn.writer.drain()
-                left = deadline - time.monotonic()
-                msg = await asyncio.wait_for(fut, max(0.01, left))
-            except (_ConnectionLost, ConnectionError):
-                conn.fail()
-                self.failovers += 1
-                continue
-            except TimeoutError:
-                conn.pending.pop(rid, None)
-                raise unavailable(f"{op}: no answer from worker {conn.address} within the request timeout") from None
-            if msg.get("ok"):
-                return msg.get("result")
-            raise ThreadLogError(msg.get("code") or UNAVAILABLE, msg.get("message") or "refused by the worker")
+            version = self.members.version
+            plan, missing = self._plan(todo)
+            if plan:
+                sent = [self._ask(addr, op, args, ps, deadline) for addr, ps in plan.items()]
+                outcomes = await asyncio.gather(*sent, return_exceptions=True)
+                retry: list[int] = []
+                for (_addr, ps), out in zip(plan.items(), outcomes, strict=True):
+                    if isinstance(out, _Retry):
+                        retry.extend(ps or [])
+                        if ps is None:
+                            retry = []
+                            missing = True
+                    elif isinstance(out, BaseException):
+                        raise out
+                    else:
+                        results[tuple(ps or ())] = out
+                if todo is None:
+                    if not missing:
+                        return results
+                else:
+                    todo = sorted(set(retry) | set(missing or []))
+                    if not todo:
+                        return results
+            left = deadline - time.monotonic()
+            if left <= 0:
+                what = "any partition" if todo is None else f"partitions {todo}"
+                raise unavailable(f"{op}: no live worker of {self.members_topic} answered for {what} "
+                                  "within the request timeout")
+            # Wait for the next announcement (a new owner), briefly: a dead
+            # owner is replaced only after the group notices it.
+            await asyncio.to_thread(self.members.wait_change, version, min(RETRY_PAUSE, left))
 
-    async def _connect(self, deadline: float, once: bool = False) -> _Conn:
-        if self._conn is not None and self._conn.alive:
-            return self._conn
-        if self._connecting is None:
-            self._connecting = asyncio.Lock()
-        async with self._connecting:  # one discovery at a time; the others reuse its result
-            tried: list[str] = []
-            while True:
-                if self._conn is not None and self._conn.alive:
-                    return self._conn
-                if self.closed:
-                    raise unavailable("this ThreadLog is closed")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                try:
-                    members = await asyncio.wait_for(
-                        asyncio.to_thread(read_members, self.bootstrap, self.members_topic, self.client_id,
-                                          max(0.5, left), self.kafka),
-                        max(0.5, left))
-                except (ThreadLogError, TimeoutError) as exc:
-                    log.info("discovery failed: %s", exc)
-                    members = {}
-                live = live_members(members)
-                random.shuffle(live)  # spread clients over workers
-                for m in live:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    host, _, port = m.address.rpartition(":")
-                    try:
-                        reader, writer = await asyncio.wait_for(
-                            asyncio.open_connection(host, int(port), limit=LINE_LIMIT),
-                            min(CONNECT_TIMEOUT, left))
-                    except (OSError, TimeoutError):
-                        tried.append(m.address)
-                        continue
-                    conn = _Conn(m.address, reader, writer)
-                    conn.task = asyncio.get_running_loop().create_task(conn.run())
-                    self._conn = conn
-                    return conn
-                if once:
-                    break
-                await asyncio.sleep(min(RETRY_PAUSE, max(0.0, deadline - time.monotonic())))
-            raise unavailable(f"no live worker of {self.members_topic} answered"
-                              + (f" (tried {sorted(set(tried))})" if tried else " (none registered)"))
+    def _plan(self, todo: list[int] | None) -> tuple[dict[str, list[int] | None], Any]:
+        """{worker address: the partitions to ask it}, and what has no owner now."""
+        now = time.monotonic()
+        live = [m for m in self.members.live() if self._shun.get(m.address, 0) <= now]
+        live.sort(key=lambda m: -m.heartbeat_at)  # the newest announcement first
+        if todo is None:
+            if not live:
+                return {}, True
+            pick = random.choice(live[: max(1, len(live))])
+            return {pick.address: None}, False
+        plan: dict[str, list[int] | None] = {}
+        missing: list[int] = []
+        for p in todo:
+            owner = next((m for m in live if m.serves(p)), None)
+            if owner is None:
+                missing.append(p)
+            else:
+                group = plan.setdefault(owner.address, [])
+                assert group is not None
+                group.append(p)
+        return plan, missing
+
+    async def _ask(self, address: str, op: str, args: dict, partitions: list[int] | None, deadline: float) -> Any:
+        try:
+            conn = await self._conn(address, deadline)
+        except (OSError, TimeoutError):
+            self._shun[address] = time.monotonic() + SHUN_S
+            raise _Retry(address) from None
+        rid = next(self._ids)
+        fut = self._loop.create_future()
+        conn.pending[rid] = fut
+        body = dict(args)
+        if partitions is not None:
+            body["partitions"] = partitions
+            body["floor"] = self.floor(partitions)
+        try:
+            async with conn.lock:
+                conn.writer.write(orjson.dumps({"id": rid, "op": op, "args": body}) + b"\n")
+                await conn.writer.drain()
+            msg = await asyncio.wait_for(fut, max(0.01, deadline - time.monotonic()))
+        except (_ConnectionLost, ConnectionError):
+            conn.fail()
+            self.failovers += 1
+            self._shun[address] = time.monotonic() + SHUN_S
+            raise _Retry(address) from None
+        except TimeoutError:
+            conn.pending.pop(rid, None)
+            raise unavailable(f"{op}: no answer from worker {address} within the request timeout") from None
+        if msg.get("ok"):
+            return msg.get("result")
+        code = msg.get("code") or UNAVAILABLE
+        if code == NOT_OWNER:
+            self.failovers += 1
+            raise _Retry(address)
+        raise ThreadLogError(code, msg.get("message") or "refused by the worker")
+
+    async def _conn(self, address: str, deadline: float) -> _Conn:
+        conn = self._conns.get(address)
+        if conn is not None and conn.alive:
+            return conn
+        waiting = self._connecting.get(address)
+        if waiting is not None:  # one connect per address; the others share it
+            return await asyncio.shield(waiting)
+        fut = self._loop.create_future()
+        self._connecting[address] = fut
+        try:
+            host, _, port = address.rpartition(":")
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, int(port), limit=LINE_LIMIT),
+                max(0.01, min(CONNECT_TIMEOUT, deadline - time.monotonic())))
+            conn = _Conn(address, reader, writer)
+            conn.task = self._loop.create_task(conn.run())
+            self._conns[address] = conn
+            fut.set_result(conn)
+            return conn
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()  # retrieved: no "never retrieved" warning when nobody shared it
+            raise
+        finally:
+            del self._connecting[address]
 
     # -- operations ---------------------------------------------------------------------
+    def all_partitions(self) -> list[int]:
+        return list(range(self.partitions))
+
     async def barrier(self, partitions: list[int] | None) -> dict[int, int]:
-        result = await self.acall("barrier", {"partitions": partitions})
-        targets = {int(p): int(o) for p, o in result["targets"].items()}
+        asked = self.all_partitions() if partitions is None else partitions
+        results = await self.acall("barrier", {}, asked)
+        targets = {int(p): int(o) for result in results.values() for p, o in result["targets"].items()}
         self.raise_floor(targets)
         return targets
 
     async def end_offsets(self) -> dict[int, int]:
-        result = await self.acall("end_offsets", {})
+        results = await self.acall("end_offsets", {})
+        (result,) = results.values()
         return {int(p): int(o) for p, o in result.items()}
 
 
 class RemoteStore:
-    """The read surface of `projections.store.Store` the facades use, served by a worker."""
+    """The read surface of `projections.store.Store` the facades use, served by
+    the owners of the partitions: a `get` asks every owner (a key lives in one
+    partition's state), a `scan` merges each partition's ordered pages."""
 
     def __init__(self, client: QueryClient, page: int = 512) -> None:
         self._client = client
         self.page = page  # keys per scan request (the server caps it too)
 
     def get(self, k: bytes) -> bytes | None:
-        result = self._client.call_sync("get", {"key": _b64(k), "floor": self._client.floor()})
-        value = result["value"]
-        return None if value is None else base64.b64decode(value)
+        results = self._client.call_sync("get", {"key": _b64(k)}, self._client.all_partitions())
+        for result in results.values():
+            if result["value"] is not None:
+                return base64.b64decode(result["value"])
+        return None
 
     def get_json(self, k: bytes) -> Any:
         raw = self.get(k)
         return None if raw is None else orjson.loads(raw)
 
     def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
-        """Keys with `prefix` ascending from `start`, fetched a page at a time."""
-        cursor = start
+        """Keys with `prefix` ascending from `start`: every partition's first
+        page in one round, then each partition paged on its own, merged."""
+        first = self._client.call_sync("scan", {
+            "prefix": _b64(prefix), "start": None if start is None else _b64(start), "limit": self.page},
+            self._client.all_partitions())
+        pages = {int(p): page for result in first.values() for p, page in result["pages"].items()}
+        return heapq.merge(*(self._pages(prefix, p, pages[p]) for p in sorted(pages)), key=lambda kv: kv[0])
+
+    def _pages(self, prefix: bytes, p: int, page: dict) -> Iterator[tuple[bytes, bytes]]:
         while True:
-            page = self._client.call_sync("scan", {
-                "prefix": _b64(prefix), "start": None if cursor is None else _b64(cursor),
-                "limit": self.page, "floor": self._client.floor()})
             for k, v in page["items"]:
                 yield base64.b64decode(k), base64.b64decode(v)
             if page["next"] is None:
                 return
-            cursor = base64.b64decode(page["next"])
+            (result,) = self._client.call_sync("scan", {
+                "prefix": _b64(prefix), "start": page["next"], "limit": self.page}, [p]).values()
+            page = result["pages"][str(p)]
 
 
 class RemoteVerdicts:
@@ -288,7 +377,8 @@ class RemoteVerdicts:
 
         async def ask() -> None:
             try:
-                verdict = await client.call("verdict", {"p": partition, "o": offset, "timeout": client.timeout})
+                (verdict,) = (await client.call("verdict", {"p": partition, "o": offset, "timeout": client.timeout},
+                                                [partition])).values()
             except ThreadLogError as exc:
                 verdict = {"ok": False, "code": exc.code,
                            "message": f"written at events[{partition}]@{offset}, but its verdict could not be "

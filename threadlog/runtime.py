@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 
 from confluent_kafka.admin import AdminClient
 
@@ -26,9 +27,11 @@ from .errors import ThreadLogError
 from .partitioning import partition_for
 from .processors.handlers import load_all as load_handlers
 from .processors.judge import Judge
+from .processors.lookups import Lookups
 from .projections.barrier import ReadBarrier
 from .projections.fold import load_all as load_folds
-from .projections.store import Store, open_slot
+from .projections.partition_stores import PartitionStores, Slot, claim_slot
+from .projections.store import Store
 from .remote import QueryClient
 from .schemas import Codec, default_codec
 from .topics import TopicLayout, Topics, ensure_topics, require_topics
@@ -37,19 +40,27 @@ log = logging.getLogger("threadlog.runtime")
 
 
 class Runtime:
-    def __init__(self, opts: Options) -> None:
+    """`worker=True`: this process is one member of the namespace's group of
+    workers (`<ns>.judges`) and judges only the partitions the group gives it."""
+
+    def __init__(self, opts: Options, *, worker: bool = False) -> None:
         load_handlers()
         load_folds()
         self.opts = opts
+        self.worker = worker
         self.topics = Topics(opts.namespace)
         self.codec: Codec = default_codec()
         self.client_id = f"{opts.namespace}.{uuid.uuid4().hex[:12]}"
         self.admin: AdminClient | None = None
         self.layout: TopicLayout | None = None
-        self.store: Store | None = None
+        self.slot: Slot | None = None
+        self.stores: PartitionStores | None = None  # events state, by partition (not in a thin client)
+        self.index_store: Store | None = None  # the delivery run index
         self.judge: Judge | None = None
         self.barrier: ReadBarrier | None = None
         self.query: QueryClient | None = None
+        self.lookups: Lookups | None = None
+        self.ownership_listeners: list[Callable[[list[int]], None]] = []
         self.timings: dict[str, float] = {}
 
     def start(self) -> None:
@@ -69,34 +80,58 @@ class Runtime:
         except ThreadLogError as exc:
             raise trap.explain(exc, self.admin, kafka) from None
         self.timings["topics"] = time.monotonic() - t0
-        self.store = open_slot(self.opts.state_root / self.opts.namespace)
-        if self.thin:
+        self.slot = claim_slot(self.opts.state_root / self.opts.namespace)
+        self.index_store = Store(self.slot.path / "deliveries")
+        if self.thin or self.worker:
+            # Thin clients ask the workers; a worker asks the other workers
+            # (cross-partition facts of partitions it does not own).
             self.query = QueryClient(self.opts.bootstrap_servers, self.topics.members, self.client_id,
-                                     self.opts.request_timeout, self.opts.kafka)
+                                     self.opts.request_timeout, self.opts.kafka, partitions=self.layout.events)
             self.query.start()
+        if self.thin:
             self.timings["started"] = time.monotonic() - t0
             return
+        self.stores = PartitionStores(self.slot.path, self.topics.events)
+        group = None
+        if self.worker:
+            assert self.query is not None
+            self.lookups = Lookups(self.query)
+            group = f"{self.opts.namespace}.judges"
         self.judge = Judge(
-            self.opts.bootstrap_servers, self.topics.events, self.layout.events, self.store,
-            self.codec, self.client_id, kafka=kafka,
+            self.opts.bootstrap_servers, self.topics.events, self.layout.events, self.stores,
+            self.codec, self.client_id, kafka=kafka, group=group, lookups=self.lookups,
+            on_ownership=self._ownership_changed,
         )
         self.judge.start()
         self.barrier = ReadBarrier(self.admin, self.judge, timeout=self.opts.request_timeout)
         self.timings["started"] = time.monotonic() - t0
+
+    def _ownership_changed(self, owned: list[int]) -> None:
+        for listener in list(self.ownership_listeners):
+            listener(owned)
 
     @property
     def thin(self) -> bool:
         """No judge here: a worker answers (processors="external")."""
         return self.opts.processors == "external"
 
+    @property
+    def store(self) -> PartitionStores | None:
+        """The events state judged here (every partition, or a worker's own)."""
+        return self.stores
+
     def partition_of(self, key: str) -> int:
         assert self.layout is not None
         return partition_for(key, self.layout.events)
 
     def stop(self) -> None:
-        if self.query is not None:
-            self.query.close()
         if self.judge is not None:
             self.judge.stop()
-        if self.store is not None:
-            self.store.close()
+        if self.query is not None:
+            self.query.close()
+        if self.stores is not None:
+            self.stores.close()
+        if self.index_store is not None:
+            self.index_store.close()
+        if self.slot is not None:
+            self.slot.release()

@@ -75,6 +75,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from .. import client as _client
 from ..errors import invalid_argument, unavailable
 from ..projections.folds import langgraph as state
+from ..projections.partition_stores import PartitionStores
 from ..projections.store import Store
 from ..remote import RemoteStore
 from ..validation import is_int, require_id
@@ -175,7 +176,7 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
 
     # -- plumbing ------------------------------------------------------------------------------
     @property
-    def _store(self) -> Store | RemoteStore:
+    def _store(self) -> Store | PartitionStores | RemoteStore:
         return self.tl.state
 
     def _wire(self, value: Any) -> dict:

@@ -50,7 +50,9 @@ from .. import client as _client
 from ..errors import CORRUPT_RECORD, INVALID_ARGUMENT, ThreadLogError, invalid_argument, unavailable
 from ..processors.handlers.agent_sessions import partition_key
 from ..projections.folds import agent_sessions as state
+from ..projections.partition_stores import PartitionStores
 from ..projections.store import Store
+from ..remote import RemoteStore
 from ..validation import is_int, loads, require_id, require_json
 
 if TYPE_CHECKING:
@@ -160,11 +162,8 @@ class ThreadLogSession(SessionABC):
 
     # -- plumbing -------------------------------------------------------------------------
     @property
-    def _store(self) -> Store:
-        store = self.tl.runtime.store
-        if store is None:
-            raise unavailable("the threadlog client is not started")
-        return store
+    def _store(self) -> Store | PartitionStores | RemoteStore:
+        return self.tl.state
 
 
 async def _outcome(aw: Awaitable[T]) -> T:

@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import unavailable
+from ..projections.partition_stores import PartitionStores
 from ..projections.store import Store
 from ..remote import RemoteStore
 
@@ -18,7 +19,7 @@ class StoreFacade:
         self._tl = tl
 
     @property
-    def _store(self) -> Store | RemoteStore:
+    def _store(self) -> Store | PartitionStores | RemoteStore:
         # Embedded: this process's RocksDB; thin: the same reads served by a worker.
         return self._tl.state
 

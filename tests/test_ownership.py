@@ -1,0 +1,158 @@
+"""State owned by partition: workers in a group, each judging only its partitions.
+
+`threadlog worker` processes of a namespace form the consumer group
+`<ns>.judges`; each judges the partitions Kafka gives it, keeps their state,
+serves their reads and verdicts. Thin clients route each call to the owner of
+the partition it concerns. Tried here, on a real broker and real processes:
+two workers split the partitions and each judges only its own; rules spanning
+partitions (a checkpoint id unique over every thread) hold when the partitions
+have different owners; ownership moving under load -- a worker joining, a
+worker SIGKILLed -- loses no acknowledged write, never lets a read go back to
+an older state, and clients carry on by themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from checkpoint_helpers import checkpoint
+from support import within
+from worker_support import WorkerProcess, ask_worker, owned_by
+
+from threadlog.errors import DUPLICATE_ID, ThreadLogError
+from threadlog.partitioning import partition_for
+
+
+def thread_on(partitions: set[int] | list[int], total: int, prefix: str, skip: int = 0) -> str:
+    n = 0
+    found = 0
+    while True:
+        t = f"{prefix}-{n}"
+        if partition_for(t, total) in partitions:
+            if found == skip:
+                return t
+            found += 1
+        n += 1
+
+
+async def test_two_workers_split_the_partitions_and_judge_only_their_own(bootstrap, namespace, tmp_path,
+                                                                         open_client):
+    w1 = await WorkerProcess(bootstrap, namespace, tmp_path / "w1", "w1").start()
+    w2 = await WorkerProcess(bootstrap, namespace, tmp_path / "w2", "w2").start()
+    try:
+        thin = await open_client(processors="external", own_worker=True)
+        total = thin.runtime.layout.events
+        owned = await owned_by([w1, w2], total)
+        assert set(owned["w1"]).isdisjoint(owned["w2"])
+        threads = [f"split-{n}" for n in range(24)]
+        await within(asyncio.gather(*(thin.messages.save_thread(t, [t]) for t in threads)), 60)
+        assert await within(asyncio.gather(*(thin.messages.load_thread(t) for t in threads))) == [[t] for t in threads]
+        stats = {w.name: await ask_worker(w.address, "stats") for w in (w1, w2)}
+        for name, st in stats.items():
+            # Each judged the records of its own partitions, and only those.
+            mine = [t for t in threads if partition_for(t, total) in st["owned"]]
+            assert st["judged"] == len(mine), (name, st)
+            print(f"{name} owns {st['owned']} and judged {st['judged']} of {len(threads)} records")
+
+        # A checkpoint id is unique over every thread, also across owners: the
+        # judge of the second thread asks the owner of the first.
+        t1 = thread_on(owned["w1"], total, "dup")
+        t2 = thread_on(owned["w2"], total, "dup")
+        lease1 = await within(thin.checkpoints.acquire_writer(t1))
+        lease2 = await within(thin.checkpoints.acquire_writer(t2))
+        await within(thin.checkpoints.append(checkpoint=checkpoint("shared-id", t1), expected_head_id=None,
+                                             writer=lease1))
+        try:
+            await within(thin.checkpoints.append(checkpoint=checkpoint("shared-id", t2), expected_head_id=None,
+                                                 writer=lease2))
+        except ThreadLogError as exc:
+            assert exc.code == DUPLICATE_ID
+        else:
+            raise AssertionError("a checkpoint id held on another owner's partition was accepted")
+        assert (await ask_worker(w2.address, "stats"))["lookups"] + (await ask_worker(w1.address, "stats"))[
+            "lookups"] >= 1
+        # An embedded client judging everything itself reaches the same state.
+        embedded = await open_client()
+        for t in (t1, t2, *threads):
+            assert await within(embedded.checkpoints.list(t)) == await within(thin.checkpoints.list(t))
+            assert await within(embedded.messages.load_thread(t)) == await within(thin.messages.load_thread(t))
+    finally:
+        await w1.stop()
+        await w2.stop()
+
+
+async def _writer(tl, thread: str, acked: list[int], stop: asyncio.Event) -> None:
+    """Saves version n+1 of its thread after version n is acknowledged; records acks."""
+    n = 0
+    while not stop.is_set():
+        n += 1
+        await within(tl.messages.save_thread(thread, [n]), 60)
+        acked.append(n)
+
+
+async def _reader(tl, threads: list[str], acked: dict[str, list[int]], stop: asyncio.Event,
+                  problems: list[str]) -> int:
+    """Reads every thread over and over: never older than what was acknowledged
+    before the read began, never older than what this reader already saw."""
+    seen = dict.fromkeys(threads, 0)
+    reads = 0
+    while not stop.is_set():
+        for t in threads:
+            floor = acked[t][-1] if acked[t] else 0
+            got = await within(tl.messages.load_thread(t), 60)
+            version = got[0] if got else 0
+            if version < floor:
+                problems.append(f"{t}: read {version} after {floor} was acknowledged")
+            if version < seen[t]:
+                problems.append(f"{t}: read {version} after reading {seen[t]}")
+            seen[t] = max(seen[t], version)
+            reads += 1
+    return reads
+
+
+async def test_ownership_moves_under_load_and_no_read_goes_back(bootstrap, namespace, tmp_path, open_client):
+    w1 = await WorkerProcess(bootstrap, namespace, tmp_path / "w1", "w1").start()
+    w2 = WorkerProcess(bootstrap, namespace, tmp_path / "w2", "w2")
+    try:
+        writer_tl = await open_client(processors="external", own_worker=True)
+        reader_tl = await open_client(processors="external", own_worker=True)
+        total = writer_tl.runtime.layout.events
+        await owned_by([w1], total)
+        threads = [thread_on(range(total), total, "moving", n) for n in range(8)]
+        acked: dict[str, list[int]] = {t: [] for t in threads}
+        stop = asyncio.Event()
+        problems: list[str] = []
+        writers = [asyncio.ensure_future(_writer(writer_tl, t, acked[t], stop)) for t in threads]
+        reader = asyncio.ensure_future(_reader(reader_tl, threads, acked, stop, problems))
+
+        async def progress(n: int) -> None:
+            target = {t: len(a) + n for t, a in acked.items()}
+            while any(len(acked[t]) < target[t] for t in threads):
+                done = [f for f in (*writers, reader) if f.done()]
+                for f in done:
+                    f.result()  # a failed writer or reader fails the test now
+                await asyncio.sleep(0.05)  # polling the writers' lists, bounded by `within`
+
+        await within(progress(5), 60)
+        await w2.start()  # a worker joins: half the partitions move to it
+        owned = await owned_by([w1, w2], total)
+        await within(progress(5), 60)
+        w1.signal(signal.SIGKILL)  # the other owner dies mid-load: w2 takes its partitions over
+        assert await w1.wait_exit(10) == -signal.SIGKILL
+        await owned_by([w2], total, timeout=60)
+        await within(progress(5), 90)
+        stop.set()
+        await within(asyncio.gather(*writers), 90)
+        reads = await within(reader, 90)
+        assert not problems, problems[:5]
+        assert reads > 0 and owned["w1"] and owned["w2"]
+        # Nothing acknowledged is lost: a fresh host judging the log itself agrees.
+        embedded = await open_client()
+        for t in threads:
+            assert acked[t] == list(range(1, len(acked[t]) + 1))
+            assert await within(embedded.messages.load_thread(t)) == [acked[t][-1]]
+            assert await within(reader_tl.messages.load_thread(t)) == [acked[t][-1]]
+    finally:
+        await w1.stop()
+        await w2.stop()
