@@ -36,8 +36,9 @@ PARTITIONS = 4
 THREADS = 1000
 
 
-def write_history(bootstrap: str, ns: str, start: int, count: int) -> None:
-    """`count` SaveTranscript proposals over THREADS threads, produced back to back."""
+def write_history(bootstrap: str, ns: str, start: int, count: int) -> dict[int, int]:
+    """`count` SaveTranscript proposals over THREADS threads, produced back to back; bytes per partition."""
+    written: dict[int, int] = {}
     codec = default_codec()
     topic = Topics(ns).events
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5,
@@ -48,14 +49,17 @@ def write_history(bootstrap: str, ns: str, start: int, count: int) -> None:
         value = codec.encode("threadlog.Proposal", {
             "proposalId": uuid.uuid4().hex, "key": thread, "type": "threadlog.cmd.SaveTranscript",
             "at": time.time() * 1000.0, "rules": 2, "seen": [], "payload": payload})
+        p = partition_for(thread, PARTITIONS)
+        written[p] = written.get(p, 0) + len(value) + len(thread)
         while True:
             try:
-                producer.produce(topic, value, thread.encode(), partition=partition_for(thread, PARTITIONS))
+                producer.produce(topic, value, thread.encode(), partition=p)
                 break
             except BufferError:
                 producer.poll(0.05)
         producer.poll(0)
     assert producer.flush(60) == 0
+    return written
 
 
 async def open_and_read(bootstrap: str, ns: str, state: str, processors: str, expect: list) -> float:

@@ -46,7 +46,7 @@ from threadlog.projections.view import View
 from threadlog.schemas import Codec, CodecError
 
 from threadlog import kafka_config
-from threadlog.errors import INVALID_ARGUMENT, INVALID_MESSAGE, NOT_OWNER, ThreadLogError
+from threadlog.errors import INVALID_ARGUMENT, INVALID_MESSAGE, NOT_OWNER, UNAVAILABLE, ThreadLogError
 from threadlog.kafka_config import Props
 from threadlog.partitioning import partition_for
 from threadlog.validation import dumps
@@ -74,6 +74,17 @@ MAX_LEAD_MS = 15 * 60 * 1000
 
 VERDICT = b"jv"  # (partition 4B, offset 8B) -> JSON verdict
 APPLIED = b"jp"  # (proposal id) -> JSON {"p", "o"}: where an accepted proposal was judged
+APPLIED_AT = b"ja"  # (partition 4B, offset 8B) -> the proposal id applied there (to forget it)
+
+# Verdicts, and the ids that make re-sent proposals idempotent, are kept for
+# the last VERDICT_WINDOW offsets of each partition, then forgotten as the
+# judge moves on. Why: a verdict per record would make a partition's state --
+# what a new owner restores -- grow with its history instead of its threads.
+# Who needs them is recent: a proposer awaiting its verdict (seconds), a
+# re-send after an unknown outcome (within a request timeout). Forgetting is
+# part of judging (at offset o, the verdict of o - VERDICT_WINDOW goes), so
+# every judge and every rebuild forget alike.
+VERDICT_WINDOW = 100_000
 CLOCK = b"jc"  # (partition 4B) -> 8B double: decision time of the partition's last proposal
 
 # A partition whose proposal waits for another partition holds at most this
@@ -91,6 +102,10 @@ def verdict_prefix(partition: int) -> bytes:
 
 def applied_key(proposal_id: str) -> bytes:
     return key(APPLIED, proposal_id)
+
+
+def applied_at_key(partition: int, offset: int) -> bytes:
+    return APPLIED_AT + struct.pack(">IQ", partition, offset)
 
 
 def clock_key(partition: int) -> bytes:
@@ -261,7 +276,10 @@ class Judge(Follower):
                 found = None
         if found is None:
             found = self.verdict(partition, offset)
-        callback(found if found is not None else refusal(INVALID_MESSAGE, "no verdict recorded at that position"))
+        if found is None:
+            found = refusal(UNAVAILABLE, f"the verdict at events[{partition}]@{offset} is no longer kept (more than "
+                                         f"{VERDICT_WINDOW} offsets ago): its outcome is unknown, read the state")
+        callback(found)
 
     def forget(self, partition: int, offset: int, callback: Callable[[dict], None]) -> None:
         with self._cond:
@@ -442,7 +460,23 @@ def judge_record(view: View, rec: Record, *, codec: Codec, partitions: int, prog
         others = _local_others(view, progress, partitions)
     verdict = _decide(view, rec, codec, partitions, progress, topic, others)
     view.put(verdict_key(rec.partition, rec.offset), dumps(verdict).encode())
+    _forget(view, rec.partition, rec.offset - VERDICT_WINDOW)
     return verdict
+
+
+def _forget(view: View, p: int, old: int) -> None:
+    """Drop the verdict (and applied proposal id) of offset `old`: see VERDICT_WINDOW."""
+    if old < 0:
+        return
+    view.delete(verdict_key(p, old))
+    at = applied_at_key(p, old)
+    pid = view.get(at)
+    if pid is not None:
+        view.delete(at)
+        k = applied_key(pid.decode())
+        where = view.get(k)
+        if where is not None and json.loads(where) == {"p": p, "o": old}:
+            view.delete(k)
 
 
 def _local_others(view: View, progress: dict[int, int], partitions: int) -> Others:
@@ -522,6 +556,7 @@ def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: di
         child.merge()
         if effects:
             view.put(applied_key(env["proposalId"]), dumps({"p": p, "o": offset}).encode())
+            view.put(applied_at_key(p, offset), env["proposalId"].encode())
         verdict = {"ok": True}
         if decision.reply and decision.result is not None:
             verdict["result"] = decision.result

@@ -45,7 +45,7 @@ def read_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 30.
 
 # Judge bookkeeping that a refused proposal does write: its verdict, the
 # partition's decision time, the store's positions. Everything else is state.
-_BOOKKEEPING = (b"jv", b"jc", b"jp", b"\x00off")
+_BOOKKEEPING = (b"jv", b"jc", b"jp", b"ja", b"\x00off")
 
 
 async def state_of(tl) -> dict[bytes, bytes]:

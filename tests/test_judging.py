@@ -36,7 +36,7 @@ from threadlog.errors import (
 from threadlog.partitioning import partition_for
 
 
-def _verdicts(store: Store, partitions: int) -> dict[int, list]:
+def _verdicts(store: PartitionStores, partitions: int) -> dict[int, list]:
     return {p: all_verdicts(store, p) for p in range(partitions)}
 
 

@@ -2,24 +2,34 @@
 
 A thin client (`threadlog.open(..., processors="external")`) keeps no judge:
 proposals still go straight to Kafka, but verdicts, read barriers and reads
-come from a `threadlog worker` found in `<ns>.members` (threadlog/members.py).
+come from the workers that own the partitions concerned.
 
-`QueryClient` owns one persistent connection on a thread of its own with its
-own event loop. Why a thread: the store facades read synchronously
-(`self._store.get(...)` after an awaited barrier) -- the same surface as the
-local RocksDB store -- so a remote read blocks its caller for one round trip;
-were the connection served by the caller's loop, that blocked loop could
-never receive the answer.
+Finding the owner: every worker announces the events partitions it owns in
+the compacted topic `<ns>.members` (threadlog/members.py) at every heartbeat
+and at once when its assignment changes; `MembersView` follows that topic,
+so routing is a local lookup. A call names its partitions; the client sends
+one request per owner and merges (a `get` asks every owner: a key lives in
+one partition's state; a `scan` merges each partition's ordered pages).
 
-Failover: when the connection breaks, every request in flight on it is sent
-again to another live worker, until the request's deadline; then it fails
-with `UNAVAILABLE`. Every operation is a read, so resending is harmless, and
-any worker's answer means the same (all judges agree on a log prefix). What
-could differ is *how far* a worker has judged: the client keeps a floor (per
-partition, the furthest position any barrier or verdict answered it) and
-every read carries it, so a worker that lags behind waits before answering
-instead of serving older state than this client already saw.
+During a rebalance: a worker asked about a partition it does not own (any
+more) answers NOT_OWNER, a dead one drops the connection; the client then
+waits for the next announcement and asks again, until the request's deadline,
+then fails with `UNAVAILABLE`. Every operation is a read, so resending is
+harmless, and every judge reaches the same state for the same log prefix. What
+could differ is *how far* an owner has judged (a new owner may still be
+catching up): the client keeps a floor (per partition, the furthest position
+any barrier or verdict answered it) and every read carries it, so an owner
+that lags behind waits before answering instead of serving older state than
+this client already saw. Answers never come from a worker that does not own
+the partition: a worker closes a partition's store when it gives it up.
+
+`QueryClient` runs its connections on a thread of its own with its own event
+loop. Why a thread: the store facades read synchronously (`self._store.get(...)`
+after an awaited barrier) -- the same surface as the local RocksDB stores --
+so a remote read blocks its caller for one round trip; were the connections
+served by the caller's loop, that blocked loop could never receive the answer.
 """
+
 
 from __future__ import annotations
 

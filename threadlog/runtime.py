@@ -1,16 +1,23 @@
-"""What one process runs for a namespace: topics, store, judge, read barrier.
+"""What one process runs for a namespace: topics, stores, judge, read barrier.
 
-`threadlog worker` and an embedded `threadlog.open` (the default) build the
-full runtime: the judge (processors/judge.py) folds the namespace's `events`
-partitions, deciding every proposal in offset order, into this process's
-RocksDB store; the read barrier waits for it.
+Three roles:
 
-A thin client (`processors="external"`) builds no judge and folds no
-`events`: verdicts, barriers and reads come from a worker through `query`
-(threadlog/remote.py). Its store still holds the run index of the delivery
-log, which every client folds from `<ns>.deliveries` itself for now
-(threadlog/delivery.py) -- moving that to workers is a later step.
+- embedded (`threadlog.open`, the default; also `serve`, `replay`, `demo`): the
+  judge (processors/judge.py) owns every partition of `events`, deciding every
+  proposal in offset order into this process's stores -- one RocksDB per
+  partition (projections/partition_stores.py) -- and the read barrier waits
+  for it. Development and single-host use: a full replica.
+- worker (`threadlog worker`): one member of the consumer group `<ns>.judges`;
+  its judge owns the partitions the group gives it, serves their reads and
+  verdicts (processors/query_server.py) and asks the other owners for
+  cross-partition facts (processors/lookups.py).
+- thin (`processors="external"`): no judge, no `events` state; verdicts,
+  barriers and reads come from the owners through `query` (threadlog/remote.py).
+
+Every role keeps the run index of the delivery log, folded from
+`<ns>.deliveries` by the client itself for now (threadlog/delivery.py).
 """
+
 
 from __future__ import annotations
 

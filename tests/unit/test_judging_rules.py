@@ -188,3 +188,23 @@ def test_a_proposal_on_the_wrong_partition_is_refused(stores):
            "payload": codec.encode("threadlog.cmd.SaveTranscript", {"threadId": "a", "messages": "[]"})}
     log.raw((p + 1) % PARTITIONS, codec.encode("threadlog.Proposal", env))
     assert judge_all(stores[0], log.records)[0]["code"] == "INVALID_ARGUMENT"
+
+
+def test_verdicts_and_applied_ids_are_forgotten_past_the_window_alike(stores, monkeypatch):
+    import threadlog.processors.judge as judge
+
+    monkeypatch.setattr(judge, "VERDICT_WINDOW", 3)
+    log = Log()
+    tok = "t" * 32
+    acquire(log, "a", tok, proposal_id="grant-1")
+    for n in range(5):
+        log.propose("threadlog.cmd.SaveTranscript", "a", {"threadId": "a", "messages": f"[{n}]"})
+    first = judge_all(stores[0], log.records)
+    assert judge_all(stores[1], log.records) == first
+    pa = partition_for("a", PARTITIONS)
+    # Offsets 0..2 are more than 3 behind the last judged (5): verdicts and the applied id are gone.
+    assert [o for o, _ in all_verdicts(stores[0], pa)] == [3, 4, 5]
+    assert stores[0].get(judge.applied_key("grant-1")) is None
+    assert list(stores[0].scan(judge.APPLIED_AT)) == list(stores[1].scan(judge.APPLIED_AT))
+    assert len(list(stores[0].scan(judge.APPLIED_AT))) == 3  # one per accepted proposal still in the window
+    assert dict(stores[0].scan(b"")) == dict(stores[1].scan(b""))
