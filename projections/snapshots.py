@@ -231,7 +231,7 @@ def _read(consumer: Consumer, topic: str, partition: int, start: int, stop: int,
             left = deadline - time.monotonic()
             if left <= 0:
                 raise unavailable(f"{topic}[{partition}] not read from {start} to {stop} in time")
-            for msg in consumer.consume(1000, min(left, 0.5)):
+            for msg in kafka_config.drain(consumer, 1000, min(left, 0.5)):
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
