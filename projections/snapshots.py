@@ -299,6 +299,31 @@ def _complete(m: dict[str, Any], seg: _Segment) -> list[bytes] | None:
 # -- writing ------------------------------------------------------------------------
 
 
+@dataclass
+class _Run:
+    """One snapshot being written."""
+
+    snapshot_id: str
+    keys: list[bytes] = field(default_factory=list)  # chunk keys produced
+    bytes: int = 0
+    pairs: int = 0
+    positions: dict[tuple[str, int], int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+
+    def on_pair(self, k: bytes, v: bytes) -> None:
+        self.pairs += 1
+        where = offset_key_parts(k)
+        if where is not None and len(v) == 8:
+            self.positions[where] = struct.unpack(">q", v)[0]
+
+    def delivered(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            self.errors.append(err.str())
+        else:
+            self.offsets.append(msg.offset())
+
+
 class SnapshotWriter:
     """Writes snapshots of per-partition stores to the snapshots topic.
 
@@ -343,64 +368,51 @@ class SnapshotWriter:
         deadline = t0 + timeout
         if partition not in self._stale:
             self._stale[partition] = self._discover(partition, deadline)
-        sid = f"{int(time.time() * 1000):013d}-{uuid.uuid4().hex[:12]}"
-        positions: dict[tuple[str, int], int] = {}
-        counts = {"keys": 0}
+        run = _Run(f"{int(time.time() * 1000):013d}-{uuid.uuid4().hex[:12]}")
+        try:
+            return self._run(partition, store, run, t0, deadline)
+        except BaseException:
+            # Whatever of this snapshot reached the topic is superseded by the next one.
+            self._stale[partition].update(run.keys)
+            raise
 
-        def on_pair(k: bytes, v: bytes) -> None:
-            counts["keys"] += 1
-            where = offset_key_parts(k)
-            if where is not None and len(v) == 8:
-                positions[where] = struct.unpack(">q", v)[0]
-
-        errors: list[str] = []
-        offsets: list[int] = []
-
-        def delivered(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                errors.append(err.str())
-            else:
-                offsets.append(msg.offset())
-
-        n = total = 0
-        keys: list[bytes] = []
+    def _run(self, partition: int, store: Store, run: _Run, t0: float, deadline: float) -> SnapshotInfo:
+        sid = run.snapshot_id
         with contextlib.closing(store.snapshot_items()) as items:
-            for value in encode_chunks(items, self.chunk_bytes, on_pair):
-                k = chunk_key(sid, n)
-                self._produce(k, value, partition, delivered, deadline)
-                keys.append(k)
-                n += 1
-                total += len(value) - _HEADER
-                if errors:
+            for value in encode_chunks(items, self.chunk_bytes, run.on_pair):
+                k = chunk_key(sid, len(run.keys))
+                self._produce(k, value, partition, run.delivered, deadline)
+                run.keys.append(k)
+                run.bytes += len(value) - _HEADER
+                if run.errors:
                     break
-        self._await(f"snapshot {sid} chunks", errors, deadline)
-        first = min(offsets) if offsets else -1
-        position = _tracking_position(positions, partition, self.tracking_topic)
+        self._await(f"snapshot {sid} chunks", run.errors, deadline)
+        first = min(run.offsets) if run.offsets else -1
+        position = _tracking_position(run.positions, partition, self.tracking_topic)
         manifest = {
-            "format": FORMAT, "snapshotId": sid, "partition": partition, "chunks": n, "bytes": total,
-            "keys": counts["keys"], "position": position,
-            "positions": [[t, p, o] for (t, p), o in sorted(positions.items())],
+            "format": FORMAT, "snapshotId": sid, "partition": partition, "chunks": len(run.keys),
+            "bytes": run.bytes, "keys": run.pairs, "position": position,
+            "positions": [[t, p, o] for (t, p), o in sorted(run.positions.items())],
             "firstOffset": first, "createdAt": int(time.time() * 1000), "previous": self._last.get(partition),
         }
-        offsets.clear()
-        self._produce(MANIFEST_KEY, json.dumps(manifest).encode(), partition, delivered, deadline)
-        self._await(f"snapshot {sid} manifest", errors, deadline)
+        run.offsets.clear()
+        self._produce(MANIFEST_KEY, json.dumps(manifest).encode(), partition, run.delivered, deadline)
+        self._await(f"snapshot {sid} manifest", run.errors, deadline)
         if first < 0:
-            first = offsets[0] if offsets else -1
+            first = run.offsets[0] if run.offsets else -1
         self._last[partition] = sid
         stale = self._stale[partition]
         for k in sorted(stale):
-            self._produce(k, None, partition, delivered, deadline)
-        self._await(f"tombstones of the snapshots before {sid}", errors, deadline)
-        tombstoned = len(stale)
+            self._produce(k, None, partition, run.delivered, deadline)
+        self._await(f"tombstones of the snapshots before {sid}", run.errors, deadline)
         if stale:
             # The manifest again, as the log's last record: a restore finds it
             # reading one record (compaction keeps only this copy anyway).
-            self._produce(MANIFEST_KEY, json.dumps(manifest).encode(), partition, delivered, deadline)
-            self._await(f"snapshot {sid} manifest", errors, deadline)
-        self._stale[partition] = set(keys)
-        return SnapshotInfo(sid, partition, n, total, counts["keys"], position, positions, first, tombstoned,
-                            time.monotonic() - t0)
+            self._produce(MANIFEST_KEY, json.dumps(manifest).encode(), partition, run.delivered, deadline)
+            self._await(f"snapshot {sid} manifest", run.errors, deadline)
+        self._stale[partition] = set(run.keys)
+        return SnapshotInfo(sid, partition, len(run.keys), run.bytes, run.pairs, position, dict(run.positions),
+                            first, len(stale), time.monotonic() - t0)
 
     def _produce(self, k: bytes, v: bytes | None, partition: int,
                  cb: Callable[[KafkaError | None, Message], None], deadline: float) -> None:

@@ -266,3 +266,37 @@ def test_restore_reads_about_one_snapshot(bootstrap, topics, writer, tmp_path):
           f"restore read {got.bytes_read / 1e6:.2f} MB in {got.records_read} records")
     assert got.bytes_read <= 1.2 * state + 64 * 1024
     assert got.records_read <= infos[-1].chunks + 8
+
+
+class _Failing(Store):
+    """A store whose snapshot read breaks after `after` pairs (a disk error mid-snapshot)."""
+
+    after = 0
+
+    def snapshot_items(self):
+        for i, kv in enumerate(super().snapshot_items()):
+            if i == self.after:
+                raise OSError("disk gone")
+            yield kv
+
+
+def test_a_failed_write_leaves_nothing_behind(bootstrap, topics, writer, tmp_path):
+    src = _Failing(tmp_path / "src")
+    fill(src, 4000, seed=7, events=topics.events, partition=1, position=9)
+    src.after = 10**9
+    good = writer.write(1, src)
+    src.after = 2500  # past a few chunks
+    with pytest.raises(OSError):
+        writer.write(1, src)
+    _, got = do_restore(bootstrap, topics, 1, tmp_path / "dst")
+    assert got is not None and got.snapshot_id == good.snapshot_id
+    src.after = 10**9
+    again = writer.write(1, src)
+    partial = {parse_chunk_key(k)[0] for _, k, v in read_raw(bootstrap, topics.snapshots, 1)
+               if v is not None and k != MANIFEST_KEY} - {good.snapshot_id, again.snapshot_id}
+    assert len(partial) == 1 and again.tombstoned > good.chunks  # the failed one's chunks too
+    live: dict[bytes, bytes | None] = {}
+    for _, k, v in read_raw(bootstrap, topics.snapshots, 1):
+        live[k] = v
+    assert {parse_chunk_key(k)[0] for k, v in live.items() if v is not None and k != MANIFEST_KEY} \
+        == {again.snapshot_id}
