@@ -305,7 +305,7 @@ class _Run:
 
     snapshot_id: str
     keys: list[bytes] = field(default_factory=list)  # chunk keys produced
-    bytes: int = 0
+    nbytes: int = 0
     pairs: int = 0
     positions: dict[tuple[str, int], int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
@@ -318,10 +318,11 @@ class _Run:
             self.positions[where] = struct.unpack(">q", v)[0]
 
     def delivered(self, err: KafkaError | None, msg: Message) -> None:
+        off = msg.offset()
         if err is not None:
             self.errors.append(err.str())
-        else:
-            self.offsets.append(msg.offset())
+        elif off is not None:
+            self.offsets.append(off)
 
 
 class SnapshotWriter:
@@ -383,7 +384,7 @@ class SnapshotWriter:
                 k = chunk_key(sid, len(run.keys))
                 self._produce(k, value, partition, run.delivered, deadline)
                 run.keys.append(k)
-                run.bytes += len(value) - _HEADER
+                run.nbytes += len(value) - _HEADER
                 if run.errors:
                     break
         self._await(f"snapshot {sid} chunks", run.errors, deadline)
@@ -391,7 +392,7 @@ class SnapshotWriter:
         position = _tracking_position(run.positions, partition, self.tracking_topic)
         manifest = {
             "format": FORMAT, "snapshotId": sid, "partition": partition, "chunks": len(run.keys),
-            "bytes": run.bytes, "keys": run.pairs, "position": position,
+            "bytes": run.nbytes, "keys": run.pairs, "position": position,
             "positions": [[t, p, o] for (t, p), o in sorted(run.positions.items())],
             "firstOffset": first, "createdAt": int(time.time() * 1000), "previous": self._last.get(partition),
         }
@@ -411,7 +412,7 @@ class SnapshotWriter:
             self._produce(MANIFEST_KEY, json.dumps(manifest).encode(), partition, run.delivered, deadline)
             self._await(f"snapshot {sid} manifest", run.errors, deadline)
         self._stale[partition] = set(run.keys)
-        return SnapshotInfo(sid, partition, len(run.keys), run.bytes, run.pairs, position, dict(run.positions),
+        return SnapshotInfo(sid, partition, len(run.keys), run.nbytes, run.pairs, position, dict(run.positions),
                             first, len(stale), time.monotonic() - t0)
 
     def _produce(self, k: bytes, v: bytes | None, partition: int,

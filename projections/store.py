@@ -17,7 +17,7 @@ import shutil
 import struct
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +85,7 @@ class Store:
         raw = self._db.get(_offset_key(topic, partition))
         return 0 if raw is None else struct.unpack(">q", raw)[0]
 
-    def snapshot_items(self) -> Iterator[tuple[bytes, bytes]]:
+    def snapshot_items(self) -> Generator[tuple[bytes, bytes], None, None]:
         """Every key/value of the store as of one instant, ascending by key.
 
         The instant is the generator's first `next()`: a RocksDB checkpoint

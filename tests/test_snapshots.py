@@ -13,7 +13,7 @@ import time
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource
 from threadlog.projections.snapshots import (
     MANIFEST_KEY,
     RestoreInfo,
@@ -27,7 +27,7 @@ from threadlog.projections.store import Store
 
 from threadlog import kafka_config
 from threadlog.errors import ThreadLogError
-from threadlog.topics import Topics, ensure_topics
+from threadlog.topics import Topics, delete_topics, ensure_topics
 
 TIMEOUT = 30.0
 
@@ -300,3 +300,38 @@ def test_a_failed_write_leaves_nothing_behind(bootstrap, topics, writer, tmp_pat
         live[k] = v
     assert {parse_chunk_key(k)[0] for k, v in live.items() if v is not None and k != MANIFEST_KEY} \
         == {again.snapshot_id}
+
+
+def test_the_snapshots_topic_follows_the_events_topic(bootstrap, namespace):
+    from confluent_kafka.admin import NewTopic
+
+    from threadlog.topics import specs
+
+    t = Topics(namespace)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    # A namespace from before the snapshots topic, with 3 events partitions.
+    (events,) = [s for s in specs(t, 3, 1000) if s.topic == t.events]
+    (fut,) = admin.create_topics([events]).values()
+    fut.result(timeout=TIMEOUT)
+    deadline = time.monotonic() + TIMEOUT
+    while not admin.list_topics(timeout=TIMEOUT).topics.get(t.events, None) or \
+            len(admin.list_topics(timeout=TIMEOUT).topics[t.events].partitions) != 3:
+        assert time.monotonic() < deadline, "the events topic never showed in the metadata"
+    layout = ensure_topics(admin, t, partitions=4, timeout=TIMEOUT)
+    assert layout.events == layout.snapshots == 3 and layout.deliveries == 4
+    (fut,) = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, t.snapshots)]).values()
+    conf = {k: v.value for k, v in fut.result(timeout=TIMEOUT).items()}
+    assert conf["cleanup.policy"] == "compact" and conf["min.cleanable.dirty.ratio"] == "0.1"
+    assert int(conf["max.message.bytes"]) > 512 * 1024 + 1024
+    # A snapshots topic that does not match events is reported.
+    other = Topics(namespace + "-x")
+    try:
+        for fut in admin.create_topics([
+                NewTopic(other.snapshots, 2, 1, config={"cleanup.policy": "compact"}),
+                NewTopic(other.events, 4, 1, config={"message.timestamp.type": "LogAppendTime"})]).values():
+            fut.result(timeout=TIMEOUT)
+        with pytest.raises(ThreadLogError) as err:
+            ensure_topics(admin, other, partitions=4, timeout=TIMEOUT)
+        assert err.value.code == "INVALID_ARGUMENT" and "2 partitions, expected 4" in err.value.message
+    finally:
+        delete_topics(admin, other, timeout=10)
