@@ -14,13 +14,14 @@ import os
 import shutil
 import struct
 import threading
-from collections.abc import Iterator
+import uuid
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
-from rocksdict import Options, Rdict, WriteBatch
+from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch
 
-from .keys import key
+from .keys import dec_str, key
 
 OFFSET_TAG = b"\x00off"
 DELETED = None  # a mutation value of None deletes the key
@@ -28,6 +29,19 @@ DELETED = None  # a mutation value of None deletes the key
 
 def _offset_key(topic: str, partition: int) -> bytes:
     return key(OFFSET_TAG, topic) + struct.pack(">I", partition)
+
+
+def offset_key_parts(k: bytes) -> tuple[str, int] | None:
+    """(topic, partition) if `k` is a tracking-offset key (`_offset_key`), else None."""
+    if not k.startswith(OFFSET_TAG):
+        return None
+    try:
+        topic, pos = dec_str(k, len(OFFSET_TAG))
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return None
+    if len(k) - pos != 4:
+        return None
+    return topic, struct.unpack(">I", k[pos:])[0]
 
 
 def _options() -> Options:
@@ -68,6 +82,37 @@ class Store:
     def offset(self, topic: str, partition: int) -> int:
         raw = self._db.get(_offset_key(topic, partition))
         return 0 if raw is None else struct.unpack(">q", raw)[0]
+
+    def snapshot_items(self) -> Generator[tuple[bytes, bytes], None, None]:
+        """Every key/value of the store as of one instant, ascending by key.
+
+        The instant is the generator's first `next()`: a RocksDB checkpoint
+        (hard links beside the store, memtable flushed) taken then and read
+        back read-only, so batches `apply`-ed meanwhile on other threads are
+        either wholly in or wholly out -- state and tracking offsets agree.
+        (rocksdict 0.3's `Rdict.snapshot().iter()` does not read at the
+        snapshot: it sees later writes, hence a checkpoint.) The checkpoint is
+        deleted when the generator finishes or is closed: use
+        `contextlib.closing` when not reading to the end.
+        """
+        path = self.path.parent / f".{self.path.name}.snapshot-{uuid.uuid4().hex}"
+        try:
+            Checkpoint(self._db).create_checkpoint(str(path))
+            db = Rdict(str(path), Options(raw_mode=True), access_type=AccessType.read_only())
+            try:
+                it = db.iter()
+                it.seek_to_first()
+                while it.valid():
+                    yield it.key(), it.value()
+                    it.next()
+                del it
+            finally:
+                db.close()
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def is_empty(self) -> bool:
+        return next(self.scan(b""), None) is None
 
     # -- the one write path --------------------------------------------------
     def apply(self, mutations: dict[bytes, bytes | None], positions: dict[tuple[str, int], int]) -> None:

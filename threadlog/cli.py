@@ -288,7 +288,7 @@ def cmd_namespaces(args: argparse.Namespace) -> int:
         raise namespace_not_found(f"namespace {ns!r} does not exist")
     if not args.yes:
         raise invalid_argument(
-            f"deleting namespace {ns!r} destroys its events, deliveries and blobs for good; add --yes")
+            f"deleting namespace {ns!r} destroys its events, deliveries, blobs and snapshots for good; add --yes")
     _delete_namespace(args.bootstrap, ns, kafka, timeout)
     print(f"deleted namespace {ns!r} ({', '.join(sorted(found[ns]))})")
     return 0

@@ -34,8 +34,12 @@ class Topics:
     def members(self) -> str:
         return f"{self.namespace}.members"
 
+    @property
+    def snapshots(self) -> str:
+        return f"{self.namespace}.snapshots"
+
     def all(self) -> list[str]:
-        return [self.events, self.deliveries, self.blobs, self.members]
+        return [self.events, self.deliveries, self.blobs, self.members, self.snapshots]
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,7 @@ class TopicLayout:
     deliveries: int
     blobs: int
     members: int = 1
+    snapshots: int = 0  # as many as events on a namespace threadlog created
 
 
 @dataclass(frozen=True)
@@ -76,11 +81,17 @@ REQUIRED_CONFIG = {
     "deliveries": {"cleanup.policy": "delete"},
     "blobs": {"cleanup.policy": "compact"},
     "members": {"cleanup.policy": "compact"},
+    "snapshots": {"cleanup.policy": "compact"},
 }
+
+# Snapshot chunks are at most projections/snapshots.py's CHUNK_BYTES (512 KiB)
+# of payload plus a small header; a producer batch stays under 1 MB.
+SNAPSHOT_MAX_MESSAGE_BYTES = 2 * 1024 * 1024
 
 
 def specs(topics: Topics, partitions: int, delivery_retention_ms: int,
-          durability: Durability | None = None) -> list[NewTopic]:
+          durability: Durability | None = None, snapshot_partitions: int | None = None) -> list[NewTopic]:
+    """`snapshot_partitions`: the events topic's count when it already exists (default `partitions`)."""
     durability = durability or Durability(1, 1)
     rf = durability.replication_factor
     isr = {"min.insync.replicas": str(durability.min_insync_replicas)}
@@ -105,6 +116,16 @@ def specs(topics: Topics, partitions: int, delivery_retention_ms: int,
         NewTopic(topics.members, 1, rf,
                  config={**isr, "cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1",
                          "segment.ms": str(HOUR_MS), "delete.retention.ms": str(HOUR_MS)}),
+        # State snapshots of each events partition (projections/snapshots.py), on the
+        # same partition number: chunk keys of one snapshot id, then the `manifest`
+        # key; the next snapshot tombstones the previous one's chunks, so after
+        # compaction a partition holds about one snapshot. Segments roll hourly (or
+        # at 64 MiB) so superseded snapshots become compactable.
+        NewTopic(topics.snapshots, snapshot_partitions or partitions, rf,
+                 config={**isr, "max.message.bytes": str(SNAPSHOT_MAX_MESSAGE_BYTES),
+                         "cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1",
+                         "segment.ms": str(HOUR_MS), "segment.bytes": str(64 * 1024 * 1024),
+                         "delete.retention.ms": str(HOUR_MS)}),
     ]
 
 
@@ -121,13 +142,18 @@ def ensure_topics(
     the layout the cluster has."""
     deadline = time.monotonic() + timeout
     try:
-        brokers = len(admin.list_topics(timeout=timeout).brokers)
+        md0 = admin.list_topics(timeout=timeout)
     except KafkaException as exc:
         raise unavailable(f"cluster metadata unavailable: {exc}") from None
+    brokers = len(md0.brokers)
     durability = Durability.choose(brokers, replication_factor, min_insync_replicas)
+    # A namespace from before the snapshots topic: one snapshot partition per events partition.
+    events = md0.topics.get(topics.events)
+    snapshot_partitions = len(events.partitions) if events is not None and events.partitions else None
     try:
         futures = admin.create_topics(
-            specs(topics, partitions, delivery_retention_ms, durability), operation_timeout=timeout,
+            specs(topics, partitions, delivery_retention_ms, durability, snapshot_partitions),
+            operation_timeout=timeout,
             request_timeout=timeout,
         )
     except KafkaException as exc:
@@ -153,7 +179,7 @@ def check_topics(admin: AdminClient, topics: Topics, durability: Durability, md:
     are reported at once, in one INVALID_ARGUMENT (changing them is the
     operator's decision: threadlog never alters an existing topic)."""
     roles = {topics.events: "events", topics.deliveries: "deliveries", topics.blobs: "blobs",
-             topics.members: "members"}
+             topics.members: "members", topics.snapshots: "snapshots"}
     try:
         resources = [ConfigResource(ConfigResource.Type.TOPIC, name) for name in roles]
         configs = {res.name: fut.result(timeout=max(0.5, deadline - time.monotonic()))
@@ -173,6 +199,11 @@ def check_topics(admin: AdminClient, topics: Topics, durability: Durability, md:
             have = entries[key].value if key in entries else None
             if have != value:
                 problems.append(f"{name}: {key}={have}, expected {value}")
+    events, snaps = md.topics.get(topics.events), md.topics.get(topics.snapshots)
+    if events is not None and snaps is not None and events.partitions and snaps.partitions \
+            and len(snaps.partitions) < len(events.partitions):
+        problems.append(f"{topics.snapshots}: {len(snaps.partitions)} partitions, expected "
+                        f"{len(events.partitions)} (one per partition of {topics.events})")
     if problems:
         raise invalid_argument(
             f"the topics of namespace {topics.namespace!r} do not have the settings threadlog needs "
@@ -202,6 +233,7 @@ def _describe(admin: AdminClient, topics: Topics, deadline: float) -> tuple[Topi
                 deliveries=counts[topics.deliveries],
                 blobs=counts[topics.blobs],
                 members=counts[topics.members],
+                snapshots=counts[topics.snapshots],
             ), md
         if time.monotonic() > deadline:
             missing = sorted(set(topics.all()) - set(counts))

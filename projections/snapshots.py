@@ -1,0 +1,551 @@
+"""State snapshots of one events partition's store on the compacted topic `<ns>.snapshots`.
+
+Why: a worker taking over a partition must not replay its whole history;
+restoring a snapshot costs about the size of the state, and the worker then
+folds only the events after the snapshot's tracking position.
+
+Layout of partition p of the snapshots topic (it holds events partition p's
+snapshots; every key of a per-partition `Store` belongs to that partition):
+
+* chunks, key `snap|<snapshotId>|<chunkNo:08d>`: `MAGIC` + CRC-32 of the
+  payload + payload. The payloads of one snapshot, concatenated in chunk
+  order, are the store's pairs in key order, each `>II` (key length, value
+  length) + key + value; a chunk is cut every `CHUNK_BYTES` of that stream,
+  wherever it falls (a pair may span chunks, so any value size fits);
+* then one manifest, key `manifest`, JSON: `snapshotId`, `chunks`, `bytes`
+  (payload bytes), `keys`, `position` (the tracking offset of events partition
+  p found in the snapshot), `positions` (every tracking offset in it),
+  `firstOffset` (log offset of chunk 0), `createdAt`, `previous`;
+* after the manifest is acknowledged, tombstones for the previous snapshot's
+  chunks (and any chunks a crashed writer left without a manifest).
+
+Compaction then keeps one manifest and one snapshot's chunks per partition.
+A snapshot is complete when its manifest is there and every chunk is present
+with a good CRC; `restore` takes the latest complete one and never a partial
+one (chunks without a manifest are invisible; a manifest whose chunks were
+tombstoned falls back to an older complete snapshot still in the log).
+
+Consistency: `Store.snapshot_items` reads a RocksDB checkpoint, so a judge
+applying batches on another thread cannot tear a snapshot -- its state and
+its tracking offset are from the same instant.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import struct
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from threadlog import kafka_config
+from threadlog.errors import invalid_argument, unavailable
+
+from .store import Store, offset_key_parts
+
+log = logging.getLogger("threadlog.snapshots")
+
+CHUNK_BYTES = 512 * 1024
+MANIFEST_KEY = b"manifest"
+CHUNK_PREFIX = b"snap|"
+MAGIC = b"TLS1"
+FORMAT = 1
+_PAIR = struct.Struct(">II")
+_HEADER = len(MAGIC) + 4
+# Restore writes the store in batches of about this many bytes.
+APPLY_BYTES = 4 * 1024 * 1024
+# The latest manifest is searched from the end of the log backwards: the last
+# record first (where a writer that finished puts it), then windows of this
+# many records, growing 16x each time.
+TAIL_WINDOW = 16
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    snapshot_id: str
+    partition: int
+    chunks: int
+    bytes: int  # payload bytes (the encoded pairs)
+    keys: int
+    position: int | None  # tracking offset of events partition `partition` in the snapshot
+    positions: dict[tuple[str, int], int]  # every tracking offset in the snapshot
+    first_offset: int  # log offset of chunk 0 (of the manifest when there are no chunks)
+    tombstoned: int  # chunk keys of earlier snapshots tombstoned after this manifest
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RestoreInfo:
+    position: int | None
+    keys: int
+    bytes_read: int  # keys + values of every record read from the snapshots topic
+    records_read: int
+    seconds: float
+    snapshot_id: str = ""
+    positions: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+# -- encoding ------------------------------------------------------------------
+
+
+def chunk_key(snapshot_id: str, n: int) -> bytes:
+    return CHUNK_PREFIX + f"{snapshot_id}|{n:08d}".encode()
+
+
+def parse_chunk_key(k: bytes) -> tuple[str, int] | None:
+    if not k.startswith(CHUNK_PREFIX):
+        return None
+    sid, sep, n = k[len(CHUNK_PREFIX):].decode(errors="replace").rpartition("|")
+    if not sep or not n.isdigit():
+        return None
+    return sid, int(n)
+
+
+def encode_chunks(pairs: Iterator[tuple[bytes, bytes]], chunk_bytes: int = CHUNK_BYTES,
+                  on_pair: Callable[[bytes, bytes], None] | None = None) -> Iterator[bytes]:
+    """The chunk values (header + payload) of `pairs`, cut every `chunk_bytes` of payload."""
+    buf = bytearray()
+    for k, v in pairs:
+        if on_pair is not None:
+            on_pair(k, v)
+        buf += _PAIR.pack(len(k), len(v))
+        buf += k
+        buf += v
+        while len(buf) >= chunk_bytes:
+            payload = bytes(buf[:chunk_bytes])
+            del buf[:chunk_bytes]
+            yield _frame(payload)
+    if buf:
+        yield _frame(bytes(buf))
+
+
+def _frame(payload: bytes) -> bytes:
+    return MAGIC + struct.pack(">I", zlib.crc32(payload)) + payload
+
+
+def _payload(value: bytes) -> bytes | None:
+    """The payload of a chunk value, or None when its header or CRC is wrong."""
+    if len(value) < _HEADER or value[: len(MAGIC)] != MAGIC:
+        return None
+    payload = value[_HEADER:]
+    (crc,) = struct.unpack(">I", value[len(MAGIC) : _HEADER])
+    return payload if zlib.crc32(payload) == crc else None
+
+
+def decode_pairs(payloads: Iterator[bytes]) -> Iterator[tuple[bytes, bytes]]:
+    """The pairs of a snapshot's payloads, concatenated in chunk order."""
+    buf = bytearray()
+    for payload in payloads:
+        buf += payload
+        pos, end = 0, len(buf)
+        while end - pos >= _PAIR.size:
+            klen, vlen = _PAIR.unpack_from(buf, pos)
+            stop = pos + _PAIR.size + klen + vlen
+            if stop > end:
+                break
+            k0 = pos + _PAIR.size
+            yield bytes(buf[k0 : k0 + klen]), bytes(buf[k0 + klen : stop])
+            pos = stop
+        del buf[:pos]
+    if buf:
+        raise ValueError(f"snapshot stream ends inside a pair ({len(buf)} bytes left)")
+
+
+def _tracking_position(positions: dict[tuple[str, int], int], partition: int,
+                       tracking_topic: str | None) -> int | None:
+    if tracking_topic is not None:
+        return positions.get((tracking_topic, partition))
+    mine = {t: v for (t, p), v in positions.items() if p == partition}
+    if len(mine) == 1:
+        return next(iter(mine.values()))
+    events = [v for t, v in mine.items() if t.endswith(".events")]
+    return events[0] if len(events) == 1 else None
+
+
+# -- reading the log -------------------------------------------------------------
+
+
+@dataclass
+class _Segment:
+    """What one read of the snapshots partition saw."""
+
+    manifests: list[dict[str, Any]] = field(default_factory=list)  # in log order
+    chunks: dict[str, dict[int, bytes]] = field(default_factory=dict)  # kept snapshot ids only
+    live: set[bytes] = field(default_factory=set)  # chunk keys whose latest record is not a tombstone
+    dead: set[bytes] = field(default_factory=set)  # chunk keys whose latest record is a tombstone
+    records: int = 0
+    bytes: int = 0
+
+
+def _consumer(bootstrap: str, client_id: str, kafka: Mapping[str, Any] | None) -> Consumer:
+    return Consumer(kafka_config.consumer(
+        bootstrap, f"{client_id}.snapshots", kafka,
+        # No transactions on this topic; EOF events say a read reached the end.
+        **{"enable.partition.eof": True, "isolation.level": "read_uncommitted", "fetch.wait.max.ms": 10},
+    ))
+
+
+_RETRIABLE = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+              KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
+              KafkaError.REQUEST_TIMED_OUT}
+
+
+def _watermarks(consumer: Consumer, topic: str, partition: int, deadline: float) -> tuple[int, int]:
+    """(low, high) of the partition; a leader election or a topic just created is waited out."""
+    last = ""
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+            if low >= 0 and high >= 0:
+                return low, high
+            last = f"no leader (offsets {low}, {high})"
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if not (isinstance(err, KafkaError) and (err.retriable() or err.code() in _RETRIABLE)):
+                raise unavailable(f"cannot read the offsets of {topic}[{partition}]: "
+                                  f"{kafka_config.error_text(exc)}") from None
+            last = kafka_config.error_text(exc)
+        if time.monotonic() >= deadline:
+            raise unavailable(f"cannot read the offsets of {topic}[{partition}]: {last}")
+        time.sleep(0.05)  # a retry backoff, not synchronization
+
+
+def _read(consumer: Consumer, topic: str, partition: int, start: int, stop: int, deadline: float,
+          keep: Callable[[str], bool], seg: _Segment | None = None) -> _Segment:
+    """Records [start, stop) of the partition (a compacted log may have gaps)."""
+    seg = seg if seg is not None else _Segment()
+    if start >= stop:
+        return seg
+    consumer.assign([TopicPartition(topic, partition, start)])
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise unavailable(f"{topic}[{partition}] not read from {start} to {stop} in time")
+            for msg in kafka_config.drain(consumer, 1000, min(left, 0.5)):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        return seg
+                    raise unavailable(f"cannot read {topic}[{partition}]: {err.str()}")
+                off = msg.offset()
+                if off >= stop:
+                    return seg
+                _take(seg, msg, keep)
+                if off + 1 >= stop:
+                    return seg
+    finally:
+        consumer.unassign()
+
+
+def _take(seg: _Segment, msg: Message, keep: Callable[[str], bool]) -> None:
+    k, v = msg.key() or b"", msg.value()
+    seg.records += 1
+    seg.bytes += len(k) + (len(v) if v is not None else 0)
+    if k == MANIFEST_KEY:
+        if v is None:
+            return
+        try:
+            m = json.loads(v)
+            if m["format"] != FORMAT or not isinstance(m["snapshotId"], str) or int(m["chunks"]) < 0:
+                raise ValueError(m["format"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("malformed snapshot manifest at %s[%s]@%s ignored", msg.topic(), msg.partition(),
+                        msg.offset())
+            return
+        seg.manifests.append(m)
+        return
+    parsed = parse_chunk_key(k)
+    if parsed is None:
+        return
+    sid, n = parsed
+    if v is None:
+        seg.live.discard(k)
+        seg.dead.add(k)
+        held = seg.chunks.get(sid)
+        if held is not None:
+            held.pop(n, None)
+        return
+    seg.live.add(k)
+    seg.dead.discard(k)
+    if keep(sid):
+        seg.chunks.setdefault(sid, {})[n] = v
+
+
+def _complete(m: dict[str, Any], seg: _Segment) -> list[bytes] | None:
+    """The payloads of manifest `m`'s snapshot in chunk order, if all are present and sound."""
+    held = seg.chunks.get(m["snapshotId"], {})
+    payloads = []
+    for n in range(int(m["chunks"])):
+        value = held.get(n)
+        payload = None if value is None else _payload(value)
+        if payload is None:
+            return None
+        payloads.append(payload)
+    if sum(len(p) for p in payloads) != int(m.get("bytes", -1)):
+        return None
+    return payloads
+
+
+# -- writing ------------------------------------------------------------------------
+
+
+@dataclass
+class _Run:
+    """One snapshot being written."""
+
+    snapshot_id: str
+    keys: list[bytes] = field(default_factory=list)  # chunk keys produced
+    nbytes: int = 0
+    pairs: int = 0
+    positions: dict[tuple[str, int], int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+
+    def on_pair(self, k: bytes, v: bytes) -> None:
+        self.pairs += 1
+        where = offset_key_parts(k)
+        if where is not None and len(v) == 8:
+            self.positions[where] = struct.unpack(">q", v)[0]
+
+    def delivered(self, err: KafkaError | None, msg: Message) -> None:
+        off = msg.offset()
+        if err is not None:
+            self.errors.append(err.str())
+        elif off is not None:
+            self.offsets.append(off)
+
+
+class SnapshotWriter:
+    """Writes snapshots of per-partition stores to the snapshots topic.
+
+    One writer serves any number of partitions (calls are serialized). The
+    first `write` of a partition reads that partition of the topic once, to
+    learn which chunk keys are live (the previous snapshot's, and any a
+    crashed writer left), so they are tombstoned after the new manifest.
+    """
+
+    def __init__(self, bootstrap: str, topic: str, client_id: str, kafka: Mapping[str, Any] | None = None,
+                 *, tracking_topic: str | None = None, chunk_bytes: int = CHUNK_BYTES,
+                 timeout: float = 60.0) -> None:
+        if not 1024 <= chunk_bytes <= CHUNK_BYTES:
+            raise invalid_argument(f"chunk_bytes must be within 1 KiB..{CHUNK_BYTES}, got {chunk_bytes}")
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.client_id = client_id
+        self.kafka = kafka
+        self.tracking_topic = tracking_topic
+        self.chunk_bytes = chunk_bytes
+        self.timeout = timeout
+        self._producer = Producer(kafka_config.producer(
+            bootstrap, f"{client_id}.snapshots", kafka,
+            # Cheap in librdkafka, no new dependency; state is mostly JSON.
+            **{"linger.ms": 5, "compression.type": "lz4"}))
+        self._lock = threading.Lock()
+        # partition -> chunk keys live on the topic that the next snapshot supersedes
+        self._stale: dict[int, set[bytes]] = {}
+        self._last: dict[int, str] = {}
+        self._closed = False
+
+    def write(self, partition: int, store: Store, timeout: float | None = None) -> SnapshotInfo:
+        """A consistent copy of `store` to partition `partition`; returns once its
+        manifest and the previous snapshot's tombstones are acknowledged."""
+        with self._lock:
+            if self._closed:
+                raise invalid_argument("the snapshot writer is closed")
+            return self._write(partition, store, timeout if timeout is not None else self.timeout)
+
+    def _write(self, partition: int, store: Store, timeout: float) -> SnapshotInfo:
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        if partition not in self._stale:
+            self._stale[partition] = self._discover(partition, deadline)
+        run = _Run(f"{int(time.time() * 1000):013d}-{uuid.uuid4().hex[:12]}")
+        try:
+            return self._run(partition, store, run, t0, deadline)
+        except BaseException:
+            # Whatever of this snapshot reached the topic is superseded by the next one.
+            self._stale[partition].update(run.keys)
+            raise
+
+    def _run(self, partition: int, store: Store, run: _Run, t0: float, deadline: float) -> SnapshotInfo:
+        sid = run.snapshot_id
+        with contextlib.closing(store.snapshot_items()) as items:
+            for value in encode_chunks(items, self.chunk_bytes, run.on_pair):
+                k = chunk_key(sid, len(run.keys))
+                self._produce(k, value, partition, run.delivered, deadline)
+                run.keys.append(k)
+                run.nbytes += len(value) - _HEADER
+                if run.errors:
+                    break
+        self._await(f"snapshot {sid} chunks", run.errors, deadline)
+        first = min(run.offsets) if run.offsets else -1
+        position = _tracking_position(run.positions, partition, self.tracking_topic)
+        manifest = {
+            "format": FORMAT, "snapshotId": sid, "partition": partition, "chunks": len(run.keys),
+            "bytes": run.nbytes, "keys": run.pairs, "position": position,
+            "positions": [[t, p, o] for (t, p), o in sorted(run.positions.items())],
+            "firstOffset": first, "createdAt": int(time.time() * 1000), "previous": self._last.get(partition),
+        }
+        run.offsets.clear()
+        self._produce(MANIFEST_KEY, json.dumps(manifest).encode(), partition, run.delivered, deadline)
+        self._await(f"snapshot {sid} manifest", run.errors, deadline)
+        if first < 0:
+            first = run.offsets[0] if run.offsets else -1
+        self._last[partition] = sid
+        stale = self._stale[partition]
+        for k in sorted(stale):
+            self._produce(k, None, partition, run.delivered, deadline)
+        self._await(f"tombstones of the snapshots before {sid}", run.errors, deadline)
+        if stale:
+            # The manifest again, as the log's last record: a restore finds it
+            # reading one record (compaction keeps only this copy anyway).
+            self._produce(MANIFEST_KEY, json.dumps(manifest).encode(), partition, run.delivered, deadline)
+            self._await(f"snapshot {sid} manifest", run.errors, deadline)
+        self._stale[partition] = set(run.keys)
+        return SnapshotInfo(sid, partition, len(run.keys), run.nbytes, run.pairs, position, dict(run.positions),
+                            first, len(stale), time.monotonic() - t0)
+
+    def _produce(self, k: bytes, v: bytes | None, partition: int,
+                 cb: Callable[[KafkaError | None, Message], None], deadline: float) -> None:
+        while True:
+            try:
+                self._producer.produce(self.topic, v, k, partition=partition, on_delivery=cb)
+                self._producer.poll(0)
+                return
+            except BufferError:  # the local queue is full: let deliveries drain it
+                if time.monotonic() > deadline:
+                    raise unavailable(f"{self.topic}[{partition}]: producer queue full past the deadline") from None
+                self._producer.poll(0.05)
+
+    def _await(self, what: str, errors: list[str], deadline: float) -> None:
+        left = self._producer.flush(max(0.0, deadline - time.monotonic()))
+        if left:
+            raise unavailable(f"{what} not acknowledged by {self.topic} in time ({left} records pending)")
+        if errors:
+            raise unavailable(f"{what} not written to {self.topic}: {errors[0]}")
+
+    def _discover(self, partition: int, deadline: float) -> set[bytes]:
+        consumer = _consumer(self.bootstrap, self.client_id, self.kafka)
+        try:
+            low, high = _watermarks(consumer, self.topic, partition, deadline)
+            seg = _read(consumer, self.topic, partition, low, high, deadline, keep=lambda _sid: False)
+        finally:
+            consumer.close()
+        if seg.manifests:
+            self._last.setdefault(partition, seg.manifests[-1]["snapshotId"])
+        return seg.live
+
+    def close(self, timeout: float = 10.0) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._producer.flush(timeout)
+
+
+# -- restoring -------------------------------------------------------------------------
+
+
+def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id: str,
+            kafka: Mapping[str, Any] | None = None, timeout: float = 30.0) -> RestoreInfo | None:
+    """Fill the empty `store` from the latest complete snapshot on partition `partition` of `topic`.
+
+    None when the partition holds no complete snapshot (the caller folds from
+    offset 0). Reads the tail of the log for the latest manifest, then from its
+    first chunk on; only if that snapshot is incomplete, the whole partition
+    (to fall back to an older complete snapshot still in the log). Tracking
+    offsets are written in the last batch: a store with keys but no offset is a
+    restore that did not finish and must be destroyed, not folded onto.
+    """
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    if not store.is_empty():
+        raise invalid_argument(f"restore needs an empty store; {store.path} has keys")
+    consumer = _consumer(bootstrap, client_id, kafka)
+    records = nbytes = 0
+    try:
+        low, high = _watermarks(consumer, topic, partition, deadline)
+        if high <= low:
+            return None
+        # 1. The latest manifest: the end of the log backwards, keeping what is read.
+        latest: dict[str, Any] | None = None
+        tails: list[_Segment] = []  # newest first
+        stop, window = high, 1
+        while stop > low and latest is None:
+            start = max(low, stop - window)
+            tail = _read(consumer, topic, partition, start, stop, deadline, keep=lambda _sid: True)
+            tails.append(tail)
+            records, nbytes = records + tail.records, nbytes + tail.bytes
+            if tail.manifests:
+                latest = tail.manifests[-1]
+            stop, window = start, (TAIL_WINDOW if window == 1 else window * 16)
+        if latest is None:
+            return None
+        # 2. Its chunks before the tail read so far, from its first chunk on.
+        sid = latest["snapshotId"]
+        first = int(latest.get("firstOffset", -1))
+        seg = _Segment()
+        if int(latest["chunks"]) > 0:
+            seg = _read(consumer, topic, partition, max(low, first if first >= 0 else low), stop, deadline,
+                        keep=lambda s: s == sid)
+            records, nbytes = records + seg.records, nbytes + seg.bytes
+        for tail in reversed(tails):  # oldest to newest: later records win
+            held = seg.chunks.setdefault(sid, {})
+            for k in tail.dead:
+                parsed = parse_chunk_key(k)
+                if parsed is not None and parsed[0] == sid:
+                    held.pop(parsed[1], None)
+            held.update(tail.chunks.get(sid, {}))
+        chosen, payloads = latest, _complete(latest, seg)
+        if payloads is None:
+            # 3. Incomplete (its chunks tombstoned by a racing writer, or corrupt):
+            # the newest complete snapshot anywhere in the partition.
+            log.warning("snapshot %s on %s[%s] is incomplete; searching the whole partition", sid, topic,
+                        partition)
+            seg = _read(consumer, topic, partition, low, high, deadline, keep=lambda _s: True)
+            records, nbytes = records + seg.records, nbytes + seg.bytes
+            for m in reversed(seg.manifests):
+                payloads = _complete(m, seg)
+                if payloads is not None:
+                    chosen = m
+                    break
+            if payloads is None:
+                return None
+    finally:
+        consumer.close()
+    keys = _fill(store, payloads)
+    if keys != int(chosen.get("keys", keys)):
+        raise unavailable(f"snapshot {chosen['snapshotId']} of {topic}[{partition}] decoded to {keys} keys, "
+                          f"its manifest says {chosen.get('keys')}: the store is incomplete")
+    positions = {(str(t), int(p)): int(o) for t, p, o in chosen.get("positions", [])}
+    return RestoreInfo(chosen.get("position"), keys, nbytes, records, time.monotonic() - t0,
+                       chosen["snapshotId"], positions)
+
+
+def _fill(store: Store, payloads: list[bytes]) -> int:
+    batch: dict[bytes, bytes | None] = {}
+    held: dict[bytes, bytes | None] = {}  # tracking offsets: written last
+    size = keys = 0
+    for k, v in decode_pairs(iter(payloads)):
+        keys += 1
+        if offset_key_parts(k) is not None:
+            held[k] = v
+            continue
+        batch[k] = v
+        size += len(k) + len(v)
+        if size >= APPLY_BYTES:
+            store.apply(batch, {})
+            batch, size = {}, 0
+    batch.update(held)
+    if batch:
+        store.apply(batch, {})
+    return keys
