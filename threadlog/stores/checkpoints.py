@@ -173,6 +173,8 @@ class WriterLease:
                 if self._store._tl._closed:
                     self._stop_renewing()
                     return
+                log.info("renewal of the writer lease of thread %r (fence %d) unavailable, retrying: %s",
+                         self.thread_id, self.fence, exc.message)
             await asyncio.sleep(min(delay, max(remaining, 0.0)))
             delay = min(delay * 2, 1.0)
 
