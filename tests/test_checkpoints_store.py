@@ -328,7 +328,7 @@ async def test_expiry_is_decided_by_the_injected_clock(open_client):
     clock = MutableClock()
     tl = await open_client(clock=clock, lease_duration_ms=10_000, renew_after_ms=4_000)
     cps = tl.checkpoints
-    lease = await within(cps.acquire_writer("t"))
+    lease = await within(cps.acquire_writer("t", auto_renew=False))  # renewed by hand below
     assert lease.expires_at == clock.now + 10_000
     assert lease.renew_after_ms == 4_000
     clock.advance(9_999)  # one ms before expiry: still current

@@ -41,7 +41,7 @@ def test_version():
     assert proc.returncode == 0 and proc.stdout.strip() == f"threadlog {threadlog.__version__}"
 
 
-@pytest.mark.parametrize("command", [["replay", "run-x"], ["rebuild"]])
+@pytest.mark.parametrize("command", [["replay", "run-x"], ["rebuild"], ["reclaim", "--ttl-ms", "0"]])
 def test_read_only_commands_never_create_a_namespace(bootstrap, namespace, tmp_path, command):
     assert topics_of(bootstrap, namespace) == set()
     proc = cli(*command, "--bootstrap", bootstrap, "--namespace", namespace, "--state-dir", str(tmp_path))

@@ -62,7 +62,8 @@ async def test_two_judges_and_a_rebuild_reach_identical_verdicts(open_client, bo
     a = await open_client(clock=clock, lease_duration_ms=10_000, renew_after_ms=1_000)
     b = await open_client(clock=clock, lease_duration_ms=10_000, renew_after_ms=1_000)
     threads = threads_on_distinct_partitions(a, 3, "judged")
-    leases = [await within(a.checkpoints.acquire_writer(t)) for t in threads]
+    # Renewed by nobody: expiry is decided by the injected clock below.
+    leases = [await within(a.checkpoints.acquire_writer(t, auto_renew=False)) for t in threads]
     # Racing writers on two hosts, each racing pair on one thread.
     await within(asyncio.gather(*[_race_appends(cl, t, lease, 4)
                                   for cl, t, lease in zip([a, b, a], threads, leases, strict=True)]), 60)
@@ -177,7 +178,7 @@ async def test_a_lease_granted_on_one_host_expires_by_record_time_on_another(ope
     clock = MutableClock()
     a = await open_client(clock=clock, lease_duration_ms=5_000, renew_after_ms=1_000)
     b = await open_client()  # its own real clock: it proposes nothing about time
-    lease = await within(a.checkpoints.acquire_writer("t"))
+    lease = await within(a.checkpoints.acquire_writer("t", auto_renew=False))  # expires by the injected clock
     await refused(b.checkpoints.acquire_writer("t"), WRITER_CONFLICT)
     clock.advance(5_000)
     # Expired by A's clock, but B's proposals carry B's (real, earlier-or-equal)

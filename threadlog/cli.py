@@ -1,4 +1,4 @@
-"""The `threadlog` command: broker, worker, serve, replay, demo, rebuild, namespaces, schemas."""
+"""The `threadlog` command: broker, worker, serve, replay, reclaim, demo, rebuild, namespaces, schemas."""
 
 from __future__ import annotations
 
@@ -383,6 +383,39 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return asyncio.run(_replay(args))
 
 
+async def _reclaim(args: argparse.Namespace) -> int:
+    import threadlog
+
+    if args.ttl_ms < 0:
+        from threadlog.errors import invalid_argument
+
+        raise invalid_argument(f"--ttl-ms must be >= 0, got {args.ttl_ms}")
+    # Embedded, like replay: it needs no worker; it never creates the namespace.
+    async with threadlog.open(args.bootstrap, namespace=args.namespace, processors="embedded",
+                              state_dir=args.state_dir, request_timeout_ms=args.request_timeout_ms,
+                              kafka=_kafka_props(args), create_topics=False) as tl:
+        runs = await tl.runs.list_reclaimable(now=time.time() * 1000.0, ttl_ms=args.ttl_ms)
+        failed = 0
+        for run in runs:
+            line = f"{run['runId']}\t{run['threadId']}\t{run['detachedSince']}"
+            if not args.claim:
+                print(line, flush=True)
+                continue
+            try:
+                epoch = await tl.runs.claim(run["runId"])
+            except threadlog.ThreadLogError as exc:
+                # Finished or claimed away meanwhile: say so, go on with the others.
+                failed += 1
+                print(f"{line}\tnot claimed: {exc.code}: {exc.message}", flush=True)
+                continue
+            print(f"{line}\tepoch={epoch}", flush=True)
+    return 1 if failed else 0
+
+
+def cmd_reclaim(args: argparse.Namespace) -> int:
+    return asyncio.run(_reclaim(args))
+
+
 def _connects(p: argparse.ArgumentParser, bootstrap: str | None = "default") -> None:
     """The options of every command that talks to the cluster."""
     p.add_argument("--bootstrap", default=_bootstrap_default() if bootstrap == "default" else bootstrap,
@@ -455,6 +488,17 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--namespace", default="threadlog")
     rp.add_argument("--state-dir", default=None)
     rp.set_defaults(fn=cmd_replay)
+
+    rc = sub.add_parser("reclaim", help="list runs a dead driver left behind (running, detached for --ttl-ms), "
+                                         "or claim them")
+    rc.add_argument("--ttl-ms", type=int, required=True,
+                    help="a run is reclaimable once detachedSince <= now - TTL (milliseconds)")
+    rc.add_argument("--claim", action="store_true",
+                    help="claim each run (a new driver epoch, printed as epoch=N); without it nothing is written")
+    _connects(rc)
+    rc.add_argument("--namespace", default="threadlog")
+    rc.add_argument("--state-dir", default=None)
+    rc.set_defaults(fn=cmd_reclaim)
 
     d = sub.add_parser("demo", help="start the local broker and round-trip a transcript")
     _connects(d, bootstrap=None)

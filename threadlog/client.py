@@ -98,6 +98,7 @@ class ThreadLog:
         if self._closed:
             return
         self._closed = True
+        self.checkpoints._stop_renewals()  # background lease renewals end with the client
         await asyncio.to_thread(self._stop_sync)
 
     async def __aenter__(self) -> ThreadLog:

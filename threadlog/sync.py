@@ -332,6 +332,20 @@ class SyncWriterLease:
     def expires_at(self) -> float:
         return self._lease.expires_at
 
+    @property
+    def lost(self) -> bool:
+        """True once the lease is known lost (a refused renewal, or expired before one got through)."""
+        return self._lease.lost
+
+    @property
+    def lost_reason(self) -> str | None:
+        return self._lease.lost_reason
+
+    @property
+    def auto_renew(self) -> bool:
+        """True while the lease renews itself (on the client's loop thread)."""
+        return self._lease.auto_renew
+
     def renew(self) -> float:
         """Extend the lease; `WRITER_LOST` unless it is still current. Returns the new `expires_at`."""
 
@@ -350,13 +364,16 @@ class SyncWriterLease:
 
     def __repr__(self) -> str:
         return (f"SyncWriterLease(thread_id={self.thread_id!r}, fence={self.fence}, "
-                f"expires_at={self.expires_at!r}, renew_after_ms={self.renew_after_ms})")
+                f"expires_at={self.expires_at!r}, renew_after_ms={self.renew_after_ms}, lost={self.lost})")
 
 
 class SyncCheckpointStore(_SyncStore):
-    def acquire_writer(self, thread_id: str) -> SyncWriterLease:
+    def acquire_writer(self, thread_id: str, *, auto_renew: bool = True, steal: bool = False) -> SyncWriterLease:
+        """See `CheckpointStore.acquire_writer`: the background renewal runs on
+        this client's loop thread, so it goes on between blocking calls."""
+
         async def call() -> WriterLease:
-            return await self._tl().checkpoints.acquire_writer(thread_id)
+            return await self._tl().checkpoints.acquire_writer(thread_id, auto_renew=auto_renew, steal=steal)
 
         return SyncWriterLease(self, self._run(call()))
 

@@ -96,8 +96,12 @@ def _lease_length(cmd: dict) -> tuple[int, int]:
 @handles("threadlog.cmd.AcquireCheckpointWriter")
 def acquire_writer(ctx: Context, cmd: dict) -> Decision:
     thread = require_id(cmd["threadId"], "thread_id")
+    steal = cmd.get("steal")
+    if steal is not None and not isinstance(steal, bool):
+        raise invalid_argument(f"steal must be a boolean, got {steal!r}")
     lease = state.get_lease(ctx.view, thread)
-    if lease is not None and ctx.now < lease["expiresAt"]:
+    held = lease is not None and ctx.now < lease["expiresAt"]
+    if held and not steal:
         raise ThreadLogError(WRITER_CONFLICT, f"thread {thread!r} already has an unexpired writer lease "
                                               f"(fence {lease['fence']})")
     token = cmd.get("ownerToken")
@@ -107,8 +111,11 @@ def acquire_writer(ctx: Context, cmd: dict) -> Decision:
     # Fences only grow: the counter outlives releases and expiries.
     fence = state.get_fence(ctx.view, thread) + 1
     expires_at = ctx.now + duration
+    # A steal replaces the unexpired lease: the new grant's fence is above the
+    # old holder's, so its writes and renewals stop being current.
     ev = {"threadId": thread, "ownerToken": token, "fence": fence, "expiresAt": expires_at,
-          "leaseDurationMs": duration, "renewAfterMs": renew_after}
+          "leaseDurationMs": duration, "renewAfterMs": renew_after,
+          "stolenFence": lease["fence"] if held and lease is not None else None}
     result = {"threadId": thread, "ownerToken": token, "fence": fence, "expiresAt": expires_at,
               "renewAfterMs": renew_after}
     return Decision(events=[("threadlog.evt.CheckpointWriterAcquired", ev)], result=result)

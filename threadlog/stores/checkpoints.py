@@ -11,10 +11,14 @@ and for blob references (both span threads).
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import json
+import logging
 import secrets
+import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..checkpoint_rules import (
     check_checkpoint_body,
@@ -26,10 +30,15 @@ from ..checkpoint_rules import (
     writer_lost,
     writer_record,
 )
-from ..errors import FORK_SOURCE_THREAD_MISMATCH, ThreadLogError
+from ..errors import FORK_SOURCE_THREAD_MISMATCH, UNAVAILABLE, WRITER_LOST, ThreadLogError, invalid_argument
 from ..projections.folds import checkpoints as state
 from ..types import BlobReference, Checkpoint, CheckpointInput, Timestamp, WriterLike
 from .base import StoreFacade
+
+if TYPE_CHECKING:
+    from ..client import ThreadLog
+
+log = logging.getLogger("threadlog.checkpoints")
 
 
 @dataclass(frozen=True)
@@ -42,55 +51,182 @@ class Writer:
 
 
 class WriterLease:
-    """A granted writer lease. `expires_at` follows `renew()`; expired once now >= expires_at."""
+    """A granted writer lease. `expires_at` follows every renewal; expired once now >= expires_at.
 
-    def __init__(self, store: CheckpointStore, grant: dict) -> None:
+    With `auto_renew` (the default of `acquire_writer`) the lease renews itself
+    every `renew_after_ms` in a task on the event loop that acquired it, until
+    `release()` or loss. A renewal answered by a refusal (`WRITER_LOST`: the
+    lease was stolen or expired), or the lease expiring by this client's clock
+    before a renewal got through (`UNAVAILABLE` is retried until then), makes
+    the lease lost: `lost` turns True, `lost_reason` says why, renewing stops,
+    and every later write with it raises `WRITER_LOST` without being sent.
+    """
+
+    def __init__(self, store: CheckpointStore, grant: dict, *, auto_renew: bool = False) -> None:
         self._store = store
         self.thread_id: str = grant["threadId"]
         self.owner_token: str = grant["ownerToken"]
         self.fence: int = grant["fence"]
         self.expires_at: float = grant["expiresAt"]
         self.renew_after_ms: int = grant["renewAfterMs"]
+        self._lost_reason: str | None = None
+        self._released = False
+        self._task: asyncio.Task[None] | None = None
+        if auto_renew:
+            self._task = asyncio.get_running_loop().create_task(
+                self._renew_in_background(), name=f"threadlog-lease-renewal-{self.thread_id}-{self.fence}")
+            store._renewals.add(self._task)
+            self._task.add_done_callback(store._renewals.discard)
+
+    @property
+    def lost(self) -> bool:
+        """True once this client knows the lease is gone (refused renewal, or expired unrenewed)."""
+        return self._lost_reason is not None
+
+    @property
+    def lost_reason(self) -> str | None:
+        """Why the lease was lost, or None while it is not."""
+        return self._lost_reason
+
+    @property
+    def auto_renew(self) -> bool:
+        """True while a background renewal is running for this lease."""
+        return self._task is not None and not self._task.done()
 
     async def renew(self) -> float:
         """Extend the lease by this client's lease length; `WRITER_LOST` unless
         it is still the current, unexpired lease of its thread. Returns the new `expires_at`."""
-        result = await self._store._send("threadlog.cmd.RenewCheckpointWriter", self.thread_id,
-                                         {"writer": writer_record(self),
-                                          "leaseDurationMs": self._store._tl.opts.lease_duration_ms})
-        self.expires_at = result["expiresAt"]
+        if self._lost_reason is not None:
+            raise writer_lost(f"the writer lease of thread {self.thread_id!r} (fence {self.fence}) was lost: "
+                              f"{self._lost_reason}")
+        try:
+            result = await self._store._send("threadlog.cmd.RenewCheckpointWriter", self.thread_id,
+                                             {"writer": writer_record(self),
+                                              "leaseDurationMs": self._store._tl.opts.lease_duration_ms})
+        except ThreadLogError as exc:
+            if exc.code == WRITER_LOST:
+                self._lose(f"a renewal was refused: {exc.message}")
+            raise
+        # Renewals may answer out of order (manual and background): the later expiry wins.
+        self.expires_at = max(self.expires_at, result["expiresAt"])
         return self.expires_at
 
     async def release(self) -> None:
-        """End the lease if it is still current; a stale lease is left alone, silently."""
+        """End the lease if it is still current; a stale lease is left alone, silently.
+        Stops the background renewal."""
+        self._released = True
+        self._stop_renewing()
+        if self._lost_reason is not None:
+            return  # nothing of ours to end
         await self._store._send("threadlog.cmd.ReleaseCheckpointWriter", self.thread_id,
                                 {"writer": writer_record(self)})
 
+    # -- background renewal ---------------------------------------------------------
+    def _now(self) -> float:
+        # The proposer's clock: what the judge is told the time is (client.py's bus clock).
+        clock = self._store._tl.opts.clock
+        return clock() if clock is not None else time.time() * 1000.0
+
+    def _lose(self, reason: str) -> None:
+        if self._lost_reason is None and not self._released:
+            self._lost_reason = reason
+            log.warning("writer lease of thread %r (fence %d) lost: %s", self.thread_id, self.fence, reason)
+        self._stop_renewing()
+
+    def _stop_renewing(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    async def _renew_in_background(self) -> None:
+        try:
+            while True:
+                await asyncio.sleep(self.renew_after_ms / 1000.0)
+                await self._renew_before_expiry()
+                if self._lost_reason is not None or self._released:
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # never leave a lease silently unrenewed
+            self._lose(f"the background renewal failed: {type(exc).__name__}: {exc}")
+
+    async def _renew_before_expiry(self) -> None:
+        """One renewal: `UNAVAILABLE` is retried until the lease expires, then it is lost."""
+        delay = 0.1
+        while True:
+            remaining = (self.expires_at - self._now()) / 1000.0
+            if remaining <= 0:
+                self._lose("it expired before a renewal got through")
+                return
+            try:
+                async with asyncio.timeout(remaining):  # in this task: _lose() knows it
+                    await self.renew()
+                return
+            except TimeoutError:
+                continue  # the loop head decides: expired now
+            except ThreadLogError as exc:
+                if exc.code == WRITER_LOST:
+                    return  # renew() marked it lost
+                if exc.code != UNAVAILABLE:
+                    self._lose(f"a renewal was refused: {exc.code}: {exc.message}")
+                    return
+                if self._store._tl._closed:
+                    self._stop_renewing()
+                    return
+                log.info("renewal of the writer lease of thread %r (fence %d) unavailable, retrying: %s",
+                         self.thread_id, self.fence, exc.message)
+            await asyncio.sleep(min(delay, max(remaining, 0.0)))
+            delay = min(delay * 2, 1.0)
+
     def __repr__(self) -> str:
         return (f"WriterLease(thread_id={self.thread_id!r}, fence={self.fence}, "
-                f"expires_at={self.expires_at!r}, renew_after_ms={self.renew_after_ms})")
+                f"expires_at={self.expires_at!r}, renew_after_ms={self.renew_after_ms}, lost={self.lost})")
 
 
-def _require_writable(writer: dict) -> None:
+def _require_writable(writer: dict, given: object) -> None:
     # An owner token or fence of the wrong type names no lease: WRITER_LOST, at
     # the step where the SPEC checks the writer is current (every earlier step
     # was checked locally, so nothing needs to be sent to know the answer).
+    # So is a lease this client knows it lost (`WriterLease.lost`).
     if writer["ownerToken"] is None or writer["fence"] is None:
         raise writer_lost(f"the writer of thread {writer['threadId']!r} has no valid owner_token (str) "
                           "and fence (int): it is not a current lease")
+    _require_not_lost(writer, given)
+
+
+def _require_not_lost(writer: dict, given: object) -> None:
+    if getattr(given, "lost", False) is True:
+        raise writer_lost(f"the writer lease of thread {writer['threadId']!r} (fence {writer['fence']}) was lost: "
+                          f"{getattr(given, 'lost_reason', None) or 'unknown reason'}")
 
 
 class CheckpointStore(StoreFacade):
-    async def acquire_writer(self, thread_id: str) -> WriterLease:
+    def __init__(self, tl: ThreadLog) -> None:
+        super().__init__(tl)
+        self._renewals: set[asyncio.Task[None]] = set()
+
+    async def acquire_writer(self, thread_id: str, *, auto_renew: bool = True, steal: bool = False) -> WriterLease:
+        """Grant the thread's writer lease. `auto_renew`: renew it in the background
+        every `renew_after_ms` (see `WriterLease`). `steal`: take it even while another
+        unexpired lease holds it; the fence moves on, so the old holder is fenced
+        (its writes and renewals get `WRITER_LOST`)."""
         require_id(thread_id, "thread_id")
+        if not isinstance(auto_renew, bool) or not isinstance(steal, bool):
+            raise invalid_argument(f"auto_renew and steal must be bool, got {auto_renew!r} and {steal!r}")
         opts = self._tl.opts
         # The proposer draws the owner token (a capability: 128 random bits);
         # the judge only checks it, so every judge grants the same lease.
         grant = await self._send("threadlog.cmd.AcquireCheckpointWriter", thread_id, {
             "threadId": thread_id, "ownerToken": secrets.token_hex(16),
             "leaseDurationMs": opts.lease_duration_ms, "renewAfterMs": opts.renew_after_ms,
+            "steal": steal,
         })
-        return WriterLease(self, grant)
+        return WriterLease(self, grant, auto_renew=auto_renew)
+
+    def _stop_renewals(self) -> None:
+        """Cancel every background lease renewal (the client is closing)."""
+        for task in list(self._renewals):
+            task.cancel()
 
     async def append(self, *, checkpoint: CheckpointInput | Checkpoint, expected_head_id: str | None,
                      writer: WriterLike) -> str:
@@ -101,7 +237,7 @@ class CheckpointStore(StoreFacade):
             raise writer_lost(f"the writer is for thread {w['threadId']!r}, not the checkpoint's thread "
                               f"{checkpoint['threadId']!r}")
         check_checkpoint_body(checkpoint)
-        _require_writable(w)
+        _require_writable(w, writer)
         payload = {"checkpoint": to_wire(checkpoint), "expectedHeadId": expected_head_id, "writer": w}
         return await self._send("threadlog.cmd.AppendCheckpoint", checkpoint["threadId"], payload)
 
@@ -111,7 +247,7 @@ class CheckpointStore(StoreFacade):
         w = writer_record(writer)
         if w["threadId"] != thread_id:
             raise writer_lost(f"the writer is for thread {w['threadId']!r}, not {thread_id!r}")
-        _require_writable(w)
+        _require_writable(w, writer)
         await self._send("threadlog.cmd.DeleteCheckpointHead", thread_id,
                          {"threadId": thread_id, "checkpointId": checkpoint_id, "writer": w})
 
@@ -136,7 +272,9 @@ class CheckpointStore(StoreFacade):
                                  f"source and destination are the same thread {source_thread_id!r}")
         # The source step decides existence and the writer's thread; the
         # destination step whether the writer is current (a None token or fence
-        # travels as such and is refused there, in the SPEC's order).
+        # travels as such and is refused there, in the SPEC's order). A lease
+        # this client knows it lost is never sent.
+        _require_not_lost(w, writer)
         payload = {
             "sourceThreadId": source_thread_id,
             "sourceCheckpointId": source_checkpoint_id,
