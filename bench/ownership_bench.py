@@ -107,7 +107,8 @@ async def main() -> None:
             history_bytes = write_history(bootstrap, ns, 0, args.history)
             print(f"history: {args.history} proposals, {sum(history_bytes.values()) / 2**20:.1f} MiB "
                   f"over {THREADS} threads, written in {time.perf_counter() - t0:.1f}s", flush=True)
-            workers = [Worker(bootstrap, ns, f"{state}/w{n}", f"w{n}") for n in (1, 2)]
+            workers = [Worker(bootstrap, ns, f"{state}/w{n}", f"w{n}", "--snapshot-every", "10000",
+                              "--snapshot-interval", "5") for n in (1, 2)]
             owned = await split(workers)
             async with threadlog.open(bootstrap, namespace=ns, state_dir=f"{state}/thin", processors="external",
                                       partitions=PARTITIONS, request_timeout_ms=120_000) as tl:

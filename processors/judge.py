@@ -25,6 +25,7 @@ at its stored position. A record that cannot be decoded is judged refused
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -174,7 +175,7 @@ class Judge(Follower):
         # Callbacks waiting for the verdict at (partition, offset).
         self._verdict_waiters: dict[tuple[int, int], list[Callable[[dict], None]]] = {}
         self.stats = {"judged": 0, "accepted": 0, "refused": 0, "poison": 0, "blocked": 0, "restored": 0}
-        self.restores: dict[int, object] = {}  # partition -> what its restore reported
+        self.restores: dict[int, dict] = {}  # partition -> what its restore reported
         super().__init__(bootstrap, topic, partitions, stores, codec, client_id, kafka=kafka)  # type: ignore[arg-type]
         if group is not None:
             self.owned = set()
@@ -218,13 +219,17 @@ class Judge(Follower):
 
     def _take(self, p: int) -> None:
         if self.stores.has_local(p) or self.restore is None:
-            self.stores.open(p)  # resumes where an earlier ownership stopped (or at 0)
-            return
+            store = self.stores.open(p)
+            if self.restore is None or store.offset(self.topic, p) > 0:
+                return  # resumes where an earlier ownership stopped
+            # Empty, or keys without a position (a restore that did not
+            # finish): never fold onto that; restore again.
         store = self.stores.replace(p)
         info = self.restore(p, store)
         if info is not None:
             self.stats["restored"] += 1
-            self.restores[p] = info
+            self.restores[p] = {k: v for k, v in dataclasses.asdict(info).items() if k != "positions"} \
+                if dataclasses.is_dataclass(info) and not isinstance(info, type) else info
 
     def _revoked(self, consumer, tps: list[TopicPartition]) -> None:
         gone = {tp.partition for tp in tps}

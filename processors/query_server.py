@@ -45,6 +45,7 @@ from typing import Any
 
 import orjson
 from threadlog.processors.judge import Judge
+from threadlog.processors.snapshotter import Snapshotter
 from threadlog.projections.barrier import ReadBarrier
 from threadlog.projections.global_ids import holders_as_of
 from threadlog.projections.partition_stores import PartitionStores
@@ -73,8 +74,10 @@ def floor_of(raw: Any) -> dict[int, int]:
 
 
 class QueryServer:
-    def __init__(self, stores: PartitionStores, judge: Judge, barrier: ReadBarrier, timeout: float = 30.0) -> None:
+    def __init__(self, stores: PartitionStores, judge: Judge, barrier: ReadBarrier, timeout: float = 30.0,
+                 snapshotter: Snapshotter | None = None) -> None:
         self.stores = stores
+        self.snapshotter = snapshotter
         self.judge = judge
         self.barrier = barrier
         self.timeout = timeout
@@ -167,7 +170,12 @@ class QueryServer:
         return {"owned": sorted(judge.owned), "judged": judge.stats["judged"],
                 "restored": {str(p): info for p, info in judge.restores.items()},
                 "applied": {str(p): judge.applied(p) for p in sorted(judge.owned)},
-                "lookups": judge.lookups.asked if judge.lookups is not None else 0}
+                "lookups": judge.lookups.asked if judge.lookups is not None else 0,
+                "snapshots": self.snapshots() if self.snapshotter is not None else []}
+
+    def snapshots(self) -> list[dict]:
+        assert self.snapshotter is not None
+        return list(self.snapshotter.written)
 
     async def _owned(self, args: dict, floor: bool = True) -> list[int]:
         """The partitions asked about, all owned here (else NOT_OWNER: the client

@@ -156,3 +156,49 @@ async def test_ownership_moves_under_load_and_no_read_goes_back(bootstrap, names
     finally:
         await w1.stop()
         await w2.stop()
+
+
+async def test_a_partition_taken_over_is_restored_from_a_snapshot_not_replayed(bootstrap, namespace, tmp_path,
+                                                                               open_client):
+    snapshots = ("--snapshot-every", "100", "--snapshot-interval", "0.5")
+    w1 = await WorkerProcess(bootstrap, namespace, tmp_path / "w1", "w1", *snapshots).start()
+    w2 = WorkerProcess(bootstrap, namespace, tmp_path / "w2", "w2", *snapshots)
+    try:
+        thin = await open_client(processors="external", own_worker=True)
+        total = thin.runtime.layout.events
+        await owned_by([w1], total)
+        threads = [f"snap-{n}" for n in range(40)]
+        for round_ in range(10):  # 400 records of history
+            await within(asyncio.gather(*(thin.messages.save_thread(t, [round_]) for t in threads)), 60)
+        history = await within(thin.runtime.query.barrier(None))
+        assert sum(history.values()) >= 400
+
+        async def snapshotted() -> None:
+            while True:
+                done = {s["partition"]: s["position"] for s in (await ask_worker(w1.address, "stats"))["snapshots"]}
+                if all(done.get(p, -1) == history[p] for p in range(total)):
+                    return
+                await asyncio.sleep(0.2)  # polling the worker's stats, bounded by `within`
+
+        await within(snapshotted(), 30)
+        # A tail after the snapshots, then the owner dies and a fresh worker takes over.
+        await within(asyncio.gather(*(thin.messages.save_thread(t, ["tail"]) for t in threads[:8])))
+        await w2.start()
+        w1.signal(signal.SIGKILL)
+        assert await w1.wait_exit(10) == -signal.SIGKILL
+        await owned_by([w2], total, timeout=60)
+        loaded = await within(asyncio.gather(*(thin.messages.load_thread(t) for t in threads)), 60)
+        assert loaded == [["tail"]] * 8 + [[9]] * 32
+        st = await ask_worker(w2.address, "stats")
+        restored = {int(p): info for p, info in st["restored"].items()}
+        assert sorted(restored) == list(range(total))
+        ends = await within(thin.runtime.query.barrier(None))
+        assert all(history[p] <= restored[p]["position"] <= ends[p] for p in range(total))
+        # The new owner judged only what came after each snapshot (at most the
+        # 8-record tail), not the 400 records before it.
+        assert st["judged"] == sum(ends[p] - restored[p]["position"] for p in range(total)) <= 8, st
+        print(f"restored {sum(i['bytes_read'] for i in restored.values())} bytes "
+              f"in {sum(i['seconds'] for i in restored.values()):.3f}s instead of judging {sum(history.values())}")
+    finally:
+        await w1.stop()
+        await w2.stop()

@@ -116,7 +116,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except ValueError:
         print(f"threadlog worker: --listen must be HOST:PORT, got {args.listen!r}", file=sys.stderr)
         return 2
-    return asyncio.run(_worker(Runtime(opts, worker=True), listen))
+    if args.snapshot_every < 1 or args.snapshot_interval <= 0:
+        print("threadlog worker: --snapshot-every and --snapshot-interval must be positive", file=sys.stderr)
+        return 2
+    rt = Runtime(opts, worker=True, snapshot_every=args.snapshot_every, snapshot_interval_s=args.snapshot_interval)
+    return asyncio.run(_worker(rt, listen))
 
 
 async def _worker(rt, listen: tuple[str, int]) -> int:
@@ -135,7 +139,8 @@ async def _worker(rt, listen: tuple[str, int]) -> int:
         raise
     _started()
     assert rt.stores is not None and rt.judge is not None and rt.barrier is not None
-    server = QueryServer(rt.stores, rt.judge, rt.barrier, timeout=rt.opts.request_timeout)
+    server = QueryServer(rt.stores, rt.judge, rt.barrier, timeout=rt.opts.request_timeout,
+                         snapshotter=rt.snapshotter)
     announcer: Announcer | None = None
     try:
         address = await server.start(*listen)
@@ -463,6 +468,10 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--renew-after-ms", type=int, default=45_000)
     w.add_argument("--listen", default="127.0.0.1:0",
                    help="HOST:PORT of the query service for thin clients (port 0: a free one, printed)")
+    w.add_argument("--snapshot-every", type=int, default=50_000, metavar="RECORDS",
+                   help="snapshot a partition's state after this many records judged (default 50000)")
+    w.add_argument("--snapshot-interval", type=float, default=300.0, metavar="SECONDS",
+                   help="...or after this long, if anything was judged (default 300)")
     w.set_defaults(fn=cmd_worker)
 
     sv = sub.add_parser("serve", help="HTTP: the TanStack durability route, SSE and REST for delivery logs")

@@ -35,9 +35,12 @@ from .partitioning import partition_for
 from .processors.handlers import load_all as load_handlers
 from .processors.judge import Judge
 from .processors.lookups import Lookups
+from .processors.snapshotter import EVERY_RECORDS, INTERVAL_S, Snapshotter
 from .projections.barrier import ReadBarrier
 from .projections.fold import load_all as load_folds
 from .projections.partition_stores import PartitionStores, Slot, claim_slot
+from .projections.snapshots import RestoreInfo, SnapshotWriter
+from .projections.snapshots import restore as restore_snapshot
 from .projections.store import Store
 from .remote import QueryClient
 from .schemas import Codec, default_codec
@@ -50,11 +53,15 @@ class Runtime:
     """`worker=True`: this process is one member of the namespace's group of
     workers (`<ns>.judges`) and judges only the partitions the group gives it."""
 
-    def __init__(self, opts: Options, *, worker: bool = False) -> None:
+    def __init__(self, opts: Options, *, worker: bool = False, snapshot_every: int = EVERY_RECORDS,
+                 snapshot_interval_s: float = INTERVAL_S) -> None:
         load_handlers()
         load_folds()
         self.opts = opts
         self.worker = worker
+        self.snapshot_every = snapshot_every
+        self.snapshot_interval_s = snapshot_interval_s
+        self.snapshotter: Snapshotter | None = None
         self.topics = Topics(opts.namespace)
         self.codec: Codec = default_codec()
         self.client_id = f"{opts.namespace}.{uuid.uuid4().hex[:12]}"
@@ -100,18 +107,37 @@ class Runtime:
             return
         self.stores = PartitionStores(self.slot.path, self.topics.events)
         group = None
+        restore = None
         if self.worker:
             assert self.query is not None
             self.lookups = Lookups(self.query)
             group = f"{self.opts.namespace}.judges"
+            restore = self._restore
         self.judge = Judge(
             self.opts.bootstrap_servers, self.topics.events, self.layout.events, self.stores,
             self.codec, self.client_id, kafka=kafka, group=group, lookups=self.lookups,
-            on_ownership=self._ownership_changed,
+            restore=restore, on_ownership=self._ownership_changed,
         )
         self.judge.start()
+        if self.worker:
+            writer = SnapshotWriter(self.opts.bootstrap_servers, self.topics.snapshots, self.client_id, kafka,
+                                    tracking_topic=self.topics.events, timeout=self.opts.request_timeout * 2)
+            self.snapshotter = Snapshotter(self.judge, writer, self.snapshot_every, self.snapshot_interval_s)
+            self.snapshotter.start()
         self.barrier = ReadBarrier(self.admin, self.judge, timeout=self.opts.request_timeout)
         self.timings["started"] = time.monotonic() - t0
+
+    def _restore(self, partition: int, store: Store) -> RestoreInfo | None:
+        """A partition taken over without local state: from its latest snapshot (None: fold from 0)."""
+        try:
+            return restore_snapshot(self.opts.bootstrap_servers, self.topics.snapshots, partition, store,
+                                    self.client_id, self.opts.kafka, timeout=self.opts.request_timeout)
+        except ThreadLogError as exc:
+            # Folding from offset 0 is slower, never wrong.
+            log.warning("no snapshot restore of partition %d (%s): folding it from offset 0", partition, exc)
+            if not store.is_empty():
+                store.apply({k: None for k, _ in store.scan(b"")}, {})
+            return None
 
     def _ownership_changed(self, owned: list[int]) -> None:
         for listener in list(self.ownership_listeners):
@@ -132,6 +158,8 @@ class Runtime:
         return partition_for(key, self.layout.events)
 
     def stop(self) -> None:
+        if self.snapshotter is not None:
+            self.snapshotter.stop()
         if self.judge is not None:
             self.judge.stop()
         if self.query is not None:

@@ -1,0 +1,86 @@
+"""A worker's snapshots of the partitions it owns, now and then.
+
+Why: a worker that takes over a partition it never owned would otherwise fold
+the partition's whole history before serving it. With a recent snapshot of the
+partition's store on `<ns>.snapshots` (projections/snapshots.py), it restores
+the state -- bounded by the number of threads, not the history: the judge
+forgets verdicts VERDICT_WINDOW offsets behind -- and judges only the records
+after the snapshot's position.
+
+When: a partition is snapshotted once `every_records` records were judged
+since its last snapshot, or `interval_s` passed and anything was judged. The
+snapshot is a consistent copy taken on this thread while the judge keeps
+going (a RocksDB checkpoint); a partition given up meanwhile is skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+
+from threadlog.projections.snapshots import SnapshotWriter
+
+from .judge import Judge
+
+log = logging.getLogger("threadlog.snapshotter")
+
+EVERY_RECORDS = 50_000
+INTERVAL_S = 300.0
+CHECK_S = 1.0
+
+
+class Snapshotter:
+    def __init__(self, judge: Judge, writer: SnapshotWriter, every_records: int = EVERY_RECORDS,
+                 interval_s: float = INTERVAL_S) -> None:
+        self.judge = judge
+        self.writer = writer
+        self.every_records = every_records
+        self.interval_s = interval_s
+        self._last: dict[int, int] = {}  # partition -> position of the last snapshot known
+        self._at: dict[int, float] = {}
+        self.written: list[dict] = []  # what was written (operators, tests)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="snapshotter", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(30)
+        self.writer.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(CHECK_S):
+            for p in sorted(self.judge.owned):
+                if self._stop.is_set():
+                    return
+                try:
+                    self._maybe(p)
+                except Exception:  # a partition moved away mid-copy, or the broker is down: next round
+                    log.warning("snapshot of partition %d failed", p, exc_info=True)
+
+    def _maybe(self, p: int) -> None:
+        applied = self.judge.applied(p)
+        now = time.monotonic()
+        if p not in self._last:
+            # Starting point: where the state came from (a restore), else nothing yet.
+            restored = self.judge.restores.get(p) or {}
+            self._last[p] = int(restored.get("position") or 0)
+            self._at[p] = now
+        moved = applied - self._last[p]
+        if moved <= 0:
+            return
+        if moved < self.every_records and now - self._at[p] < self.interval_s:
+            return
+        store = self.judge.stores.store_of(p)
+        info = self.writer.write(p, store)
+        self._last[p] = info.position or applied
+        self._at[p] = now
+        record = {k: v for k, v in dataclasses.asdict(info).items() if k != "positions"}
+        self.written.append(record)
+        log.info("snapshot of partition %d at %s: %d keys, %d bytes in %.2fs", p, info.position, info.keys,
+                 info.bytes, info.seconds)
