@@ -16,7 +16,6 @@ pipelined writer (the ceiling). `--external` runs the decider in a separate
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ from common import (
     temp_topic,
 )
 from threadlog.schemas import default_codec
+from workers import Worker, split
 
 import threadlog
 from threadlog.checkpoint_rules import to_wire
@@ -98,7 +98,8 @@ async def main() -> None:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--files", type=int, default=8, help="file entries per checkpoint")
     ap.add_argument("--conversation-bytes", type=int, default=512)
-    ap.add_argument("--external", action="store_true", help="decider in a separate `threadlog worker` process")
+    ap.add_argument("--external", action="store_true", help="a thin client; judges in `threadlog worker` processes")
+    ap.add_argument("--workers", type=int, default=1, help="worker processes with --external (they split partitions)")
     args = ap.parse_args()
     bootstrap = bootstrap_or_local(args.bootstrap)
 
@@ -109,19 +110,16 @@ async def main() -> None:
 
     topic = temp_topic(bootstrap, args.partitions)
     ns = f"bench-cp-{uuid.uuid4().hex[:6]}"
-    worker = None
+    workers: list[Worker] = []
     try:
         rawc = await raw_produce_closed_loop(bootstrap, topic, payload, args.count, args.clients, args.partitions)
         pipe = raw_produce_pipelined(bootstrap, topic, payload, args.count * 5, args.partitions)
         with tempfile.TemporaryDirectory() as state:
             try:
                 if args.external:
-                    worker = subprocess.Popen(
-                        [sys.executable, "-m", "threadlog", "worker", "--bootstrap", bootstrap, "--namespace", ns,
-                         "--partitions", str(args.partitions), "--state-dir", f"{state}/worker",
-                         ], stdout=subprocess.PIPE, text=True)
-                    assert worker.stdout is not None
-                    print(worker.stdout.readline().strip())
+                    workers = [Worker(bootstrap, ns, f"{state}/worker-{n}", f"w{n}", partitions=args.partitions)
+                               for n in range(args.workers)]
+                    print(f"workers own {await split(workers, partitions=args.partitions)}")
                 async with threadlog.open(bootstrap, namespace=ns, state_dir=f"{state}/client",
                                           partitions=args.partitions,
                                           processors="external" if args.external else "embedded") as tl:
@@ -135,13 +133,10 @@ async def main() -> None:
                     # A thin client has no judge (its worker judges).
                     stats = dict(tl.runtime.judge.stats) if tl.runtime.judge is not None else {}
             finally:
-                if worker is not None:
-                    worker.terminate()
-                    try:
-                        worker.wait(20)
-                    except subprocess.TimeoutExpired:
-                        worker.kill()
-        mode = "decider in a separate worker process" if args.external else "decider embedded in the client"
+                for w in workers:
+                    w.stop()
+        mode = (f"thin client, {args.workers} worker process(es) judging" if args.external
+                else "judge embedded in the client")
         print(f"\nbroker {bootstrap}; command payload {len(payload)} B ({args.files} files, "
               f"{args.conversation_bytes} B conversation); {args.threads} threads; {args.partitions} partitions; "
               f"{mode}\n")

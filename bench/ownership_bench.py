@@ -16,9 +16,7 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,55 +26,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from common import bench_args, bootstrap_or_local, delete_namespace
 from thin_bench import PARTITIONS, THREADS, write_history
+from workers import Worker, split
 
 import threadlog
 from threadlog.partitioning import partition_for
-
-
-class Worker:
-    def __init__(self, bootstrap: str, ns: str, state: str, name: str, *extra: str) -> None:
-        self.name = name
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "threadlog", "worker", "--bootstrap", bootstrap, "--namespace", ns,
-             "--partitions", str(PARTITIONS), "--state-dir", state, *extra],
-            stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        self.address = ""
-        while not self.address:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"worker {name} exited")
-            if "serving queries at " in line:
-                self.address = line.split("serving queries at ", 1)[1].split()[0]
-
-    async def stats(self) -> dict:
-        host, _, port = self.address.rpartition(":")
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 10)
-        try:
-            writer.write(json.dumps({"id": 1, "op": "stats", "args": {}}).encode() + b"\n")
-            await writer.drain()
-            return json.loads(await asyncio.wait_for(reader.readline(), 10))["result"]
-        finally:
-            writer.close()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-
-async def split(workers: list[Worker], timeout: float = 120) -> dict[str, list[int]]:
-    deadline = time.monotonic() + timeout
-    while True:
-        owned = {w.name: (await w.stats())["owned"] for w in workers}
-        if sorted(p for ps in owned.values() for p in ps) == list(range(PARTITIONS)) and all(owned.values()):
-            return owned
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"partitions not split: {owned}")
-        await asyncio.sleep(0.1)
 
 
 def thread_on(p: int, n: int) -> str:

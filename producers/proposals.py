@@ -30,12 +30,12 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, Producer
 from threadlog.processors.handlers import reads_other_partitions
 from threadlog.schemas import Codec
 
 from threadlog import kafka_config
-from threadlog.errors import ThreadLogError, invalid_argument, unavailable
+from threadlog.errors import OUTCOME_UNKNOWN, ThreadLogError, invalid_argument, unavailable
 from threadlog.partitioning import partition_for
 from threadlog.topics import TopicLayout, Topics
 
@@ -141,7 +141,13 @@ class ProposalBus:
         def delivered(err, msg) -> None:
             # On the pump thread: hand the offset straight to the verdict source.
             if err is not None:
-                loop.call_soon_threadsafe(settle, fut, unavailable(f"proposal not written: {err}"), None)
+                # A timed-out record may have been written (its request was in
+                # flight); any other delivery error means it was not.
+                timed_out = err.code() == KafkaError._MSG_TIMED_OUT
+                exc = (ThreadLogError(OUTCOME_UNKNOWN, f"{type_name} may have been written ({err}): it may still "
+                                                       "apply") if timed_out else unavailable(f"proposal not written: "
+                                                                                              f"{err}"))
+                loop.call_soon_threadsafe(settle, fut, exc, None)
                 return
             where.append(msg.offset())
             self.verdicts.on_verdict(partition, msg.offset(), judged)
@@ -158,9 +164,10 @@ class ProposalBus:
         except TimeoutError:
             if where:
                 self.verdicts.forget(partition, where[0], judged)
-                raise unavailable(f"{type_name} was written at {self.topics.events}[{partition}]@{where[0]} "
-                                  f"but not judged within {timeout}s: it may still be accepted") from None
-            raise unavailable(f"{type_name} not acknowledged by the cluster within {timeout}s") from None
+                raise ThreadLogError(OUTCOME_UNKNOWN, f"{type_name} was written at {self.topics.events}[{partition}]"
+                                     f"@{where[0]} but not judged within {timeout}s: it may still apply") from None
+            raise ThreadLogError(OUTCOME_UNKNOWN, f"{type_name} not acknowledged by the cluster within {timeout}s: "
+                                 "it may still be written and apply") from None
 
     async def _emit(self, effects: list[dict]) -> None:
         """Write the idempotent records a verdict derived (tombstones), awaiting their acks."""

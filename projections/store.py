@@ -116,7 +116,17 @@ class Store:
 
     # -- the one write path --------------------------------------------------
     def apply(self, mutations: dict[bytes, bytes | None], positions: dict[tuple[str, int], int]) -> None:
-        """Atomically write `mutations` and advance `positions` (topic, partition) -> next offset."""
+        """Atomically write `mutations` and advance `positions` (topic, partition) -> next offset.
+
+        A position only moves forward: state at a position reflects everything
+        before it, so writing an earlier one would make a folder fold records
+        again (reference counts, sequence numbers). Enforced here, once, for
+        every folder, rather than trusted to each caller.
+        """
+        for (topic, partition), nxt in positions.items():
+            current = self.offset(topic, partition)
+            if nxt < current:
+                raise ValueError(f"position of {topic}[{partition}] would move back from {current} to {nxt}")
         wb = WriteBatch(raw_mode=True)
         for k, v in mutations.items():
             if v is None:

@@ -110,3 +110,20 @@ async def test_failover_after_a_killed_worker_never_serves_stale_state(bootstrap
         if not pending.done():
             pending.cancel()
         await second.stop()
+
+
+async def test_a_write_whose_verdict_cannot_be_learned_says_outcome_unknown(worker, open_client):
+    from threadlog.errors import OUTCOME_UNKNOWN
+
+    thin = await open_client(processors="external", own_worker=True, request_timeout_ms=2000)
+    await within(thin.messages.save_thread("t", ["v1"]))
+    worker.signal(signal.SIGSTOP)  # the owner freezes: the proposal is written, nobody judges it
+    try:
+        with pytest.raises(ThreadLogError) as err:
+            await within(thin.messages.save_thread("t", ["v2"]), 10)
+        assert err.value.code == OUTCOME_UNKNOWN and "may still apply" in err.value.message
+    finally:
+        worker.signal(signal.SIGCONT)
+    # It was in the log all along: once judged, it applied -- not a refusal, not "nothing written".
+    patient = await open_client(processors="external", own_worker=True)
+    assert await within(patient.messages.load_thread("t")) == ["v2"]

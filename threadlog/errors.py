@@ -20,6 +20,12 @@ RUN_CLAIM_LOST = "RUN_CLAIM_LOST"
 RUN_LOG_CLOSED = "RUN_LOG_CLOSED"
 INVALID_OFFSET = "INVALID_OFFSET"
 UNAVAILABLE = "UNAVAILABLE"
+# A write reached (or may have reached) the log, but its verdict could not be
+# learned in time: it may still apply. Distinct from a refusal (which changed
+# nothing) and from UNAVAILABLE (nothing was written): read the state, or
+# re-send -- a re-sent proposal with the same id is answered with the first
+# verdict, never applied twice.
+OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
 # A command that only reads named a namespace whose topics do not exist.
 NAMESPACE_NOT_FOUND = "NAMESPACE_NOT_FOUND"
 # The CLI's code for an exception threadlog did not raise on purpose (a bug).
@@ -54,6 +60,7 @@ CODES = frozenset(
         RUN_LOG_CLOSED,
         INVALID_OFFSET,
         UNAVAILABLE,
+        OUTCOME_UNKNOWN,
         NAMESPACE_NOT_FOUND,
         INTERNAL,
         INVALID_MESSAGE,

@@ -47,7 +47,7 @@ from typing import Any
 
 import orjson
 
-from .errors import NOT_OWNER, UNAVAILABLE, ThreadLogError, unavailable
+from .errors import NOT_OWNER, OUTCOME_UNKNOWN, UNAVAILABLE, ThreadLogError, unavailable
 from .members import MembersView
 
 log = logging.getLogger("threadlog.remote")
@@ -390,9 +390,9 @@ class RemoteVerdicts:
                 (verdict,) = (await client.call("verdict", {"p": partition, "o": offset, "timeout": client.timeout},
                                                 [partition])).values()
             except ThreadLogError as exc:
-                verdict = {"ok": False, "code": exc.code,
+                verdict = {"ok": False, "code": OUTCOME_UNKNOWN,
                            "message": f"written at events[{partition}]@{offset}, but its verdict could not be "
-                                      f"learned ({exc.message}): it may still be accepted"}
+                                      f"learned ({exc.code}: {exc.message}): it may still apply"}
             else:
                 # Our own write is judged: later reads must not see a state before it.
                 client.raise_floor({partition: offset + 1})

@@ -30,7 +30,14 @@ from ..checkpoint_rules import (
     writer_lost,
     writer_record,
 )
-from ..errors import FORK_SOURCE_THREAD_MISMATCH, UNAVAILABLE, WRITER_LOST, ThreadLogError, invalid_argument
+from ..errors import (
+    FORK_SOURCE_THREAD_MISMATCH,
+    OUTCOME_UNKNOWN,
+    UNAVAILABLE,
+    WRITER_LOST,
+    ThreadLogError,
+    invalid_argument,
+)
 from ..projections.folds import checkpoints as state
 from ..types import BlobReference, Checkpoint, CheckpointInput, Timestamp, WriterLike
 from .base import StoreFacade
@@ -167,7 +174,7 @@ class WriterLease:
             except ThreadLogError as exc:
                 if exc.code == WRITER_LOST:
                     return  # renew() marked it lost
-                if exc.code != UNAVAILABLE:
+                if exc.code not in (UNAVAILABLE, OUTCOME_UNKNOWN):
                     self._lose(f"a renewal was refused: {exc.code}: {exc.message}")
                     return
                 if self._store._tl._closed:
