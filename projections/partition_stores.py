@@ -82,8 +82,9 @@ class PartitionStores:
         self._stores: dict[int, Store] = {}
         self._guard = threading.Lock()
         # Held by the judge from reading state to writing its batch (tests hold
-        # it to make a judge lag behind the log).
-        self.lock = threading.RLock()
+        # it to make a judge lag behind the log). Not reentrant on purpose: a
+        # test's holder releases it from another thread than the one that took it.
+        self.lock = threading.Lock()
 
     def dir_of(self, partition: int) -> Path:
         return self.path / f"events-{partition}"

@@ -48,6 +48,11 @@ def read_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 30.
 _BOOKKEEPING = (b"jv", b"jc", b"jp", b"ja", b"\x00off")
 
 
+def store_of(tl, key: str):
+    """The store of the events partition that holds `key`'s state (fault injection writes there)."""
+    return tl.runtime.stores.store_of(tl.runtime.partition_of(key))
+
+
 async def state_of(tl) -> dict[bytes, bytes]:
     """Every key of the client's store after a read barrier, bookkeeping aside:
     equal before and after a call exactly when the call changed no state."""

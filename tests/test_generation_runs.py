@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from support import state_of, within
+from support import state_of, store_of, within
 
 from threadlog import ThreadLogError
 
@@ -146,7 +146,7 @@ async def test_a_corrupt_stored_status_is_an_error(tl):
     # store, so the corruption below is not overwritten by a late fold.
     assert (await within(tl.generation_runs.get("g1")))["status"] == "running"
     raw = b'{"runId":"g1","threadId":"t","activity":"a","provider":"p","model":"m","startedAt":1,"status":"done"}'
-    tl.runtime.store.apply({state.record_key("t", "g1"): raw}, {})
+    store_of(tl, "t").apply({state.record_key("t", "g1"): raw}, {})
     for call in (tl.generation_runs.get("g1"), tl.generation_runs.find_latest_for_thread("t")):
         with pytest.raises(ThreadLogError) as err:
             await within(call)

@@ -7,7 +7,7 @@ import asyncio
 import math
 
 import pytest
-from support import read_topic, state_of, within
+from support import read_topic, state_of, store_of, within
 from threadlog.projections.folds import runs as run_state
 
 from threadlog import ThreadLogError
@@ -395,7 +395,7 @@ async def test_a_fresh_host_folds_the_same_runs_and_epochs(open_client):
 async def test_a_corrupt_stored_status_is_an_error_not_a_guess(tl):
     await _create(tl, "r", "t", 1)
     await within(tl.runs.get("r"))
-    store = tl.runtime.store
+    store = store_of(tl, "t")
     for bad in ("toString", "complete", "", None, 3):
         raw = ('{"runId":"r","threadId":"t","startedAt":1,"status":' +
                ("null" if bad is None else str(bad) if isinstance(bad, int) else f'"{bad}"') + "}")
