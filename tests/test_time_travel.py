@@ -16,10 +16,11 @@ from datetime import UTC, datetime
 from checkpoint_helpers import checkpoint, threads_on_distinct_partitions
 from confluent_kafka.admin import AdminClient
 from support import within
-
-from threadlog.errors import DUPLICATE_ID, STALE_HEAD, ThreadLogError
 from threadlog.processors import time_travel
 from threadlog.processors.judge import all_verdicts
+from threadlog.projections.store import Store
+
+from threadlog.errors import DUPLICATE_ID, STALE_HEAD, ThreadLogError
 
 FIELDS = ("head", "checkpoints", "runs", "interrupts", "transcript")
 
@@ -209,3 +210,51 @@ async def test_inspect_unknown_namespace_creates_nothing(bootstrap, namespace, t
         assert code == 2 and out == "" and "NAMESPACE_NOT_FOUND" in err, (code, out, err)
     topics = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics
     assert not [t for t in topics if t.startswith(ghost)]
+
+
+async def test_cross_partition_answers_come_from_the_live_index(tl, tmp_path):
+    """The duplicate id is only refused because the replay asks the live index
+    about the other partition: a replay told "nobody holds it" accepts it."""
+    thread, _, _ = await scripted(tl)
+    p = tl.runtime.partition_of(thread)
+    asked: list[tuple] = []
+    live = time_travel.live_others(tl)
+
+    def counting(q, kind, ident, need):
+        asked.append((q, kind, ident, need))
+        return live(q, kind, ident, need)
+
+    def blind(q, kind, ident, need):
+        return []
+
+    async with time_travel.replayed(tl, p) as r:
+        end = r.end
+        hist = [s for s in r.steps if s.key == thread]
+    verdicts = {}
+    for others in (counting, blind):
+        reader = time_travel.PartitionReader(tl.opts.bootstrap_servers, tl.runtime.topics.events, p,
+                                             tl.runtime.client_id, None, 30.0)
+        store = Store(tmp_path / f"probe-{others.__name__}")
+        try:
+            out = await asyncio.to_thread(time_travel.judge_into, store, reader.records(end),
+                                          codec=tl.runtime.codec, partitions=tl.runtime.layout.events,
+                                          topic=tl.runtime.topics.events, others=others)
+        finally:
+            reader.close()
+            store.destroy()
+        verdicts[others.__name__] = {s.offset: s.verdict.get("code") for s in out if s.key == thread}
+    dup = hist[8].offset
+    assert verdicts["counting"][dup] == DUPLICATE_ID and verdicts["blind"][dup] is None
+    assert any(kind == "cp" and ident == "cp-elsewhere" and q != p for q, kind, ident, _ in asked), asked
+
+
+async def test_a_thin_client_travels_in_time_through_the_worker(open_client):
+    embedded = await open_client()
+    thread, _, steps = await scripted(embedded)
+    thin = await open_client(processors="external")
+    hist = await within(thin.history(thread), 90)
+    assert hist == await embedded.history(thread)
+    assert [r["verdict"].get("code") for r in hist][3] == STALE_HEAD
+    assert hist[8]["verdict"]["code"] == DUPLICATE_ID  # answered by the worker's `holders`
+    for i in (2, 8):
+        assert shown(await within(thin.state_at(thread, at=hist[i]["offset"]), 90)) == steps[i][2]
