@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import shutil
 import struct
@@ -155,14 +156,16 @@ def _describe(codec: Codec, value: bytes | None) -> tuple[str | None, str | None
 
 
 def judge_into(store: Store, records: Iterator[Record], *, codec: Codec, partitions: int, topic: str,
-               others: Others, until_ms: float | None = None) -> list[Step]:
-    """Judge `records` (one partition, from offset 0) into the empty `store`.
+               others: Others, until_ms: float | None = None, key: str | None = None) -> list[Step]:
+    """Judge `records` (one partition, from offset 0) into the empty `store`;
+    returns the steps judged (with `key`: only that key's, and the last one).
 
     With `until_ms`, stops before the first record decided after that time
     (decision time only moves forward on a partition) and leaves it out.
     """
     base = View(store)
     steps: list[Step] = []
+    last: Step | None = None
     pending = 0
     position: dict[tuple[str, int], int] = {}
     for rec in records:
@@ -178,8 +181,10 @@ def judge_into(store: Store, records: Iterator[Record], *, codec: Codec, partiti
         if until_ms is not None and decided is not None and decided > until_ms:
             break
         child.merge()  # type: ignore[attr-defined]
-        key, ptype, pid = _describe(codec, rec.value)
-        steps.append(Step(rec.offset, key, ptype, pid, decided, json.loads(json.dumps(verdict))))
+        rkey, ptype, pid = _describe(codec, rec.value)
+        last = Step(rec.offset, rkey, ptype, pid, decided, verdict)
+        if key is None or rkey == key:
+            steps.append(last)
         position = {(topic, rec.partition): rec.offset + 1}
         pending += 1
         if pending >= FLUSH_EVERY:
@@ -188,7 +193,10 @@ def judge_into(store: Store, records: Iterator[Record], *, codec: Codec, partiti
             pending = 0
     if base.buffer or position:
         store.apply(base.buffer, position)
-    return steps
+    if last is not None and (not steps or steps[-1] is not last):
+        steps.append(last)
+    # As stored (JSON), so they compare equal to `all_verdicts` of a live store.
+    return [dataclasses.replace(st, verdict=json.loads(json.dumps(st.verdict))) for st in steps]
 
 
 def live_others(tl: ThreadLog) -> Others:
@@ -235,7 +243,7 @@ class Replayed:
 
     partition: int
     store: Store
-    steps: list[Step]
+    steps: list[Step]  # every record judged (with `key`: that key's, then the last record judged)
     end: int  # the partition's end offset when the replay began
 
 
@@ -257,11 +265,12 @@ def _target(at: Any) -> tuple[int | None, float | None]:
 
 
 @contextlib.asynccontextmanager
-async def replayed(tl: ThreadLog, partition: int, at: Any = None) -> AsyncIterator[Replayed]:
+async def replayed(tl: ThreadLog, partition: int, at: Any = None, key: str | None = None) -> AsyncIterator[Replayed]:
     """Judge `partition` again from offset 0 into a temporary store, up to and
     including offset `at` (an int), or the last record decided at or before
     `at` (a datetime), or everything written before the call (None). The
-    store is deleted on exit."""
+    store is deleted on exit. `key`: keep only the steps of records with that
+    key (and the last one judged), not every record's."""
     tl._check_open()
     offset, until_ms = _target(at)
     rt = tl.runtime
@@ -283,7 +292,7 @@ async def replayed(tl: ThreadLog, partition: int, at: Any = None) -> AsyncIterat
         store = Store(tmp / f"events-{partition}")
         steps = await asyncio.to_thread(
             judge_into, store, reader.records(end), codec=rt.codec, partitions=rt.layout.events, topic=topic,
-            others=live_others(tl), until_ms=until_ms)
+            others=live_others(tl), until_ms=until_ms, key=key)
         yield Replayed(partition, store, steps, high)
     finally:
         await asyncio.to_thread(_cleanup, reader, store, tmp)
@@ -338,14 +347,14 @@ async def thread_state(tl: ThreadLog, store: Store, thread_id: str) -> dict:
 async def history(tl: ThreadLog, thread_id: str) -> list[dict]:
     require_id(thread_id, "thread_id")
     partition = tl.runtime.partition_of(thread_id)
-    async with replayed(tl, partition) as r:
+    async with replayed(tl, partition, key=thread_id) as r:
         return [s.entry() for s in r.steps if s.key == thread_id]
 
 
 async def state_at(tl: ThreadLog, thread_id: str, at: Any = None) -> dict:
     require_id(thread_id, "thread_id")
     partition = tl.runtime.partition_of(thread_id)
-    async with replayed(tl, partition, at) as r:
+    async with replayed(tl, partition, at, key=thread_id) as r:
         last = r.steps[-1] if r.steps else None
         state = await thread_state(tl, r.store, thread_id)
     return {"threadId": thread_id, "partition": partition, "offset": None if last is None else last.offset,

@@ -258,3 +258,15 @@ async def test_a_thin_client_travels_in_time_through_the_worker(open_client):
     assert hist[8]["verdict"]["code"] == DUPLICATE_ID  # answered by the worker's `holders`
     for i in (2, 8):
         assert shown(await within(thin.state_at(thread, at=hist[i]["offset"]), 90)) == steps[i][2]
+
+
+def test_the_blocking_client_has_history_and_state_at(bootstrap, namespace, tmp_path):
+    import threadlog
+
+    with threadlog.connect(bootstrap, namespace=namespace, state_dir=str(tmp_path / "sync")) as tl:
+        tl.messages.save_thread("tt-sync", [{"n": 1}])
+        tl.messages.save_thread("tt-sync", [{"n": 2}])
+        rows = tl.history("tt-sync")
+        assert [r["verdict"] for r in rows] == [{"ok": True}, {"ok": True}]
+        assert tl.state_at("tt-sync", rows[0]["offset"])["transcript"] == [{"n": 1}]
+        assert tl.state_at("tt-sync")["transcript"] == [{"n": 2}]
