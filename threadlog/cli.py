@@ -1,4 +1,4 @@
-"""The `threadlog` command: broker, worker, serve, replay, reclaim, demo, rebuild, namespaces, schemas."""
+"""The `threadlog` command: broker, worker, serve, replay, reclaim, inspect, demo, rebuild, namespaces, schemas."""
 
 from __future__ import annotations
 
@@ -421,6 +421,76 @@ def cmd_reclaim(args: argparse.Namespace) -> int:
     return asyncio.run(_reclaim(args))
 
 
+def _at_time(text: str):
+    from datetime import UTC, datetime
+
+    from threadlog.errors import invalid_argument
+
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
+    except ValueError:
+        raise invalid_argument(f"--at-time must be an ISO 8601 date and time, got {text!r}") from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def _iso(ms: float | None) -> str:
+    if ms is None:
+        return "-"
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ms / 1000.0, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+async def _inspect(args: argparse.Namespace) -> int:
+    import json
+
+    import threadlog
+    from threadlog.errors import invalid_argument
+
+    thread = args.thread_id or args.thread
+    if not thread:
+        raise invalid_argument(f"inspect {args.what} needs a thread id (inspect thread T, inspect events --thread T)")
+    if args.thread_id and args.thread and args.thread_id != args.thread:
+        raise invalid_argument(f"two thread ids given: {args.thread_id!r} and {args.thread!r}")
+    if args.what == "events" and (args.at is not None or args.at_time is not None):
+        raise invalid_argument("inspect events lists the whole history; --at / --at-time are for inspect thread")
+    at = args.at if args.at is not None else _at_time(args.at_time) if args.at_time is not None else None
+    # Read-only: never creates the namespace.
+    async with threadlog.open(args.bootstrap, namespace=args.namespace, processors=args.processors,
+                              state_dir=args.state_dir, request_timeout_ms=args.request_timeout_ms,
+                              kafka=_kafka_props(args), create_topics=False) as tl:
+        if args.what == "events":
+            for row in await tl.history(thread):
+                if args.json:
+                    print(json.dumps(row, ensure_ascii=False), flush=True)
+                    continue
+                v = row["verdict"]
+                outcome = "ok" if v["ok"] else f"refused {v['code']}: {v['message']}"
+                if "duplicateOf" in v:
+                    outcome += f" (re-sent; first judged at offset {v['duplicateOf']})"
+                print(f"{row['offset']}\t{_iso(row['decidedAt'])}\t{row['type']}\t{row['proposalId']}\t{outcome}",
+                      flush=True)
+            return 0
+        state = await tl.state_at(thread, at)
+    if args.json:
+        print(json.dumps(state, ensure_ascii=False, indent=2))
+        return 0
+    where = "before its first record" if state["offset"] is None else \
+        f"after offset {state['offset']} (decided {_iso(state['decidedAt'])})"
+    print(f"thread {thread!r}: {args.namespace}.events[{state['partition']}] {where}")
+    print(f"head: {state['head'] if state['head'] is not None else '-'}")
+    for section in ("checkpoints", "runs", "interrupts", "transcript"):
+        items = state[section]
+        print(f"{section}: {len(items)}")
+        for item in items:
+            print("  " + json.dumps(item, ensure_ascii=False))
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    return asyncio.run(_inspect(args))
+
+
 def _connects(p: argparse.ArgumentParser, bootstrap: str | None = "default") -> None:
     """The options of every command that talks to the cluster."""
     p.add_argument("--bootstrap", default=_bootstrap_default() if bootstrap == "default" else bootstrap,
@@ -508,6 +578,27 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--namespace", default="threadlog")
     rc.add_argument("--state-dir", default=None)
     rc.set_defaults(fn=cmd_reclaim)
+
+    ins = sub.add_parser("inspect", help="time travel: a thread's state at an offset or time (inspect thread T), "
+                                         "or its proposals with offsets and verdicts (inspect events --thread T)")
+    ins.add_argument("what", choices=["thread", "events"],
+                     help="thread: the thread's state (head, checkpoints, runs, interrupts, transcript); "
+                          "events: its proposals with offsets, decision times and verdicts")
+    ins.add_argument("thread_id", nargs="?", help="the thread (or --thread)")
+    ins.add_argument("--thread", default=None, help="the thread")
+    when = ins.add_mutually_exclusive_group()
+    when.add_argument("--at", type=int, default=None, metavar="OFFSET",
+                      help="the state right after this offset of the thread's events partition (default: now)")
+    when.add_argument("--at-time", default=None, metavar="ISO8601",
+                      help="the state after the last proposal decided at or before this time (no zone: UTC)")
+    ins.add_argument("--json", action="store_true", help="print JSON (events: one object per line)")
+    _connects(ins)
+    ins.add_argument("--namespace", default="threadlog")
+    ins.add_argument("--state-dir", default=None)
+    ins.add_argument("--processors", choices=["embedded", "external"], default="embedded",
+                     help="'embedded' (default): fold the namespace here, no worker needed; "
+                          "'external': ask a `threadlog worker` for cross-partition facts")
+    ins.set_defaults(fn=cmd_inspect)
 
     d = sub.add_parser("demo", help="start the local broker and round-trip a transcript")
     _connects(d, bootstrap=None)

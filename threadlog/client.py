@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 from .config import Options
@@ -111,6 +112,29 @@ class ThreadLog:
     def delivery(self, run_id: str, epoch: int | None = None) -> DeliveryLog:
         """The delivery log of `run_id`, written as driver `epoch` (None counts as 0)."""
         return DeliveryLog(self, run_id, epoch)
+
+    # -- time travel (processors/time_travel.py) --------------------------------------
+    async def history(self, thread_id: str) -> list[dict[str, Any]]:
+        """The thread's proposals in offset order of its partition, each with its
+        verdict: `{"offset", "type", "proposalId", "decidedAt", "verdict": {"ok",
+        "code", "message"}}` (code and message only when refused). Computed by
+        judging the thread's partition again from offset 0 (verdicts are a
+        function of the log), so it covers the whole history, not just the
+        verdicts the live judge still keeps."""
+        from .processors import time_travel
+
+        return await time_travel.history(self, thread_id)
+
+    async def state_at(self, thread_id: str, at: int | datetime | None = None) -> dict[str, Any]:
+        """The thread's state as it was right after the record at offset `at` of
+        its partition (an int), or after the last record decided at or before
+        `at` (a datetime; naive means UTC), or now (None): `{"threadId",
+        "partition", "offset", "decidedAt", "head", "checkpoints", "runs",
+        "interrupts", "transcript"}`, records shaped as the stores return them.
+        `offset` is the last record included (None: before the first)."""
+        from .processors import time_travel
+
+        return await time_travel.state_at(self, thread_id, at)
 
     # -- plumbing shared by the stores ---------------------------------------------
     def _check_open(self) -> None:

@@ -25,6 +25,7 @@ import contextlib
 import threading
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
+from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -281,6 +282,23 @@ class SyncThreadLog:
             return self._async().delivery(run_id, epoch)
 
         return SyncDeliveryLog(self, self._run(make()))
+
+    # -- time travel --------------------------------------------------------------------------------
+    def history(self, thread_id: str) -> builtins.list[dict[str, Any]]:
+        """`ThreadLog.history`: the thread's proposals with their verdicts (bounded by the request timeout)."""
+
+        async def call() -> builtins.list[dict[str, Any]]:
+            return await self._async().history(thread_id)
+
+        return self._run(call())
+
+    def state_at(self, thread_id: str, at: int | datetime | None = None) -> dict[str, Any]:
+        """`ThreadLog.state_at`: the thread's state after offset `at`, or at time `at`."""
+
+        async def call() -> dict[str, Any]:
+            return await self._async().state_at(thread_id, at)
+
+        return self._run(call())
 
 
 class _SyncStore:
