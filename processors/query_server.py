@@ -50,7 +50,7 @@ from threadlog.projections.barrier import ReadBarrier
 from threadlog.projections.global_ids import holders_as_of
 from threadlog.projections.partition_stores import PartitionStores
 
-from threadlog.errors import INVALID_ARGUMENT, NOT_OWNER, UNAVAILABLE, ThreadLogError, not_owner, unavailable
+from threadlog.errors import BEHIND, INVALID_ARGUMENT, NOT_OWNER, UNAVAILABLE, ThreadLogError, not_owner
 
 log = logging.getLogger("threadlog.query")
 
@@ -155,7 +155,8 @@ class QueryServer:
         if op == "verdict":
             return await self._verdict(int(args["p"]), int(args["o"]), self._bounded(args.get("timeout")))
         if op == "barrier":
-            return {"targets": await self._barrier(await self._owned(args, floor=False))}
+            return {"targets": await self._barrier(await self._owned(args, floor=False),
+                                                   self._bounded(args.get("wait")))}
         if op == "holders":
             return await self._holders(args)
         if op == "stats":
@@ -187,8 +188,19 @@ class QueryServer:
         if floor:
             wanted = {p: o for p, o in floor_of(args.get("floor")).items() if p in parts}
             if wanted:
-                await self.judge.wait(wanted, self.timeout)
+                await self._caught_up(wanted, self._bounded(args.get("wait")))
         return parts
+
+    async def _caught_up(self, targets: dict[int, int], timeout: float) -> None:
+        """Wait for the judge to pass `targets`; BEHIND when it did not in time
+        (the client asks again while its own deadline allows: a worker that
+        just took partitions over may need longer than one request)."""
+        try:
+            await self.judge.wait(targets, timeout)
+        except ThreadLogError as exc:
+            if exc.code == NOT_OWNER:
+                raise
+            raise ThreadLogError(BEHIND, f"worker behind: {exc.message}") from None
 
     def _read(self, read, parts: list[int]):
         """A read of stores that may close under it when ownership moves."""
@@ -234,17 +246,11 @@ class QueryServer:
             raise not_owner(verdict.get("message") or f"partition {p} is not owned here")
         return verdict
 
-    async def _barrier(self, parts: list[int]) -> dict[str, int]:
+    async def _barrier(self, parts: list[int], wait: float) -> dict[str, int]:
         start = time.monotonic()
         ends = await self.barrier.end_offsets()  # asked after the request arrived
         targets = {p: ends[p] for p in parts}
-        left = max(0.1, self.timeout - (time.monotonic() - start))
-        try:
-            await self.judge.wait(targets, left)
-        except ThreadLogError as exc:
-            if exc.code == NOT_OWNER:
-                raise
-            raise unavailable(f"worker behind: {exc.message}") from None
+        await self._caught_up(targets, max(0.1, wait - (time.monotonic() - start)))
         return {str(p): o for p, o in targets.items()}
 
     async def _holders(self, args: dict) -> dict:

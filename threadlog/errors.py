@@ -99,5 +99,10 @@ def namespace_not_found(message: str) -> ThreadLogError:
 NOT_OWNER = "NOT_OWNER"
 
 
+# Also internal: "I own it, but my judge has not reached the position you need
+# yet" (a new owner catching up). The client asks again until its own deadline.
+BEHIND = "BEHIND"
+
+
 def not_owner(message: str) -> ThreadLogError:
     return ThreadLogError(NOT_OWNER, message)

@@ -47,7 +47,7 @@ from typing import Any
 
 import orjson
 
-from .errors import NOT_OWNER, OUTCOME_UNKNOWN, UNAVAILABLE, ThreadLogError, unavailable
+from .errors import BEHIND, NOT_OWNER, OUTCOME_UNKNOWN, UNAVAILABLE, ThreadLogError, unavailable
 from .members import MembersView
 
 log = logging.getLogger("threadlog.remote")
@@ -98,6 +98,10 @@ class _Conn:
 
 class _Retry(Exception):
     """This worker could not answer for these partitions (gone, or not their owner now)."""
+
+
+class _Behind(_Retry):
+    """The owner is still catching up with the position asked for."""
 
 
 class QueryClient:
@@ -269,6 +273,7 @@ class QueryClient:
         if partitions is not None:
             body["partitions"] = partitions
             body["floor"] = self.floor(partitions)
+        body["wait"] = max(0.01, deadline - time.monotonic())  # waits at the worker end before our deadline
         try:
             async with conn.lock:
                 conn.writer.write(orjson.dumps({"id": rid, "op": op, "args": body}) + b"\n")
@@ -288,6 +293,8 @@ class QueryClient:
         if code == NOT_OWNER:
             self.failovers += 1
             raise _Retry(address)
+        if code == BEHIND and deadline - time.monotonic() > 0.05:
+            raise _Behind(address)  # the owner is catching up: ask it again
         raise ThreadLogError(code, msg.get("message") or "refused by the worker")
 
     async def _conn(self, address: str, deadline: float) -> _Conn:
