@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from .errors import INVALID_ENTRY, INVALID_ID, WRITER_LOST, ThreadLogError
@@ -109,7 +110,7 @@ def check_checkpoint_ids(checkpoint: Any) -> None:
     require_optional_id(checkpoint.get("parentCheckpointId"), "checkpoint parentCheckpointId")
 
 
-def check_checkpoint_body(checkpoint: dict) -> None:
+def check_checkpoint_body(checkpoint: Mapping[str, Any]) -> None:
     """Everything but the ids (`INVALID_ENTRY`); call after `check_checkpoint_ids`."""
     extra = sorted(map(repr, set(checkpoint) - CHECKPOINT_KEYS))
     if extra:
@@ -265,7 +266,7 @@ def normalized(checkpoint: dict) -> dict:
     return out
 
 
-def to_wire(checkpoint: dict) -> dict:
+def to_wire(checkpoint: Mapping[str, Any]) -> dict:
     """A valid checkpoint as a `threadlog.Checkpoint` Avro record."""
     return {
         "id": checkpoint["id"],

@@ -94,7 +94,7 @@ def dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
-def loads(text: str) -> Any:
+def loads(text: str | bytes) -> Any:
     return json.loads(text)
 
 
