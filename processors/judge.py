@@ -34,21 +34,22 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from threadlog.projections.fold import EventMeta, apply_event, current_seq
 from threadlog.projections.follower import Follower
 from threadlog.projections.global_ids import holders_as_of as index_holders
 from threadlog.projections.keys import key
 from threadlog.projections.partition_stores import PartitionStores
+from threadlog.projections.reader import StateReader
 from threadlog.projections.store import Store
 from threadlog.projections.view import View
 from threadlog.schemas import Codec, CodecError
 
 from threadlog import kafka_config
 from threadlog.errors import INVALID_ARGUMENT, INVALID_MESSAGE, NOT_OWNER, UNAVAILABLE, ThreadLogError
-from threadlog.kafka_config import Props
+from threadlog.kafka_config import Consumed, Props
 from threadlog.partitioning import partition_for
 from threadlog.validation import dumps
 
@@ -125,7 +126,7 @@ class _Blocked(Exception):
 
 @dataclass
 class _Pending:
-    msgs: deque
+    msgs: deque[Consumed]
     needs: tuple[int, int] | None = None
 
 
@@ -175,7 +176,7 @@ class Judge(Follower):
         # Callbacks waiting for the verdict at (partition, offset).
         self._verdict_waiters: dict[tuple[int, int], list[Callable[[dict], None]]] = {}
         self.stats = {"judged": 0, "accepted": 0, "refused": 0, "poison": 0, "blocked": 0, "restored": 0}
-        self.restores: dict[int, dict] = {}  # partition -> what its restore reported
+        self.restores: dict[int, Any] = {}  # partition -> what its restore reported
         super().__init__(bootstrap, topic, partitions, stores, codec, client_id, kafka=kafka)  # type: ignore[arg-type]
         if group is not None:
             self.owned = set()
@@ -201,7 +202,7 @@ class Judge(Follower):
         self._consumer.subscribe([self.topic], on_assign=self._assigned, on_revoke=self._revoked,
                                  on_lost=self._revoked)
 
-    def _assigned(self, consumer, tps: list[TopicPartition]) -> None:
+    def _assigned(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         """Called on the judge's thread (inside poll): take the partitions over."""
         for tp in tps:
             p = tp.partition
@@ -231,7 +232,7 @@ class Judge(Follower):
             self.restores[p] = {k: v for k, v in dataclasses.asdict(info).items() if k != "positions"} \
                 if dataclasses.is_dataclass(info) and not isinstance(info, type) else info
 
-    def _revoked(self, consumer, tps: list[TopicPartition]) -> None:
+    def _revoked(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         gone = {tp.partition for tp in tps}
         calls: list[Callable[[dict], None]] = []
         with self._cond:
@@ -313,7 +314,7 @@ class Judge(Follower):
                     log.exception("judge failed on a batch; retrying from stored positions")
                     self._rewind()
 
-    def _handle(self, msgs) -> None:
+    def _handle(self, msgs: list[Consumed]) -> None:
         by_partition, eof = self._sort(msgs)
         owned = set(self.owned)
         for p, records in by_partition.items():
@@ -333,6 +334,7 @@ class Judge(Follower):
             progress = {p: self._applied[p] for p in owned}
             others = self._others(owned, view_of, progress)
             moved = True
+            pend: _Pending | None
             while moved:  # a partition unblocked by another's progress is retried at once
                 moved = False
                 for p, pend in self._pending.items():
@@ -423,7 +425,7 @@ class Judge(Follower):
         time.sleep(0.1)
 
     # -- one proposal -----------------------------------------------------------------------
-    def _judge(self, view: View, p: int, msg, progress: dict[int, int], others: Others) -> dict:
+    def _judge(self, view: View, p: int, msg: Consumed, progress: dict[int, int], others: Others) -> dict:
         """Judge the record at (p, offset) (see `judge_record`) and count it."""
         ts_type, ts = msg.timestamp()
         rec = Record(p, msg.offset(), msg.value(), ts if ts_type != 0 else None)
@@ -583,7 +585,7 @@ def _fold_effects(ctx: Context, p: int, offset: int, decision: Decision) -> int:
     return len(decision.events)
 
 
-def all_verdicts(store, partition: int) -> list[tuple[int, dict]]:
+def all_verdicts(store: StateReader, partition: int) -> list[tuple[int, dict]]:
     """Every stored verdict of a partition, by offset (tests compare judges with it)."""
     prefix = verdict_prefix(partition)
     return [(struct.unpack(">Q", k[len(prefix):])[0], json.loads(v)) for k, v in store.scan(prefix)]

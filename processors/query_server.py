@@ -39,9 +39,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import orjson
 from threadlog.processors.judge import Judge
@@ -53,6 +55,7 @@ from threadlog.projections.partition_stores import PartitionStores
 from threadlog.errors import BEHIND, INVALID_ARGUMENT, NOT_OWNER, UNAVAILABLE, ThreadLogError, not_owner
 
 log = logging.getLogger("threadlog.query")
+_T = TypeVar("_T")
 
 # A JSON line may hold a whole stored value (a transcript up to the 16 MiB
 # record limit, base64-inflated).
@@ -150,7 +153,7 @@ class QueryServer:
             prefix = unb64(args["prefix"])
             start = None if args.get("start") is None else unb64(args["start"])
             limit = min(int(args.get("limit") or SCAN_PAGE), SCAN_PAGE)
-            return {"pages": {str(p): self._read(lambda p=p: self._scan(prefix, start, limit, p), parts)
+            return {"pages": {str(p): self._read(functools.partial(self._scan, prefix, start, limit, p), parts)
                               for p in parts}}
         if op == "verdict":
             return await self._verdict(int(args["p"]), int(args["o"]), self._bounded(args.get("timeout")))
@@ -202,7 +205,7 @@ class QueryServer:
                 raise
             raise ThreadLogError(BEHIND, f"worker behind: {exc.message}") from None
 
-    def _read(self, read, parts: list[int]):
+    def _read(self, read: Callable[[], _T], parts: list[int]) -> _T:
         """A read of stores that may close under it when ownership moves."""
         try:
             return read()

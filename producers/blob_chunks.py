@@ -26,8 +26,9 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from threadlog.schemas import Codec, CodecError
 
 from threadlog import kafka_config
@@ -35,6 +36,9 @@ from threadlog.errors import unavailable
 from threadlog.partitioning import partition_for
 
 from .pump import ProducerPump
+
+if TYPE_CHECKING:
+    from confluent_kafka.cimpl import DeliveryCallback  # only in the stubs
 
 log = logging.getLogger("threadlog.blobs")
 
@@ -130,7 +134,7 @@ class ChunkSink:
         ))
         self._pump = ProducerPump(self.producer, f"blobs-pump:{client_id}")
 
-    def produce(self, key: str, value: bytes | None, on_delivery=None) -> int:
+    def produce(self, key: str, value: bytes | None, on_delivery: DeliveryCallback | None = None) -> int:
         """Produce to the chunk key's partition (where its tombstone will go too)."""
         partition = partition_for(key, self.partitions)
         while True:
@@ -211,11 +215,12 @@ class ChunkWriter:
         loop = self._loop
         length = len(piece)
 
-        def delivered(err, msg) -> None:
+        def delivered(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
                 result: object = unavailable(f"blob chunk not written: {err}")
             else:
-                result = ChunkRef(msg.partition(), msg.offset(), length)
+                # A delivered record has its partition and offset.
+                result = ChunkRef(cast(int, msg.partition()), cast(int, msg.offset()), length)
             loop.call_soon_threadsafe(_settle, fut, result)
 
         self.sink.produce(chunk_key(self.blob_key, self.version, index), value, delivered)
@@ -375,13 +380,14 @@ class ChunkReader:
                 consumer.resume(paused)
             self._release(consumer)
 
-    def _verify(self, msg, blob_key: str, version: str, index: int, ref: ChunkRef) -> bytes:
+    def _verify(self, msg: kafka_config.Consumed, blob_key: str, version: str, index: int, ref: ChunkRef) -> bytes:
         """The record at a manifest's offset must be exactly the chunk it names."""
         where = f"{self.topic}[{ref.partition}]@{ref.offset}"
-        if msg.key() != chunk_key(blob_key, version, index).encode("utf-8") or msg.value() is None:
+        value = msg.value()
+        if msg.key() != chunk_key(blob_key, version, index).encode("utf-8") or value is None:
             raise ChunkGone(f"{where} is not chunk {index} of version {version}")
         try:
-            _, rec = self.codec.decode(msg.value(), expect=CHUNK_TYPE)
+            _, rec = self.codec.decode(value, expect=CHUNK_TYPE)
         except CodecError as exc:
             raise ChunkGone(f"{where}: {exc.message}") from None
         if (rec["blobKey"], rec["version"], rec["index"], len(rec["data"])) != (blob_key, version, index, ref.length):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, Message, Producer
 from threadlog.schemas import Codec
 
 from threadlog import kafka_config
@@ -61,7 +61,7 @@ class DeliveryWriter:
         fut: asyncio.Future = loop.create_future()
         partition = self.partition_of(run_id)
 
-        def delivered(err, msg) -> None:
+        def delivered(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
                 loop.call_soon_threadsafe(settle, fut, unavailable(f"delivery record not written: {err}"), None)
             else:

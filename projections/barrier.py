@@ -156,7 +156,7 @@ def _all_done(futures: list) -> asyncio.Future:
         if not done.done():
             done.set_result(None)
 
-    def one_done(_f) -> None:
+    def one_done(_f: object) -> None:
         with lock:
             remaining[0] -= 1
             last = remaining[0] == 0

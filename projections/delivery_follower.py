@@ -25,7 +25,7 @@ from confluent_kafka import KafkaError
 from threadlog.schemas import Codec, CodecError
 
 from threadlog.errors import ThreadLogError, unavailable
-from threadlog.kafka_config import Props
+from threadlog.kafka_config import Consumed, Props
 
 from .follower import Follower
 from .run_index import fold_record
@@ -150,7 +150,7 @@ class DeliveryIndex(Follower):
             sub.fail(unavailable("the client was closed"))
 
     # -- folding -------------------------------------------------------------------
-    def _fold(self, view: View, partition: int, msg) -> None:
+    def _fold(self, view: View, partition: int, msg: Consumed) -> None:
         try:
             _, rec = self.codec.decode(msg.value(), expect="threadlog.Delivery")
         except CodecError as exc:
@@ -168,7 +168,7 @@ class DeliveryIndex(Follower):
         child.merge()
         self._folded.append(Item(partition, msg.offset(), rec, dropped))
 
-    def _handle(self, msgs) -> None:
+    def _handle(self, msgs: list[Consumed]) -> None:
         self._folded = []
         super()._handle(msgs)  # folds (via _fold), stores, advances positions
         reached: dict[int, int] = {}

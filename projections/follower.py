@@ -188,10 +188,10 @@ class Follower:
                 pass
         time.sleep(0.1)
 
-    def _sort(self, msgs) -> tuple[dict[int, list], dict[int, int]]:
+    def _sort(self, msgs: list[kafka_config.Consumed]) -> tuple[dict[int, list[kafka_config.Consumed]], dict[int, int]]:
         """A consumer batch as (records by partition, in order; end-of-partition offsets)."""
         eof: dict[int, int] = {}
-        by_partition: dict[int, list] = {}
+        by_partition: dict[int, list[kafka_config.Consumed]] = {}
         for msg in msgs:
             err = msg.error()
             if err is not None:
@@ -203,7 +203,7 @@ class Follower:
             by_partition.setdefault(msg.partition(), []).append(msg)
         return by_partition, eof
 
-    def _handle(self, msgs) -> None:
+    def _handle(self, msgs: list[kafka_config.Consumed]) -> None:
         by_partition, eof = self._sort(msgs)
         advanced: dict[int, int] = {}
         with self.store.lock:
@@ -229,7 +229,7 @@ class Follower:
         if advanced:
             self.advance(advanced)
 
-    def _fold(self, view: View, partition: int, msg) -> None:
+    def _fold(self, view: View, partition: int, msg: kafka_config.Consumed) -> None:
         try:
             _, env = self.codec.decode(msg.value(), expect="threadlog.Event")
             _, payload = self.codec.decode(env["payload"], expect=env["type"])

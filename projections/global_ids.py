@@ -24,8 +24,14 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .keys import key, split
+from .reader import StateReader
+
+if TYPE_CHECKING:
+    from .fold import EventMeta
+    from .view import View
 
 TAG = b"gid"
 HELD = b"\x01"
@@ -42,7 +48,7 @@ def _prefix(kind: str, ident: str) -> bytes:
     return key(TAG, kind, ident)
 
 
-def mark(view, meta, kind: str, ident: str, thread: str, held: bool) -> None:
+def mark(view: View, meta: EventMeta, kind: str, ident: str, thread: str, held: bool) -> None:
     """Record that `thread` holds (or released) `ident` from the offset of `meta` on.
 
     Written by the folds of the thread's own partition, so every entry's offset
@@ -53,7 +59,7 @@ def mark(view, meta, kind: str, ident: str, thread: str, held: bool) -> None:
     view.put(key(TAG, kind, ident, thread) + struct.pack(">Q", meta.offset), HELD if held else RELEASED)
 
 
-def holders_as_of(reader, kind: str, ident: str, asof: int | None,
+def holders_as_of(reader: StateReader, kind: str, ident: str, asof: int | None,
                   belongs: Callable[[str], bool] | None = None) -> list[str]:
     """Threads holding `ident` as of offset `asof` of their partition (entries
     decided at offsets below it; None: everything `reader` has), sorted.

@@ -44,6 +44,7 @@ from typing import Any
 from threadlog.errors import CORRUPT_RECORD, INVALID_OFFSET, RUN_CLAIM_LOST, RUN_LOG_CLOSED
 
 from .keys import key
+from .reader import StateReader
 from .view import View
 
 RUN = b"dlvR"
@@ -164,22 +165,22 @@ def _check_targets(view: View, run_id: str, rec: dict) -> str | None:
     return None
 
 
-# -- reads (View or Store: anything with get / get_json) --------------------------
-def run_state(reader, run_id: str) -> dict | None:
+# -- reads (View or Store: any StateReader) --------------------------
+def run_state(reader: StateReader, run_id: str) -> dict | None:
     return reader.get_json(run_key(run_id))
 
 
-def record_verdict(reader, run_id: str, offset: int) -> dict | None:
+def record_verdict(reader: StateReader, run_id: str, offset: int) -> dict | None:
     """The fold's verdict on the run's record at `offset`, None if it is not one."""
     return reader.get_json(rec_key(run_id, offset))
 
 
-def chunk_count(reader, run_id: str, offset: int) -> int | None:
+def chunk_count(reader: StateReader, run_id: str, offset: int) -> int | None:
     """Number of chunks of a standing chunks record of the run at `offset`, else None."""
     v = reader.get_json(rec_key(run_id, offset))
     return v.get("n") if v else None
 
 
-def replacement(reader, run_id: str, offset: int, index: int) -> str | None:
+def replacement(reader: StateReader, run_id: str, offset: int, index: int) -> str | None:
     raw = reader.get(rep_key(run_id, offset, index))
     return None if raw is None else raw.decode("utf-8")

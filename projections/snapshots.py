@@ -247,7 +247,7 @@ def _read(consumer: Consumer, topic: str, partition: int, start: int, stop: int,
         consumer.unassign()
 
 
-def _take(seg: _Segment, msg: Message, keep: Callable[[str], bool]) -> None:
+def _take(seg: _Segment, msg: kafka_config.Consumed, keep: Callable[[str], bool]) -> None:
     k, v = msg.key() or b"", msg.value()
     seg.records += 1
     seg.bytes += len(k) + (len(v) if v is not None else 0)

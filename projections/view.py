@@ -61,7 +61,7 @@ class View:
         """Merged, ascending scan of buffer and store under `prefix`."""
         return overlay_scan(self.store.scan(prefix), [self.buffer], prefix)
 
-    def child(self) -> View:
+    def child(self) -> _ChildView:
         """A view whose writes stay separate until `merge` (one command's effects)."""
         return _ChildView(self)
 

@@ -15,9 +15,11 @@ import io
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from fastavro import schemaless_reader, schemaless_writer
 from fastavro.schema import parse_schema
+from fastavro.types import Schema
 from fastavro.utils import generate_many
 
 from .codec import HISTORY_DIR, SCHEMA_DIR, SchemaVersion, load_current, load_history
@@ -33,7 +35,7 @@ def expanded_raw(name: str, schema_dir: Path = SCHEMA_DIR) -> dict:
     def full(n: str, ns: str | None) -> str:
         return n if "." in n or not ns else f"{ns}.{n}"
 
-    def walk(node, ns):
+    def walk(node: Any, ns: str | None) -> Any:
         if isinstance(node, str):
             if node in _PRIMITIVES:
                 return node
@@ -83,7 +85,7 @@ def history_versions(history_dir: Path = HISTORY_DIR) -> dict[str, list[tuple[in
     return by_name
 
 
-def _resolves(writer, reader, samples: int, seed: int) -> str | None:
+def _resolves(writer: Schema, reader: Schema, samples: int, seed: int) -> str | None:
     import random
 
     random.seed(seed)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from .errors import INVALID_ENTRY, INVALID_ID, WRITER_LOST, ThreadLogError
@@ -82,7 +83,8 @@ def writer_parts(writer: Any, label: str = "writer") -> tuple[str, str | None, i
     back as None, which the decider refuses with `WRITER_LOST` at the step where
     the SPEC checks that the writer is current -- not earlier.
     """
-    thread_id = getattr(writer, "thread_id", None)
+    # Unchecked attributes of any object until validated here.
+    thread_id: Any = getattr(writer, "thread_id", None)
     if not is_valid_id(thread_id):
         raise invalid_id(f"{label}.thread_id must be a non-empty well-formed Unicode string "
                          f"(a writer has thread_id, owner_token and fence), got {thread_id!r}")
@@ -108,7 +110,7 @@ def check_checkpoint_ids(checkpoint: Any) -> None:
     require_optional_id(checkpoint.get("parentCheckpointId"), "checkpoint parentCheckpointId")
 
 
-def check_checkpoint_body(checkpoint: dict) -> None:
+def check_checkpoint_body(checkpoint: Mapping[str, Any]) -> None:
     """Everything but the ids (`INVALID_ENTRY`); call after `check_checkpoint_ids`."""
     extra = sorted(map(repr, set(checkpoint) - CHECKPOINT_KEYS))
     if extra:
@@ -170,7 +172,7 @@ def check_files(files: Any) -> None:
         extra = sorted(map(repr, set(entry) - FILE_KEYS))
         if extra:
             raise invalid_entry(f"{where} has unexpected key(s) {', '.join(extra)}")
-        path = entry.get("path")
+        path: Any = entry.get("path")  # user input: _path_problem checks it is a str
         problem = _path_problem(path)
         if problem:
             raise invalid_entry(f"{where} path {path!r} {problem}: it must be a normalized workspace-relative path")
@@ -264,7 +266,7 @@ def normalized(checkpoint: dict) -> dict:
     return out
 
 
-def to_wire(checkpoint: dict) -> dict:
+def to_wire(checkpoint: Mapping[str, Any]) -> dict:
     """A valid checkpoint as a `threadlog.Checkpoint` Avro record."""
     return {
         "id": checkpoint["id"],

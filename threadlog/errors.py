@@ -77,7 +77,7 @@ class ThreadLogError(Exception):
         self.code = code
         self.message = message
 
-    def __reduce__(self):  # picklable across processes
+    def __reduce__(self) -> tuple[type[ThreadLogError], tuple[str, str]]:  # picklable across processes
         return (type(self), (self.code, self.message))
 
 

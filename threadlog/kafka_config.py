@@ -13,7 +13,7 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
@@ -215,7 +215,7 @@ def base(bootstrap: str, client_id: str, kafka: Mapping[str, Any] | None = None,
     return conf
 
 
-def producer(bootstrap: str, client_id: str, kafka: Mapping[str, Any] | None = None, **extra) -> dict:
+def producer(bootstrap: str, client_id: str, kafka: Mapping[str, Any] | None = None, **extra: Any) -> dict:
     return _layer(
         {
             **_defaults(bootstrap, client_id),
@@ -261,7 +261,7 @@ def transactional_producer(bootstrap: str, client_id: str, transactional_id: str
 TXN_READER_WAIT_MS = 5
 
 
-def consumer(bootstrap: str, client_id: str, kafka: Mapping[str, Any] | None = None, **extra) -> dict:
+def consumer(bootstrap: str, client_id: str, kafka: Mapping[str, Any] | None = None, **extra: Any) -> dict:
     enforced = {
         "bootstrap.servers": bootstrap,
         "group.id": f"{client_id}.unused",
@@ -289,7 +289,24 @@ def consumer(bootstrap: str, client_id: str, kafka: Mapping[str, Any] | None = N
     )
 
 
-def drain(consumer, max_messages: int, timeout: float) -> list:
+class Consumed(Protocol):
+    """A message a consumer returned: a record or an event such as partition EOF.
+
+    confluent_kafka's stubs type `topic`, `partition` and `offset` of every
+    `Message` as Optional (a `Message` built in Python has none); librdkafka sets
+    them on everything `poll` / `consume` return, which is what this type says.
+    """
+
+    def error(self) -> KafkaError | None: ...
+    def topic(self) -> str: ...
+    def partition(self) -> int: ...
+    def offset(self) -> int: ...
+    def key(self) -> bytes | None: ...
+    def value(self) -> bytes | None: ...
+    def timestamp(self) -> tuple[int, int]: ...
+
+
+def drain(consumer: Consumer, max_messages: int, timeout: float) -> list[Consumed]:
     """Wait up to `timeout` for the first message, then take what is already here.
 
     `Consumer.consume(n, timeout)` blocks until it has n messages or the
@@ -300,7 +317,8 @@ def drain(consumer, max_messages: int, timeout: float) -> list:
     if first is None:
         return []
     rest = consumer.consume(max_messages - 1, 0) if max_messages > 1 else []
-    return [first, *rest]
+    # Consumed messages: topic, partition and offset are set (see Consumed).
+    return cast("list[Consumed]", [first, *rest])
 
 
 _PROPERTY_LINE = re.compile(r"(?P<key>[^=:\s]+)(?P<sep>\s*[=:]?\s*)(?P<value>.*)")

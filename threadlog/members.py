@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
@@ -142,23 +142,26 @@ def read_members(bootstrap: str, topic: str, client_id: str, timeout: float,
             msg = consumer.poll(min(left, 0.5))
             if msg is None:
                 continue
+            # Consumed messages and partition-EOF events always carry an offset.
+            offset = cast(int, msg.offset())
             err = msg.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
-                    if msg.offset() >= high:
+                    if offset >= high:
                         return out
                     continue
                 raise unavailable(f"cannot read {topic}: {err}")
             wid = (msg.key() or b"").decode(errors="replace")
-            if msg.value() is None:
+            value = msg.value()
+            if value is None:
                 out.pop(wid, None)
             else:
                 try:
-                    v = json.loads(msg.value())
+                    v = json.loads(value)
                     out[wid] = parse_member(wid, v)
                 except (ValueError, KeyError, TypeError):
                     log.warning("malformed member record for %r ignored", wid)
-            if msg.offset() + 1 >= high:
+            if offset + 1 >= high:
                 return out
     finally:
         consumer.close()
@@ -223,12 +226,13 @@ class MembersView:
                         self._caught_up.set()
                     continue
                 wid = (msg.key() or b"").decode(errors="replace")
+                value = msg.value()
                 with self._lock:
-                    if msg.value() is None:
+                    if value is None:
                         self._members.pop(wid, None)
                     else:
                         try:
-                            self._members[wid] = parse_member(wid, json.loads(msg.value()))
+                            self._members[wid] = parse_member(wid, json.loads(value))
                         except (ValueError, KeyError, TypeError):
                             log.warning("malformed member record for %r ignored", wid)
                             continue

@@ -41,7 +41,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from concurrent.futures import Future as CFuture
 from typing import Any
 
@@ -182,7 +182,7 @@ class QueryClient:
             return {str(p): o for p, o in self._floor.items() if partitions is None or p in partitions}
 
     # -- calls --------------------------------------------------------------------------
-    def _run(self, coro) -> CFuture:
+    def _run(self, coro: Coroutine[Any, Any, Any]) -> CFuture:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def call_sync(self, op: str, args: dict, partitions: list[int] | None = None) -> dict[tuple[int, ...], Any]:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 from .errors import INVALID_ARGUMENT, ThreadLogError
 
 
-def is_text(value: Any) -> bool:
+def is_text(value: Any) -> TypeGuard[str]:
     """A str that encodes to UTF-8 (no lone surrogates): storable exactly."""
     if not isinstance(value, str):
         return False
@@ -20,7 +20,7 @@ def is_text(value: Any) -> bool:
     return True
 
 
-def is_valid_id(value: Any) -> bool:
+def is_valid_id(value: Any) -> TypeGuard[str]:
     """A non-empty str that encodes to UTF-8 (no lone surrogates)."""
     return bool(value) and is_text(value)
 
@@ -40,7 +40,7 @@ def is_finite(value: Any) -> bool:
     return is_number(value) and math.isfinite(value)
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -94,7 +94,7 @@ def dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
-def loads(text: str) -> Any:
+def loads(text: str | bytes) -> Any:
     return json.loads(text)
 
 

@@ -101,7 +101,7 @@ def acquire_writer(ctx: Context, cmd: dict) -> Decision:
         raise invalid_argument(f"steal must be a boolean, got {steal!r}")
     lease = state.get_lease(ctx.view, thread)
     held = lease is not None and ctx.now < lease["expiresAt"]
-    if held and not steal:
+    if lease is not None and held and not steal:
         raise ThreadLogError(WRITER_CONFLICT, f"thread {thread!r} already has an unexpired writer lease "
                                               f"(fence {lease['fence']})")
     token = cmd.get("ownerToken")

@@ -46,7 +46,7 @@ def _thread(ctx: Context, cmd: dict) -> str:
 def _text(value: object, label: str) -> str:
     if not is_text(value):
         raise invalid_argument(f"{label} must be a well-formed Unicode string, got {value!r}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 class _Values:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from .. import global_ids
 from ..fold import EventMeta, folds
 from ..keys import key, split
+from ..reader import StateReader
 from ..view import View
 from . import presence
 
@@ -45,7 +46,7 @@ def split_by_run(k: bytes) -> tuple[str, str, str]:
     return run_id, thread_id, artifact_id
 
 
-def thread_of(view: View, artifact_id: str) -> str | None:
+def thread_of(view: StateReader, artifact_id: str) -> str | None:
     raw = view.get(index_key(artifact_id))
     return None if raw is None else raw.decode("utf-8")
 

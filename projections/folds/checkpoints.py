@@ -26,6 +26,7 @@ from threadlog.checkpoint_rules import blob_keys, record_json
 from .. import global_ids
 from ..fold import EventMeta, folds
 from ..keys import key, split
+from ..reader import StateReader
 from ..view import View
 from . import presence
 from .messages import transcript_key
@@ -82,13 +83,13 @@ def split_refs_key(k: bytes) -> tuple[str, str]:
 
 
 # -- reads shared by handlers and the store facade ---------------------------------
-def threads_holding(view, checkpoint_id: str) -> list[str]:
+def threads_holding(view: StateReader, checkpoint_id: str) -> list[str]:
     """Threads with a checkpoint of this id (normally zero or one)."""
     prefix = index_prefix(checkpoint_id)
     return [split(INDEX, k, "ss")[1] for k, _ in view.scan(prefix)]
 
 
-def get_record(view, thread_id: str, checkpoint_id: str) -> dict | None:
+def get_record(view: StateReader, thread_id: str, checkpoint_id: str) -> dict | None:
     rk = view.get(index_key(checkpoint_id, thread_id))
     if rk is None:
         return None
@@ -96,17 +97,17 @@ def get_record(view, thread_id: str, checkpoint_id: str) -> dict | None:
     return None if raw is None else json.loads(raw)
 
 
-def get_head(view, thread_id: str) -> str | None:
+def get_head(view: StateReader, thread_id: str) -> str | None:
     raw = view.get(head_key(thread_id))
     return None if raw is None else raw.decode("utf-8")
 
 
-def get_fence(view, thread_id: str) -> int:
+def get_fence(view: StateReader, thread_id: str) -> int:
     raw = view.get(fence_key(thread_id))
     return 0 if raw is None else int(raw)
 
 
-def get_lease(view, thread_id: str) -> dict | None:
+def get_lease(view: StateReader, thread_id: str) -> dict | None:
     raw = view.get(lease_key(thread_id))
     return None if raw is None else json.loads(raw)
 

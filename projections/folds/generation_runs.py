@@ -16,6 +16,7 @@ from threadlog.records import apply_patch
 from .. import global_ids
 from ..fold import EventMeta, folds
 from ..keys import key
+from ..reader import StateReader
 from ..view import View
 from . import presence
 
@@ -37,7 +38,7 @@ def index_key(run_id: str) -> bytes:
     return key(GENERATION_INDEX, run_id)
 
 
-def thread_of(view: View, run_id: str) -> str | None:
+def thread_of(view: StateReader, run_id: str) -> str | None:
     raw = view.get(index_key(run_id))
     return None if raw is None else raw.decode("utf-8")
 

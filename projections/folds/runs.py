@@ -19,6 +19,7 @@ from threadlog.records import apply_patch
 from .. import global_ids
 from ..fold import EventMeta, folds
 from ..keys import key
+from ..reader import StateReader
 from ..view import View
 from . import presence
 
@@ -48,12 +49,12 @@ def detached_key(detached_since: float, run_id: str, thread_id: str) -> bytes:
     return key(RUN_DETACHED, detached_since, run_id, thread_id)
 
 
-def thread_of(view: View, run_id: str) -> str | None:
+def thread_of(view: StateReader, run_id: str) -> str | None:
     raw = view.get(index_key(run_id))
     return None if raw is None else raw.decode("utf-8")
 
 
-def max_epoch(view: View, thread_id: str, run_id: str) -> int:
+def max_epoch(view: StateReader, thread_id: str, run_id: str) -> int:
     raw = view.get(epoch_key(thread_id, run_id))
     return 0 if raw is None else int(raw)
 

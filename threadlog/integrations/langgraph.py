@@ -50,7 +50,7 @@ import json
 import random
 import threading
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -232,7 +232,7 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
                 if rec is None:
                     return None
             try:
-                checkpoint = self._value(thread, ck, state.SLOT_BODY, rec["body"])
+                checkpoint: Checkpoint = self._value(thread, ck, state.SLOT_BODY, rec["body"])
                 if metadata is None:
                     metadata = self._value(thread, ck, state.SLOT_METADATA, rec["metadata"])
                 values: dict[str, Any] = {}
@@ -263,17 +263,17 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
             )
         raise unavailable(f"checkpoint {checkpoint_id!r} of thread {thread!r} kept changing while being read")
 
-    def _sync(self, coro: Awaitable[T]) -> T:
+    def _sync(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run one of the async methods from another thread (LangGraph's sync API)."""
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
         if self.loop is None or running is self.loop:
-            coro.close()  # type: ignore[attr-defined]
+            coro.close()
             raise RuntimeError("AsyncThreadLogSaver's sync methods run only from a thread other than its "
                                "event loop's: use the async methods (ainvoke/astream), or ThreadLogSaver")
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return fut.result(self.sync_timeout)
         except TimeoutError:
@@ -358,7 +358,7 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
     ) -> RunnableConfig:
         thread = _thread_id(config)
         ns = config["configurable"].get("checkpoint_ns", "")
-        body = dict(checkpoint)
+        body: dict[str, Any] = dict(checkpoint)
         # Channel values are stored apart, once per (channel, version): a
         # checkpoint repeats only the versions of channels it did not change.
         values: dict[str, Any] = body.pop("channel_values", None) or {}
@@ -496,7 +496,7 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         return checkpoints, blobs, writes
 
     @staticmethod
-    async def _each(threads: list[str], send) -> None:
+    async def _each(threads: list[str], send: Callable[[str], Awaitable[Any]]) -> None:
         gate = asyncio.Semaphore(16)
 
         async def one(thread: str) -> None:
@@ -610,24 +610,24 @@ class ThreadLogSaver(BaseCheckpointSaver[str]):
             self._inner.loop = self._loop
         return self._inner
 
-    def _call(self, coro: Awaitable[T]) -> T:
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         if threading.current_thread() is self._thread or self._closed:
-            coro.close()  # type: ignore[attr-defined]
+            coro.close()
             if self._closed:
                 raise unavailable("this ThreadLogSaver is closed")
             raise RuntimeError("a blocking ThreadLogSaver call from its own loop thread would deadlock")
-        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
             return fut.result(self.timeout)
         except TimeoutError:
             fut.cancel()
             raise unavailable(f"no answer from threadlog within {self.timeout}s") from None
 
-    async def _acall(self, coro: Awaitable[T]) -> T:
+    async def _acall(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._closed:
-            coro.close()  # type: ignore[attr-defined]
+            coro.close()
             raise unavailable("this ThreadLogSaver is closed")
-        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(fut), self.timeout)
         except TimeoutError:

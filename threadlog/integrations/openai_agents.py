@@ -125,8 +125,7 @@ class ThreadLogSession(SessionABC):
         store = self._store
         for _ in range(READ_ATTEMPTS):
             meta = state.read_meta(store, self.session_id)
-            every = limit is None or limit < 0
-            first = meta["first"] if every else max(meta["first"], meta["next"] - limit)
+            first = meta["first"] if limit is None or limit < 0 else max(meta["first"], meta["next"] - limit)
             texts = [store.get(state.item_key(self.session_id, pos)) for pos in range(first, meta["next"])]
             # Unchanged revision: the items read belong to one state of the session.
             if state.read_meta(store, self.session_id)["rev"] == meta["rev"] and None not in texts:

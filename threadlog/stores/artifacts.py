@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+from typing import cast
 
 from ..projections.folds import artifacts as state
 from ..records import decode_artifact, new_artifact
@@ -19,7 +20,12 @@ from ..validation import require_id
 from .base import StoreFacade
 
 
-def _ordered(records: list[dict]) -> list[dict]:
+def _artifact(raw: bytes | None) -> Artifact | None:
+    # decode_artifact checked the stored record (required keys): an Artifact.
+    return cast("Artifact | None", decode_artifact(raw))
+
+
+def _ordered(records: list[Artifact]) -> list[Artifact]:
     return sorted(records, key=lambda r: (r["createdAt"], r["artifactId"].encode("utf-8")))
 
 
@@ -35,15 +41,15 @@ class ArtifactStore(StoreFacade):
         thread_id = await self._thread_of(artifact_id)
         if thread_id is None:
             return None
-        return decode_artifact(self._store.get(state.record_key(thread_id, artifact_id)))
+        return _artifact(self._store.get(state.record_key(thread_id, artifact_id)))
 
     async def list(self, run_id: str) -> list[Artifact]:
         require_id(run_id, "run_id")
         await self._read_barrier()
-        out = []
+        out: list[Artifact] = []
         for k, _ in self._store.scan(state.run_prefix(run_id)):
             _, thread_id, artifact_id = state.split_by_run(k)
-            record = decode_artifact(self._store.get(state.record_key(thread_id, artifact_id)))
+            record = _artifact(self._store.get(state.record_key(thread_id, artifact_id)))
             if record is not None and record["runId"] == run_id:
                 out.append(record)
         return _ordered(out)
@@ -51,7 +57,9 @@ class ArtifactStore(StoreFacade):
     async def list_for_thread(self, thread_id: str) -> builtins.list[Artifact]:
         require_id(thread_id, "thread_id")
         await self._read_barrier(thread_id)
-        return _ordered([decode_artifact(v) for _, v in self._store.scan(state.thread_prefix(thread_id))])
+        # Stored values, never None: each decodes to a record.
+        return _ordered([cast(Artifact, decode_artifact(v))
+                         for _, v in self._store.scan(state.thread_prefix(thread_id))])
 
     async def delete(self, artifact_id: str) -> None:
         """Remove the artifact; silent when it is absent."""

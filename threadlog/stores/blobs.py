@@ -14,8 +14,8 @@ import base64
 import binascii
 import json
 import logging
-from collections.abc import AsyncIterable, Iterable, Mapping
-from typing import Any
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import UNAVAILABLE, ThreadLogError, invalid_argument, unavailable
 from ..producers.blob_chunks import ChunkGone, ChunkReader, ChunkRef, ChunkSink, ChunkWriter, new_version
@@ -23,6 +23,9 @@ from ..projections.folds import blobs as state
 from ..types import Blob, BlobInfo, BlobListPage, BlobRange
 from ..validation import is_int, is_valid_id, require_id
 from .base import StoreFacade
+
+if TYPE_CHECKING:
+    from ..client import ThreadLog
 
 log = logging.getLogger("threadlog.blobs")
 
@@ -37,7 +40,7 @@ _ABANDON_TIMEOUT = 5.0
 
 
 class BlobStore(StoreFacade):
-    def __init__(self, tl) -> None:
+    def __init__(self, tl: ThreadLog) -> None:
         super().__init__(tl)
         self._sink: ChunkSink | None = None
         self._reader: ChunkReader | None = None
@@ -148,7 +151,8 @@ class BlobStore(StoreFacade):
     async def get(self, key: str, *, range: BlobRange | None = None) -> Blob | None:
         require_id(key, "blob key")
         wanted_range = _range(range)  # a malformed range is refused before the key is looked up
-        return await self._get(key, wanted_range)
+        # The stored BlobInfo plus body (and range): a Blob.
+        return cast("Blob | None", await self._get(key, wanted_range))
 
     async def _get(self, key: str, wanted_range: tuple[int, int | None] | None) -> dict[str, Any] | None:
         gone_version = None
@@ -222,7 +226,7 @@ class BlobStore(StoreFacade):
         await self._read_barrier()  # keys live on every partition
         scan_prefix = state.record_scan_prefix(prefix or "")
         start = None if after is None else state.record_key(after)
-        objects: list[dict] = []
+        objects: list[BlobInfo] = []
         truncated = False
         for k, raw in self._store.scan(scan_prefix, start):
             if k == start:
@@ -231,7 +235,7 @@ class BlobStore(StoreFacade):
                 truncated = True
                 break
             objects.append(json.loads(raw))
-        out: dict[str, Any] = {"objects": objects}
+        out: BlobListPage = {"objects": objects}
         if truncated:
             out["cursor"] = _encode_cursor(objects[-1]["key"])
             out["truncated"] = True
@@ -293,7 +297,7 @@ def _pieces(body: Any) -> AsyncIterable[memoryview]:
     )
 
 
-async def _one(view: memoryview):
+async def _one(view: memoryview) -> AsyncIterator[memoryview]:
     yield view
 
 
@@ -305,12 +309,12 @@ def _chunk(piece: Any, n: int) -> memoryview:
     return view
 
 
-async def _from_sync(body: Iterable):
+async def _from_sync(body: Iterable[Any]) -> AsyncIterator[memoryview]:
     for n, piece in enumerate(body):
         yield _chunk(piece, n)
 
 
-async def _from_async(body: AsyncIterable):
+async def _from_async(body: AsyncIterable[Any]) -> AsyncIterator[memoryview]:
     n = 0
     async for piece in body:
         yield _chunk(piece, n)

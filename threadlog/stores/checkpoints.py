@@ -18,7 +18,7 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ..checkpoint_rules import (
     check_checkpoint_body,
@@ -299,7 +299,7 @@ class CheckpointStore(StoreFacade):
         for thread in state.threads_holding(self._store, checkpoint_id):
             record = state.get_record(self._store, thread, checkpoint_id)
             if record is not None:
-                return record
+                return cast(Checkpoint, record)  # a record the checkpoint fold stored: a Checkpoint
         return None
 
     async def list(self, thread_id: str) -> list[Checkpoint]:
@@ -316,7 +316,7 @@ class CheckpointStore(StoreFacade):
     async def list_blob_references(self) -> builtins.list[BlobReference]:
         """Every referenced blob key with its count of referencing checkpoints, by key bytes."""
         await self._read_barrier()
-        out: list[dict] = []
+        out: list[BlobReference] = []
         for k, v in self._store.scan(state.REFS):
             blob, _thread = state.split_refs_key(k)
             if out and out[-1]["key"] == blob:

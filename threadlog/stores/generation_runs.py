@@ -7,6 +7,8 @@ run, validated patches with explicit clears, unknown run = no-op; the index
 
 from __future__ import annotations
 
+from typing import cast
+
 from ..projections.folds import generation_runs as state
 from ..records import GENERATION_RUN_PATCH, decode_generation_run, new_generation_run
 from ..types import GenerationRun, GenerationRunPatch, RunStatus, Timestamp
@@ -34,13 +36,15 @@ class GenerationRunStore(StoreFacade):
         thread_id = await self._thread_of(run_id)
         if thread_id is None:
             return None
-        return decode_generation_run(self._store.get(state.record_key(thread_id, run_id)))
+        # decode_generation_run checked the stored record: a GenerationRun.
+        return cast("GenerationRun | None", decode_generation_run(self._store.get(state.record_key(thread_id, run_id))))
 
     async def find_latest_for_thread(self, thread_id: str) -> GenerationRun | None:
         """The generation run with the greatest startedAt (ties: the last by run id bytes)."""
         require_id(thread_id, "thread_id")
         await self._read_barrier(thread_id)
-        records = [decode_generation_run(v) for _, v in self._store.scan(state.thread_prefix(thread_id))]
+        records = [cast(GenerationRun, decode_generation_run(v))  # a stored value: never None
+                   for _, v in self._store.scan(state.thread_prefix(thread_id))]
         if not records:
             return None
         return max(records, key=lambda r: (r["startedAt"], r["runId"].encode("utf-8")))

@@ -8,7 +8,7 @@ ascending by requestedAt, then interrupt id bytes.
 from __future__ import annotations
 
 import builtins
-from typing import Any
+from typing import Any, cast
 
 from ..projections.folds import interrupts as state
 from ..records import decode_interrupt, new_interrupt, require_json_value
@@ -17,7 +17,12 @@ from ..validation import dumps, require_id
 from .base import StoreFacade
 
 
-def _ordered(records: list[dict]) -> list[dict]:
+def _interrupt(raw: bytes | None) -> Interrupt | None:
+    # decode_interrupt checked the stored record (status in its set, required keys): an Interrupt.
+    return cast("Interrupt | None", decode_interrupt(raw))
+
+
+def _ordered(records: list[Interrupt]) -> list[Interrupt]:
     return sorted(records, key=lambda r: (r["requestedAt"], r["interruptId"].encode("utf-8")))
 
 
@@ -46,7 +51,7 @@ class InterruptStore(StoreFacade):
         thread_id = await self._thread_of(interrupt_id)
         if thread_id is None:
             return None
-        return decode_interrupt(self._store.get(state.record_key(thread_id, interrupt_id)))
+        return _interrupt(self._store.get(state.record_key(thread_id, interrupt_id)))
 
     async def list(self, thread_id: str) -> list[Interrupt]:
         require_id(thread_id, "thread_id")
@@ -69,7 +74,7 @@ class InterruptStore(StoreFacade):
         return [r for r in self._run_interrupts(run_id) if r["status"] == "pending"]
 
     # -- helpers ---------------------------------------------------------------
-    async def _decide(self, interrupt_id: str, status: str, response: str | None) -> dict | None:
+    async def _decide(self, interrupt_id: str, status: str, response: str | None) -> Interrupt | None:
         thread_id = await self._thread_of(interrupt_id)
         if thread_id is None:
             return None
@@ -81,14 +86,16 @@ class InterruptStore(StoreFacade):
         await self._read_barrier()
         return state.thread_of(self._store, interrupt_id)
 
-    def _thread_interrupts(self, thread_id: str) -> list[dict]:
-        return _ordered([decode_interrupt(v) for _, v in self._store.scan(state.thread_prefix(thread_id))])
+    def _thread_interrupts(self, thread_id: str) -> builtins.list[Interrupt]:
+        # Stored values, never None: each decodes to a record.
+        return _ordered([cast(Interrupt, decode_interrupt(v))
+                         for _, v in self._store.scan(state.thread_prefix(thread_id))])
 
-    def _run_interrupts(self, run_id: str) -> list[dict]:
-        out = []
+    def _run_interrupts(self, run_id: str) -> builtins.list[Interrupt]:
+        out: builtins.list[Interrupt] = []
         for k, _ in self._store.scan(state.run_prefix(run_id)):
             _, thread_id, interrupt_id = state.split_by_run(k)
-            record = decode_interrupt(self._store.get(state.record_key(thread_id, interrupt_id)))
+            record = _interrupt(self._store.get(state.record_key(thread_id, interrupt_id)))
             if record is not None and record["runId"] == run_id:
                 out.append(record)
         return _ordered(out)

@@ -7,24 +7,43 @@ thread's partition decides. Records read back are validated (`decode_run`).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol, cast
 
 from ..errors import RUN_NOT_FOUND, RUN_TERMINAL, ThreadLogError, invalid_argument
 from ..projections.folds import runs as state
 from ..projections.keys import dec_num, dec_str
-from ..records import RUN_PATCH, check_patch, decode_run, is_terminal, new_run, require_timestamp
+from ..records import RUN_PATCH, FieldCheck, check_patch, decode_run, is_terminal, new_run, require_timestamp
 from ..types import Run, RunPatch, RunStatus, Timestamp
 from ..validation import dumps, is_finite, require_id
 from .base import StoreFacade
 
 
-def _by_time(record: dict, time_field: str, id_field: str) -> tuple:
+def _by_time(record: Mapping[str, Any], time_field: str, id_field: str) -> tuple[Any, bytes]:
     # SPEC 1: ties in a time order are broken by id bytes, ascending.
     return (record[time_field], record[id_field].encode("utf-8"))
 
 
-async def send_run_patch(store: StoreFacade, command: str, run_id: str, patch: dict[str, Any],
-                         fields, what: str) -> None:
+def _run(raw: bytes | None) -> Run | None:
+    # decode_run checked the stored record (status in its set, required keys): a Run.
+    return cast("Run | None", decode_run(raw))
+
+
+def _stored_run(raw: bytes) -> Run:
+    # A stored value (never None) decodes to a record.
+    return cast(Run, decode_run(raw))
+
+
+class RunFacade(Protocol):
+    """What `send_run_patch` needs of the runs and generation runs stores."""
+
+    async def _thread_of(self, run_id: str) -> str | None: ...
+
+    async def _send(self, type_name: str, key: str, payload: dict) -> Any: ...
+
+
+async def send_run_patch(store: RunFacade, command: str, run_id: str, patch: Mapping[str, Any],
+                         fields: Mapping[str, FieldCheck], what: str) -> None:
     """`update` of runs and generation runs: the patch is validated first (even
     for an unknown run); a valid patch on an unknown run is a no-op. `store`
     resolves the run's thread with its `_thread_of`."""
@@ -60,7 +79,7 @@ class RunStore(StoreFacade):
         thread_id = await self._thread_of(run_id)
         if thread_id is None:
             return None
-        return decode_run(self._store.get(state.record_key(thread_id, run_id)))
+        return _run(self._store.get(state.record_key(thread_id, run_id)))
 
     async def list_by_thread(self, thread_id: str) -> list[Run]:
         """Every run of the thread, ascending by startedAt, then run id bytes."""
@@ -83,7 +102,7 @@ class RunStore(StoreFacade):
             raise invalid_argument(f"ttl_ms must be a finite number >= 0, got {ttl_ms!r}")
         cutoff = now - ttl_ms
         await self._read_barrier()
-        out = []
+        out: list[Run] = []
         for k, _ in self._store.scan(state.RUN_DETACHED):
             since, pos = dec_num(k, len(state.RUN_DETACHED))
             # The key orders by the double nearest detachedSince; rounding is
@@ -91,7 +110,7 @@ class RunStore(StoreFacade):
             if since > float(cutoff):
                 break
             run_id, thread_id = _split_tail(k, pos)
-            record = decode_run(self._store.get(state.record_key(thread_id, run_id)))
+            record = _run(self._store.get(state.record_key(thread_id, run_id)))
             # The index is a hint; the record decides (exact comparison).
             if (record is not None and record["status"] == "running"
                     and record.get("detachedSince") is not None and record["detachedSince"] <= cutoff):
@@ -103,7 +122,7 @@ class RunStore(StoreFacade):
         had. RUN_NOT_FOUND for an unknown run, RUN_TERMINAL for a finished one."""
         require_id(run_id, "run_id")
         thread_id = await self._thread_of(run_id)
-        record = None if thread_id is None else decode_run(self._store.get(state.record_key(thread_id, run_id)))
+        record = None if thread_id is None else _run(self._store.get(state.record_key(thread_id, run_id)))
         if thread_id is None or record is None:
             raise ThreadLogError(RUN_NOT_FOUND, f"run {run_id!r} does not exist")
         if is_terminal(record):
@@ -129,8 +148,8 @@ class RunStore(StoreFacade):
         await self._read_barrier()
         return state.thread_of(self._store, run_id)
 
-    def _thread_runs(self, thread_id: str) -> list[dict]:
-        records = [decode_run(v) for _, v in self._store.scan(state.thread_prefix(thread_id))]
+    def _thread_runs(self, thread_id: str) -> list[Run]:
+        records = [_stored_run(v) for _, v in self._store.scan(state.thread_prefix(thread_id))]
         return sorted(records, key=lambda r: _by_time(r, "startedAt", "runId"))
 
 
