@@ -218,7 +218,7 @@ async def _worker(rt, listen: tuple[str, int], http: tuple[str, int] | None = No
               f"as {rt.client_id}", flush=True)
         await stop.wait()
         readiness.draining = True
-        logging.getLogger("threadlog.worker").info("stopping: draining requests in flight (up to %ss)", drain_s)
+        print(f"worker stopping: draining requests in flight (up to {drain_s:g}s)", flush=True)
     finally:
         readiness.draining = True
         if announcer is not None:
