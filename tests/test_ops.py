@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 
 import httpx
@@ -246,3 +247,16 @@ def test_json_log_lines_carry_exception_text():
     out = json.loads(JsonFormatter().format(rec))
     assert out["level"] == "ERROR" and out["logger"] == "x" and out["message"] == "failed here"
     assert "ValueError: boom" in out["exception"] and "\n" not in JsonFormatter().format(rec)
+
+
+def test_a_failing_command_in_json_mode_is_one_json_line_with_the_traceback_under_v():
+    args = ["namespaces", "list", "--bootstrap", "127.0.0.1:1", "--request-timeout-ms", "2000"]
+    env = {k: v for k, v in os.environ.items() if k != "THREADLOG_KAFKA_CONFIG"}
+    for verbose in ([], ["-v"]):
+        proc = subprocess.run([sys.executable, "-m", "threadlog", "--log-format", "json", *verbose, *args],
+                              capture_output=True, text=True, timeout=60, env=env)
+        assert proc.returncode == 2
+        lines = [json.loads(ln) for ln in proc.stderr.splitlines()]  # every line one JSON object
+        last = lines[-1]
+        assert last["logger"] == "threadlog.cli" and last["message"].startswith("threadlog: UNAVAILABLE: ")
+        assert ("Traceback" in last.get("exception", "")) == bool(verbose)

@@ -647,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
-        if args.verbose:
+        if args.verbose and args.log_format != "json":
             traceback.print_exc()
         if isinstance(exc, ThreadLogError):
             code, message, status = exc.code, exc.message, 2
@@ -656,7 +656,12 @@ def main(argv: list[str] | None = None) -> int:
         # One line: a message may quote multi-line broker text. Secrets from
         # the kafka config never reach the terminal, whatever quoted them.
         line = " ".join(scrub(message, getattr(args, "kafka_props", None)).split())
-        print(f"threadlog: {code}: {line}", file=sys.stderr)
+        if args.log_format == "json":
+            # Still one line: a JSON object, the traceback in its "exception" with -v.
+            logging.getLogger("threadlog.cli").error("threadlog: %s: %s", code, line,
+                                                     exc_info=exc if args.verbose else None)
+        else:
+            print(f"threadlog: {code}: {line}", file=sys.stderr)
         return status
 
 
