@@ -260,3 +260,42 @@ def test_a_failing_command_in_json_mode_is_one_json_line_with_the_traceback_unde
         last = lines[-1]
         assert last["logger"] == "threadlog.cli" and last["message"].startswith("threadlog: UNAVAILABLE: ")
         assert ("Traceback" in last.get("exception", "")) == bool(verbose)
+
+
+async def test_a_worker_owning_no_partition_is_ready_and_a_thin_serve_is_ready(bootstrap, namespace, tmp_path,
+                                                                              open_client):
+    # One partition, two workers: the group gives one of them nothing; both are ready.
+    workers = [WorkerProcess(bootstrap, namespace, tmp_path / f"w{i}", f"w{i}", "--partitions", "1",
+                             "--http", "127.0.0.1:0") for i in range(2)]
+    try:
+        for w in workers:
+            await w.start()
+        async with httpx.AsyncClient(timeout=10) as http:
+
+            async def both_ready() -> list[dict]:
+                while True:
+                    answers = [await http.get(f"{metrics_url(w)}/readyz") for w in workers]
+                    if all(a.status_code == 200 for a in answers):
+                        owned = sorted(a.json()["owned"] for a in answers)
+                        if owned == [[], [0]]:
+                            return [a.json() for a in answers]
+                    await asyncio.sleep(0.2)  # polling: the rebalance announces itself to no test
+
+            await within(both_ready(), 60)
+            for w in workers:
+                got = await scrape(http, metrics_url(w))
+                assert value(got, "threadlog_partitions_owned") in (0, 1)
+            thin = await open_client(processors="external", own_worker=True)
+            await within(thin.messages.save_thread("t", ["x"]))
+            async with serving(thin) as base:
+                r = await http.get(f"{base}/readyz")
+                assert r.status_code == 200 and r.json() == {"ready": True, "role": "thin"}
+                got = await scrape(http, base)
+                assert value(got, "threadlog_partitions_owned") == 0
+        for w in workers:
+            w.signal(signal.SIGTERM)
+        for w in workers:
+            assert await w.wait_exit(30) == 0
+    finally:
+        for w in workers:
+            await w.stop()
