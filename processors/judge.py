@@ -159,6 +159,8 @@ class Judge(Follower):
     (an answer about fixed positions never changes, so it is cached).
     """
 
+    metrics = None  # threadlog.metrics.Metrics, when attached
+
     def __init__(self, bootstrap: str, topic: str, partitions: int, stores: PartitionStores, codec: Codec,
                  client_id: str, *, kafka: Props | None = None, group: str | None = None,
                  lookups: Lookups | None = None, restore: Callable[[int, Store], object] | None = None,
@@ -435,6 +437,8 @@ class Judge(Follower):
         self.stats["accepted" if verdict["ok"] else "refused"] += 1
         if verdict.get("code") == INVALID_MESSAGE:
             self.stats["poison"] += 1
+        if self.metrics is not None:
+            self.metrics.decided(verdict)
         return verdict
 
 

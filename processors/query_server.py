@@ -86,6 +86,8 @@ class QueryServer:
         self.timeout = timeout
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.StreamWriter] = set()
+        self._inflight: set[asyncio.Task] = set()  # requests being answered
+        self.draining = False
         self.address = ""
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -94,6 +96,19 @@ class QueryServer:
         bound_host, bound_port = self._server.sockets[0].getsockname()[:2]
         self.address = f"{bound_host}:{bound_port}"
         return self.address
+
+    async def drain(self, timeout: float) -> int:
+        """Stop listening and taking requests (new ones: NOT_OWNER, the client asks
+        another worker); wait up to `timeout` for those in flight to be answered.
+        Returns how many were still unanswered."""
+        self.draining = True
+        if self._server is not None:
+            self._server.close()
+        pending = set(self._inflight)
+        if pending:
+            log.info("draining: %d request(s) in flight", len(pending))
+            _, pending = await asyncio.wait(pending, timeout=timeout)
+        return len(pending)
 
     async def close(self) -> None:
         if self._server is not None:
@@ -115,6 +130,8 @@ class QueryServer:
                 task = asyncio.create_task(self._answer(line, writer, lock))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
+                self._inflight.add(task)
+                task.add_done_callback(self._inflight.discard)
         except (ConnectionError, asyncio.IncompleteReadError, ValueError):
             return  # a client that went away (or sent a line over the limit)
         finally:
@@ -128,6 +145,8 @@ class QueryServer:
         try:
             req = orjson.loads(line)
             rid = req["id"]
+            if self.draining:
+                raise not_owner("this worker is shutting down")
             result = await self.dispatch(req["op"], req.get("args") or {})
             out = {"id": rid, "ok": True, "result": result}
         except ThreadLogError as exc:

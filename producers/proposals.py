@@ -55,6 +55,8 @@ class Verdicts(Protocol):
 
 
 class ProposalBus:
+    metrics = None  # threadlog.metrics.Metrics, when attached
+
     def __init__(
         self,
         *,
@@ -152,6 +154,7 @@ class ProposalBus:
             where.append(msg.offset())
             self.verdicts.on_verdict(partition, msg.offset(), judged)
 
+        t0 = time.perf_counter()
         try:
             self.producer.produce(self.topics.events, value, key.encode("utf-8"), partition=partition,
                                   on_delivery=delivered)
@@ -160,7 +163,7 @@ class ProposalBus:
         except Exception as exc:
             raise invalid_argument(f"proposal not sent: {exc}") from None
         try:
-            return await asyncio.wait_for(fut, timeout)
+            verdict = await asyncio.wait_for(fut, timeout)
         except TimeoutError:
             if where:
                 self.verdicts.forget(partition, where[0], judged)
@@ -168,6 +171,9 @@ class ProposalBus:
                                      f"@{where[0]} but not judged within {timeout}s: it may still apply") from None
             raise ThreadLogError(OUTCOME_UNKNOWN, f"{type_name} not acknowledged by the cluster within {timeout}s: "
                                  "it may still be written and apply") from None
+        if self.metrics is not None:
+            self.metrics.verdict_latency(type_name, time.perf_counter() - t0)
+        return verdict
 
     async def _emit(self, effects: list[dict]) -> None:
         """Write the idempotent records a verdict derived (tombstones), awaiting their acks."""

@@ -110,28 +110,76 @@ def cmd_worker(args: argparse.Namespace) -> int:
         request_timeout_ms=args.request_timeout_ms,
         kafka=_kafka_props(args),
     )
-    host, _, port = args.listen.rpartition(":")
-    try:
-        listen = (host or "127.0.0.1", int(port))
-    except ValueError:
-        print(f"threadlog worker: --listen must be HOST:PORT, got {args.listen!r}", file=sys.stderr)
+    listen = _host_port(args.listen, "--listen")
+    http = _host_port(args.http, "--http") if args.http else None
+    if listen is None or (args.http and http is None):
         return 2
     if args.snapshot_every < 1 or args.snapshot_interval <= 0:
         print("threadlog worker: --snapshot-every and --snapshot-interval must be positive", file=sys.stderr)
         return 2
+    if args.drain_timeout < 0:
+        print("threadlog worker: --drain-timeout must be >= 0", file=sys.stderr)
+        return 2
     rt = Runtime(opts, worker=True, snapshot_every=args.snapshot_every, snapshot_interval_s=args.snapshot_interval)
-    return asyncio.run(_worker(rt, listen))
+    return asyncio.run(_worker(rt, listen, http, args.drain_timeout, args.verbose))
 
 
-async def _worker(rt, listen: tuple[str, int]) -> int:
-    """Judge the namespace, serve its state to thin clients, announce it in `<ns>.members`."""
+def _host_port(text: str, flag: str) -> tuple[str, int] | None:
+    host, _, port = text.rpartition(":")
+    try:
+        return host or "127.0.0.1", int(port)
+    except ValueError:
+        print(f"threadlog worker: {flag} must be HOST:PORT, got {text!r}", file=sys.stderr)
+        return None
+
+
+def _uvicorn_server(app: Any, host: str, port: int, verbose: bool, graceful_s: float = 2.0):
+    """A uvicorn server that logs through our handlers (text or JSON) and leaves
+    the signals to us (uvicorn re-raises SIGTERM after its shutdown: exit -15, not 0)."""
+    import contextlib
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            yield
+
+        def install_signal_handlers(self) -> None:  # uvicorn < 0.29
+            pass
+
+    config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False,
+                            log_level="info" if verbose else "warning", lifespan="on",
+                            timeout_graceful_shutdown=graceful_s)
+    return Server(config)
+
+
+async def _start_server(server) -> tuple[asyncio.Future, str, int]:
+    task = asyncio.ensure_future(server.serve())
+    while not server.started:
+        if task.done():
+            await task  # startup failed: raise its error
+            raise SystemExit("threadlog: the HTTP server stopped during startup")
+        await asyncio.sleep(0.02)
+    host, port = server.servers[0].sockets[0].getsockname()[:2]
+    return task, host, port
+
+
+async def _worker(rt, listen: tuple[str, int], http: tuple[str, int] | None = None, drain_s: float = 10.0,
+                  verbose: bool = False) -> int:
+    """Judge the namespace, serve its state to thin clients, announce it in `<ns>.members`.
+
+    SIGTERM/SIGINT: not ready any more, leave `<ns>.members`, answer the requests
+    in flight (up to `drain_s`), then leave the group and exit 0."""
     from threadlog.members import Announcer
+    from threadlog.metrics import Readiness, attach
     from threadlog.processors.query_server import QueryServer
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    readiness = Readiness(rt, timeout=min(5.0, rt.opts.request_timeout))  # before the first assignment
     try:
         await asyncio.to_thread(rt.start)
     except BaseException:
@@ -142,7 +190,20 @@ async def _worker(rt, listen: tuple[str, int]) -> int:
     server = QueryServer(rt.stores, rt.judge, rt.barrier, timeout=rt.opts.request_timeout,
                          snapshotter=rt.snapshotter)
     announcer: Announcer | None = None
+    web = web_task = None
     try:
+        if http is not None:
+            from starlette.applications import Starlette
+
+            from threadlog.metrics import AccessLog, ops_routes
+
+            metrics = attach(rt)
+            readiness.start()
+            app = Starlette(routes=ops_routes(lambda: metrics, lambda: readiness))
+            app.add_middleware(AccessLog, metrics_of=lambda: metrics)
+            web = _uvicorn_server(app, http[0], http[1], verbose)
+            web_task, whost, wport = await _start_server(web)
+            print(f"worker metrics and health at http://{whost}:{wport}/metrics", flush=True)
         address = await server.start(*listen)
         judge = rt.judge
         announcer = Announcer(rt.opts.bootstrap_servers, rt.topics.members, rt.client_id, address,
@@ -156,11 +217,20 @@ async def _worker(rt, listen: tuple[str, int]) -> int:
         print(f"worker judging {rt.topics.events} (state {rt.stores.path}), serving queries at {address} "
               f"as {rt.client_id}", flush=True)
         await stop.wait()
+        readiness.draining = True
+        print(f"worker stopping: draining requests in flight (up to {drain_s:g}s)", flush=True)
     finally:
+        readiness.draining = True
         if announcer is not None:
             await asyncio.to_thread(announcer.stop)
+        left = await server.drain(drain_s)
+        if left:
+            logging.getLogger("threadlog.worker").warning("%d request(s) unanswered after %ss", left, drain_s)
         await server.close()
-        await asyncio.to_thread(rt.stop)
+        if web is not None and web_task is not None:
+            web.should_exit = True
+            await asyncio.wait_for(web_task, 10)
+        await asyncio.to_thread(rt.stop)  # closes the judge's consumer: leaves the group
     return 0
 
 
@@ -341,21 +411,25 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 async def _serve_app(args: argparse.Namespace, tl: Any) -> None:
-    import uvicorn
-
     from threadlog.http import create_app
 
+    if not args.no_access_log:
+        logging.getLogger("threadlog.access").setLevel(logging.INFO)
     app = create_app(tl, namespace=args.namespace, path=args.path)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="on",
-                            timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
-    task = asyncio.ensure_future(server.serve())
-    while not server.started:
-        if task.done():
-            await task  # startup failed: raise its error
-            raise SystemExit("threadlog serve: the server stopped during startup")
-        await asyncio.sleep(0.02)
-    host, port = server.servers[0].sockets[0].getsockname()[:2]
+    server = _uvicorn_server(app, args.host, args.port, args.verbose, graceful_s=args.drain_timeout)
+    loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        # Not ready any more; uvicorn stops listening, answers the requests in
+        # flight (up to --drain-timeout), then the client closes: exit 0.
+        ready = app.state.ops.get("ready")
+        if ready is not None:
+            ready.draining = True
+        server.should_exit = True
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    task, host, port = await _start_server(server)
     print(f"threadlog serving namespace {args.namespace!r} at http://{host}:{port}{args.path}", flush=True)
     await task
 
@@ -515,6 +589,9 @@ def _version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="threadlog", description=__doc__)
     ap.add_argument("-v", "--verbose", action="store_true", help="log more; print tracebacks of errors")
+    ap.add_argument("--log-format", choices=["text", "json"], default="text",
+                    help="stderr log lines: text, or one JSON object per line (ts, level, logger, message, "
+                         "exception)")
     ap.add_argument("--version", action="version", version=f"threadlog {_version()}")
     sub = ap.add_subparsers(dest="command", required=True)
 
@@ -538,6 +615,11 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--renew-after-ms", type=int, default=45_000)
     w.add_argument("--listen", default="127.0.0.1:0",
                    help="HOST:PORT of the query service for thin clients (port 0: a free one, printed)")
+    w.add_argument("--http", default=None, metavar="HOST:PORT",
+                   help="serve /metrics (Prometheus), /healthz and /readyz over HTTP here (default: off; "
+                        "port 0: a free one, printed)")
+    w.add_argument("--drain-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="on SIGTERM, how long to wait for requests in flight before leaving (default 10)")
     w.add_argument("--snapshot-every", type=int, default=50_000, metavar="RECORDS",
                    help="snapshot a partition's state after this many records judged (default 50000)")
     w.add_argument("--snapshot-interval", type=float, default=300.0, metavar="SECONDS",
@@ -555,6 +637,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "'embedded': judge every partition in this process")
     sv.add_argument("--state-dir", default=None)
     sv.add_argument("--first-chunk-wait-ms", type=int, default=5000)
+    sv.add_argument("--drain-timeout", type=float, default=2.0, metavar="SECONDS",
+                    help="on SIGTERM, how long requests in flight (and SSE streams) may go on (default 2)")
+    sv.add_argument("--no-access-log", action="store_true",
+                    help="no access log lines (method, path, status, duration; logger threadlog.access)")
     sv.set_defaults(fn=cmd_serve)
 
     rp = sub.add_parser("replay", help="print a run's delivery chunks as JSON lines with their offsets")
@@ -625,15 +711,21 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("schemas", help="check or freeze Avro schema versions")
     s.add_argument("action", choices=["check", "freeze"])
     s.set_defaults(fn=cmd_schemas)
+    for command in sub.choices.values():
+        # Also after the command (`threadlog worker -v`); SUPPRESS keeps a flag
+        # given before it.
+        command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                             help="log more; print tracebacks of errors")
+        command.add_argument("--log-format", choices=["text", "json"], default=argparse.SUPPRESS,
+                             help="stderr log lines: text (default) or JSON lines")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from threadlog import logs
+
+    logs.configure(args.verbose, args.log_format)
     if not args.verbose:
         # librdkafka logs every failed connection attempt; while a command
         # starts, its error line says why instead (see _started()).
@@ -646,7 +738,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
-        if args.verbose:
+        if args.verbose and args.log_format != "json":
             traceback.print_exc()
         if isinstance(exc, ThreadLogError):
             code, message, status = exc.code, exc.message, 2
@@ -655,7 +747,12 @@ def main(argv: list[str] | None = None) -> int:
         # One line: a message may quote multi-line broker text. Secrets from
         # the kafka config never reach the terminal, whatever quoted them.
         line = " ".join(scrub(message, getattr(args, "kafka_props", None)).split())
-        print(f"threadlog: {code}: {line}", file=sys.stderr)
+        if args.log_format == "json":
+            # Still one line: a JSON object, the traceback in its "exception" with -v.
+            logging.getLogger("threadlog.cli").error("threadlog: %s: %s", code, line,
+                                                     exc_info=exc if args.verbose else None)
+        else:
+            print(f"threadlog: {code}: {line}", file=sys.stderr)
         return status
 
 

@@ -221,6 +221,8 @@ def _close(consumer: Consumer) -> None:
 class DeliveryService:
     """What one client needs for delivery logs: run index, writer, readers' consumers."""
 
+    metrics = None  # threadlog.metrics.Metrics, when attached
+
     def __init__(self, tl: ThreadLog) -> None:
         rt = tl.runtime
         assert rt.layout is not None and rt.index_store is not None and rt.admin is not None
@@ -455,6 +457,8 @@ class DeliveryLog:
             return []
         self._precheck()
         x = await self._write_and_verify({"kind": run_index.CHUNKS, **fields})
+        if self._svc.metrics is not None:
+            self._svc.metrics.appended(n)
         return list(self._offsets(x, 0, n))
 
     async def upsert(self, entries: Iterable[tuple[Offset, dict]]) -> list[Offset]:
@@ -506,7 +510,10 @@ class DeliveryLog:
         `follow=False` (an extension, for tools) ends at what is stored when the
         iteration starts instead of waiting, and an unknown run yields nothing.
         """
-        return self._iterate(after, follow=follow)
+        items = self._iterate(after, follow=follow)
+        svc = self._tl._delivery  # not _svc: a closed client fails when iterated, as before
+        metrics = svc.metrics if svc is not None else None
+        return items if metrics is None else metrics.reading(items)
 
     async def snapshot(self) -> list[tuple[Offset, dict]]:
         """What is stored now, in order; never waits for new chunks; [] for an unknown run."""

@@ -31,6 +31,7 @@ from starlette.routing import Route
 from ..client import ThreadLog
 from ..client import open as open_threadlog
 from ..errors import INVALID_ARGUMENT, ThreadLogError
+from ..metrics import AccessLog, Readiness, attach, attached, ops_routes
 from ..validation import is_valid_id
 from .sse import EventStreamResponse, stream_run
 
@@ -118,7 +119,7 @@ def _stream(tl: ThreadLog, run_id: str, request: Request) -> Response:
     if not is_valid_id(run_id):
         return _bad_request(f"runId must be a non-empty id, got {run_id!r}")
     # From here on every outcome is an event stream: errors are RUN_ERROR events.
-    return EventStreamResponse(stream_run(tl.delivery(run_id), _resume_offset(request)))
+    return EventStreamResponse(stream_run(tl.delivery(run_id), _resume_offset(request)), attached(tl))
 
 
 async def _json_error(request: Request, exc: Exception) -> Response:
@@ -137,28 +138,43 @@ def create_app(
     **open_options: Any,
 ) -> Starlette:
     """An ASGI app serving the routes. Pass an open `tl`, or connection options
-    to have the app open (and close) its own client in its lifespan."""
+    to have the app open (and close) its own client in its lifespan.
+
+    Also `/metrics` (Prometheus text, the client's own registry: threadlog/metrics.py),
+    `/healthz` and `/readyz`, and one access log line per request
+    (logger `threadlog.access`, INFO)."""
     if tl is None and bootstrap_servers is None:
         raise ValueError("create_app needs an open ThreadLog or bootstrap_servers")
-    holder: dict[str, ThreadLog] = {}
+    holder: dict[str, Any] = {}
+
+    def instrument(client: ThreadLog) -> None:
+        holder["tl"] = client
+        holder["metrics"] = attach(client)
+        holder["ready"] = Readiness(client, timeout=min(5.0, client.opts.request_timeout))
+
     if tl is not None:
-        holder["tl"] = tl
+        instrument(tl)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         if tl is not None:
+            holder["ready"].start()
             yield
             return
         async with open_threadlog(bootstrap_servers, namespace=namespace, **open_options) as client:
-            holder["tl"] = client
+            instrument(client)
+            holder["ready"].start()
             app.state.threadlog = client
             yield
 
     def get_tl() -> ThreadLog:
         return holder["tl"]
 
-    app = Starlette(routes=routes(get_tl, path), lifespan=lifespan,
+    ops = ops_routes(lambda: holder.get("metrics"), lambda: holder.get("ready"))
+    app = Starlette(routes=[*ops, *routes(get_tl, path)], lifespan=lifespan,
                     exception_handlers={HTTPException: _json_error, Exception: _json_error})
+    app.add_middleware(AccessLog, metrics_of=lambda: holder.get("metrics"))
+    app.state.ops = holder  # "metrics", "ready": threadlog serve marks readiness draining on SIGTERM
     if tl is not None:
         app.state.threadlog = tl
     return app

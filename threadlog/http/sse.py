@@ -24,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..delivery import DeliveryLog
 from ..errors import ThreadLogError
+from ..metrics import Metrics
 
 TERMINAL = frozenset({"RUN_FINISHED", "RUN_ERROR"})
 INCOMPLETE = "RUN_INCOMPLETE"  # code of the synthetic error: closed without a terminal chunk
@@ -105,10 +106,18 @@ class EventStreamResponse(StreamingResponse):
 
     media_type = "text/event-stream"
 
-    def __init__(self, content: AsyncIterator[bytes]) -> None:
+    def __init__(self, content: AsyncIterator[bytes], metrics: Metrics | None = None) -> None:
         super().__init__(content, media_type="text/event-stream; charset=utf-8", headers=HEADERS)
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.metrics is None:
+            await self._serve(receive, send)
+            return
+        with self.metrics.sse_stream():
+            await self._serve(receive, send)
+
+    async def _serve(self, receive: Receive, send: Send) -> None:
         async with anyio.create_task_group() as tg:
 
             async def body() -> None:

@@ -1,0 +1,301 @@
+"""Operating threadlog: Prometheus /metrics, /healthz, /readyz on `serve` and `worker --http`,
+SIGTERM draining, JSON logs and access logs.
+
+Everything against a real broker and real processes: metrics are scraped over
+HTTP while load runs and the exposition text is parsed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+
+import httpx
+import orjson
+import pytest
+from delivery_support import chunk
+from http_support import read_stream, serving, sse_events
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from support import within
+from worker_support import WorkerProcess
+
+from threadlog.errors import ThreadLogError
+from threadlog.metrics import attach
+from threadlog.partitioning import partition_for
+
+FINISHED = {"type": "RUN_FINISHED", "runId": "r", "threadId": "t"}
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    """Exposition text -> {(sample name, sorted labels): value}."""
+    out: dict[tuple[str, tuple], float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(scraped: dict, name: str, **labels: str) -> float:
+    return scraped.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def total(scraped: dict, name: str, **labels: str) -> float:
+    """Sum over every label set containing `labels`."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in scraped.items() if n == name and want <= set(ls))
+
+
+async def scrape(client: httpx.AsyncClient, base: str) -> dict:
+    r = await client.get(f"{base}/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain"), r.text
+    return samples(r.text)
+
+
+def metrics_url(worker: WorkerProcess) -> str:
+    line = next(ln for ln in worker.lines if "worker metrics and health at " in ln)
+    return line.split(" at ", 1)[1].strip().removesuffix("/metrics")
+
+
+async def test_worker_metrics_scraped_under_load(bootstrap, namespace, tmp_path, open_client):
+    worker = WorkerProcess(bootstrap, namespace, tmp_path / "w", "w1", "--http", "127.0.0.1:0")
+    try:
+        await worker.start()
+        base = metrics_url(worker)
+        thin = await open_client(processors="external", own_worker=True)
+        mine = attach(thin)  # the thin client's own registry: proposal -> verdict latency
+        async with httpx.AsyncClient(timeout=30) as http:
+            assert (await http.get(f"{base}/healthz")).status_code == 200
+            before = await scrape(http, base)
+            n = 40
+            load_done = asyncio.Event()
+
+            async def load() -> None:
+                try:
+                    await asyncio.gather(*(thin.messages.save_thread(f"t{i % 8}", [f"m{i}"]) for i in range(n)))
+                    for _ in range(3):  # refused: undecodable payloads
+                        with pytest.raises(ThreadLogError):
+                            await thin.bus.send_encoded("threadlog.cmd.SaveTranscript", "t0", b"\xc3\x01garbage")
+                finally:
+                    load_done.set()
+
+            async def scrape_while_loaded() -> int:
+                count = 0
+                while not load_done.is_set() or count == 0:
+                    got = await scrape(http, base)  # parses while the judge is busy
+                    assert value(got, "threadlog_partitions_owned") == 4
+                    count += 1
+                return count
+
+            _, scrapes = await within(asyncio.gather(load(), scrape_while_loaded()), 60)
+            assert scrapes >= 1
+            await within(thin.read_barrier(None))
+            after = await scrape(http, base)
+            accepted = value(after, "threadlog_decisions_total", outcome="accepted", code="OK") - \
+                value(before, "threadlog_decisions_total", outcome="accepted", code="OK")
+            assert accepted == n
+            assert value(after, "threadlog_decisions_total", outcome="refused", code="INVALID_MESSAGE") == 3
+            assert value(after, "threadlog_records_judged_total") - value(before, "threadlog_records_judged_total") \
+                == n + 3
+            for p in range(4):
+                assert ("threadlog_fold_lag_records", (("partition", str(p)),)) in after
+                assert value(after, "threadlog_fold_lag_records", partition=str(p)) == 0
+            assert sum(value(after, "threadlog_fold_applied_offset", partition=str(p)) for p in range(4)) == n + 3
+            r = await http.get(f"{base}/readyz")
+            assert r.status_code == 200 and r.json()["ready"] is True and r.json()["owned"] == [0, 1, 2, 3]
+        theirs = samples(generate_latest(mine.registry).decode())
+        assert total(theirs, "threadlog_proposal_verdict_seconds_count",
+                     type="threadlog.cmd.SaveTranscript") >= n
+        worker.signal(signal.SIGTERM)
+        assert await worker.wait_exit(30) == 0
+    finally:
+        await worker.stop()
+
+
+async def test_serve_app_metrics_sse_readers_appends_and_access_log(tl, open_client, caplog):
+    caplog.set_level(logging.INFO, logger="threadlog.access")
+    other = await open_client()  # a second app in the same process: its own registry
+    log = tl.delivery("run-m")
+    async with serving(tl) as base, serving(other) as base2, httpx.AsyncClient(timeout=30) as http:
+        # Counted from when the app instrumented the client (create_app).
+        await within(log.append([chunk(0), chunk(1)]))
+        await within(tl.messages.save_thread("t", ["hello"]))
+        assert (await http.get(f"{base}/healthz")).status_code == 200
+        r = await http.get(f"{base}/readyz")
+        assert r.status_code == 200 and r.json() == {"ready": True, "role": "embedded", "owned": [0, 1, 2, 3]}
+        got = await scrape(http, base)
+        assert value(got, "threadlog_delivery_appends_total") == 1
+        assert value(got, "threadlog_delivery_chunks_appended_total") == 2
+        assert value(got, "threadlog_partitions_owned") == 4
+        assert value(got, "threadlog_decisions_total", outcome="accepted", code="OK") >= 1
+        assert total(got, "threadlog_proposal_verdict_seconds_count", type="threadlog.cmd.SaveTranscript") == 1
+        assert value(got, "threadlog_http_sse_connections") == 0
+        # An SSE reader held open: one connection, one delivery reader, while it lasts.
+        async with http.stream("GET", f"{base}/runs/run-m/stream") as response:
+            events = sse_events(response)
+            first = await within(anext(events))
+            assert first.data == chunk(0)
+            got = await scrape(http, base)
+            assert value(got, "threadlog_http_sse_connections") == 1
+            assert value(got, "threadlog_delivery_readers") == 1
+            assert value(await scrape(http, base2), "threadlog_http_sse_connections") == 0
+            await within(log.append([FINISHED]))
+            await within(log.close())
+            rest = [ev async for ev in events]
+            assert [ev.data for ev in rest] == [chunk(1), FINISHED]
+
+        async def closed() -> None:
+            while True:
+                got = await scrape(http, base)
+                if value(got, "threadlog_http_sse_connections") == 0 and \
+                        value(got, "threadlog_delivery_readers") == 0:
+                    return
+                await asyncio.sleep(0.05)  # the server notices the end after the client
+
+        await within(closed(), 10)
+        got = await scrape(http, base)
+        assert value(got, "threadlog_delivery_appends_total") == 2
+        assert value(got, "threadlog_http_requests_total", method="GET", status="200") >= 5
+        _, events = await read_stream(http, f"{base}/api/chat?runId=run-m&offset=-1&token=s3cret")
+        assert events[-1].data == FINISHED
+    access = [rec for rec in caplog.records if rec.name == "threadlog.access"]
+    paths = {rec.path for rec in access}
+    assert {"/healthz", "/readyz", "/metrics", "/runs/run-m/stream", "/api/chat"} <= paths
+    assert all("?" not in rec.getMessage() and "s3cret" not in rec.getMessage() for rec in access)
+    sse_line = next(rec for rec in access if rec.path == "/api/chat")
+    assert sse_line.status == 200 and sse_line.method == "GET" and sse_line.duration_ms >= 0
+
+
+async def test_sigterm_answers_the_worker_request_in_flight_then_exits_0(bootstrap, namespace, tmp_path,
+                                                                         open_client):
+    worker = WorkerProcess(bootstrap, namespace, tmp_path / "w", "w1", "--http", "127.0.0.1:0")
+    try:
+        await worker.start()
+        base = metrics_url(worker)
+        client = await open_client()  # embedded: writes the proposal the request waits for
+        await within(client.read_barrier(None))
+        p = partition_for("t-drain", client.runtime.layout.events)
+        end = (await within(client.runtime.barrier.end_offsets()))[p]
+        host, _, port = worker.address.rpartition(":")
+        reader, writer = await within(asyncio.open_connection(host, int(port)))
+        try:
+            # In flight: the verdict of the next record of partition p, not written yet.
+            writer.write(orjson.dumps({"id": 1, "op": "verdict", "args": {"p": p, "o": end, "timeout": 30}}) + b"\n")
+            await writer.drain()
+            async with httpx.AsyncClient(timeout=10) as http:
+                assert (await http.get(f"{base}/readyz")).status_code == 200
+                worker.signal(signal.SIGTERM)
+                await worker.wait_for("worker stopping: draining", 30)
+                r = await http.get(f"{base}/readyz")
+                assert r.status_code == 503 and r.json()["ready"] is False
+            await within(client.messages.save_thread("t-drain", ["written after SIGTERM"]))
+            reply = orjson.loads(await within(reader.readline()))
+        finally:
+            writer.close()
+        assert reply["id"] == 1 and reply["ok"] is True and reply["result"]["ok"] is True, reply
+        assert await worker.wait_exit(30) == 0
+    finally:
+        await worker.stop()
+
+
+async def test_serve_json_logs_access_lines_and_sigterm_exit_0(bootstrap, namespace, tl, tmp_path):
+    await within(tl.messages.save_thread("t", ["hi"]))
+    env = {k: v for k, v in os.environ.items() if k != "THREADLOG_KAFKA_CONFIG"}
+    # -v and --log-format after the command, as operators type them.
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "threadlog", "serve", "--bootstrap", bootstrap, "--namespace", namespace,
+        "--port", "0", "--state-dir", str(tmp_path / "serve"), "-v", "--log-format", "json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+    try:
+        line = (await within(proc.stdout.readline(), 60)).decode()
+        assert "serving namespace" in line, line
+        base = line.split(" at ", 1)[1].strip().removesuffix("/api/chat")
+        async with httpx.AsyncClient(timeout=30) as http:
+            r = await http.get(f"{base}/api/chat", params={"threadId": "t", "token": "s3cret-token"})
+            assert r.status_code == 200 and r.json()["messages"] == ["hi"]
+            assert (await http.get(f"{base}/readyz")).status_code == 200
+            assert (await http.get(f"{base}/nope")).status_code == 404
+        proc.send_signal(signal.SIGTERM)
+        assert await within(proc.wait(), 30) == 0
+        err = (await within(proc.stderr.read())).decode()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    lines = [json.loads(ln) for ln in err.splitlines() if ln.strip()]  # every line is one JSON object
+    assert lines and all({"ts", "level", "logger", "message"} <= ln.keys() for ln in lines)
+    access = [ln for ln in lines if ln["logger"] == "threadlog.access"]
+    assert [(a["method"], a["path"], a["status"]) for a in access] == [
+        ("GET", "/api/chat", 200), ("GET", "/readyz", 200), ("GET", "/nope", 404)]
+    assert all(isinstance(a["duration_ms"], float) for a in access)
+    assert "s3cret-token" not in err and "threadId" not in err
+    assert any(ln["logger"].startswith("uvicorn") for ln in lines)  # -v: uvicorn's own lines, as JSON too
+
+
+def test_json_log_lines_carry_exception_text():
+    from threadlog.logs import JsonFormatter
+
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        rec = logging.getLogger("x").makeRecord("x", logging.ERROR, __file__, 1, "failed %s", ("here",),
+                                                sys.exc_info())
+    out = json.loads(JsonFormatter().format(rec))
+    assert out["level"] == "ERROR" and out["logger"] == "x" and out["message"] == "failed here"
+    assert "ValueError: boom" in out["exception"] and "\n" not in JsonFormatter().format(rec)
+
+
+def test_a_failing_command_in_json_mode_is_one_json_line_with_the_traceback_under_v():
+    args = ["namespaces", "list", "--bootstrap", "127.0.0.1:1", "--request-timeout-ms", "2000"]
+    env = {k: v for k, v in os.environ.items() if k != "THREADLOG_KAFKA_CONFIG"}
+    for verbose in ([], ["-v"]):
+        proc = subprocess.run([sys.executable, "-m", "threadlog", "--log-format", "json", *verbose, *args],
+                              capture_output=True, text=True, timeout=60, env=env)
+        assert proc.returncode == 2
+        lines = [json.loads(ln) for ln in proc.stderr.splitlines()]  # every line one JSON object
+        last = lines[-1]
+        assert last["logger"] == "threadlog.cli" and last["message"].startswith("threadlog: UNAVAILABLE: ")
+        assert ("Traceback" in last.get("exception", "")) == bool(verbose)
+
+
+async def test_a_worker_owning_no_partition_is_ready_and_a_thin_serve_is_ready(bootstrap, namespace, tmp_path,
+                                                                              open_client):
+    # One partition, two workers: the group gives one of them nothing; both are ready.
+    workers = [WorkerProcess(bootstrap, namespace, tmp_path / f"w{i}", f"w{i}", "--partitions", "1",
+                             "--http", "127.0.0.1:0") for i in range(2)]
+    try:
+        for w in workers:
+            await w.start()
+        async with httpx.AsyncClient(timeout=10) as http:
+
+            async def both_ready() -> list[dict]:
+                while True:
+                    answers = [await http.get(f"{metrics_url(w)}/readyz") for w in workers]
+                    if all(a.status_code == 200 for a in answers):
+                        owned = sorted(a.json()["owned"] for a in answers)
+                        if owned == [[], [0]]:
+                            return [a.json() for a in answers]
+                    await asyncio.sleep(0.2)  # polling: the rebalance announces itself to no test
+
+            await within(both_ready(), 60)
+            for w in workers:
+                got = await scrape(http, metrics_url(w))
+                assert value(got, "threadlog_partitions_owned") in (0, 1)
+            thin = await open_client(processors="external", own_worker=True)
+            await within(thin.messages.save_thread("t", ["x"]))
+            async with serving(thin) as base:
+                r = await http.get(f"{base}/readyz")
+                assert r.status_code == 200 and r.json() == {"ready": True, "role": "thin"}
+                got = await scrape(http, base)
+                assert value(got, "threadlog_partitions_owned") == 0
+        for w in workers:
+            w.signal(signal.SIGTERM)
+        for w in workers:
+            assert await w.wait_exit(30) == 0
+    finally:
+        for w in workers:
+            await w.stop()

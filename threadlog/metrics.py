@@ -1,0 +1,360 @@
+"""Prometheus metrics, health and readiness of one process (`threadlog serve`, `threadlog worker --http`).
+
+Every instrument lives in a per-client `CollectorRegistry` (never the global
+one), so several clients or apps in one process keep apart. Instrumented code
+holds a `metrics` attribute that is None until `attach(tl_or_runtime)` sets it:
+the hot path pays one attribute test when nothing is attached.
+
+Hooks (each a line or two where the thing happens):
+- `Judge._judge` (processors/judge.py): `decided(verdict)`, accepted/refused by code;
+- `ProposalBus.propose` (producers/proposals.py): proposal -> verdict latency by type;
+- `DeliveryLog.append` (threadlog/delivery.py): appends and chunks; `DeliveryLog.read`: live readers;
+- `EventStreamResponse` (threadlog/http/sse.py): live SSE connections.
+Everything else is read from the runtime when scraped (partitions owned, fold
+lag against the read barrier's end offsets, records judged, snapshots
+written, restores).
+
+Readiness (`Readiness`): embedded -- the judge caught up with the end offsets
+read at startup; worker -- a member of the group, and every owned partition
+caught up with the end offsets read when it was assigned (owning none is ready:
+with more workers than partitions some own none); thin -- a read barrier
+through the workers passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger("threadlog.metrics")
+
+# Proposal -> verdict: a local judge answers in a few ms, a worker over TCP in
+# tens, a loaded partition in seconds.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    """The instruments of one client (one runtime), in their own registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.proposal_seconds = Histogram(
+            "threadlog_proposal_verdict_seconds",
+            "Seconds from producing a proposal to learning its verdict, by proposal type",
+            ["type"], buckets=LATENCY_BUCKETS, registry=r)
+        self.decisions = Counter(
+            "threadlog_decisions", "Proposals judged by this process's judge, by outcome and code",
+            ["outcome", "code"], registry=r)
+        self.delivery_appends = Counter(
+            "threadlog_delivery_appends", "Delivery log appends acknowledged (one record each)", registry=r)
+        self.delivery_chunks = Counter(
+            "threadlog_delivery_chunks_appended", "Chunks in the acknowledged delivery log appends", registry=r)
+        self.readers = Gauge("threadlog_delivery_readers", "Delivery log readers open now", registry=r)
+        self.sse = Gauge("threadlog_http_sse_connections", "Server-sent event streams open now", registry=r)
+        self.http_requests = Counter(
+            "threadlog_http_requests", "HTTP requests answered, by method and status", ["method", "status"],
+            registry=r)
+        self._decided: dict[tuple[bool, str], Any] = {}
+        self._latency: dict[str, Any] = {}
+        self.runtime: Any = None
+        self.end_offsets: dict[int, int] = {}  # the last end offsets read for a scrape
+
+    # -- hooks (hot paths) ------------------------------------------------------------
+    def decided(self, verdict: dict) -> None:
+        ok = bool(verdict.get("ok"))
+        code = "OK" if ok else str(verdict.get("code") or "UNKNOWN")
+        child = self._decided.get((ok, code))
+        if child is None:
+            child = self._decided[(ok, code)] = self.decisions.labels("accepted" if ok else "refused", code)
+        child.inc()
+
+    def verdict_latency(self, type_name: str, seconds: float) -> None:
+        child = self._latency.get(type_name)
+        if child is None:
+            child = self._latency[type_name] = self.proposal_seconds.labels(type_name)
+        child.observe(seconds)
+
+    def appended(self, chunks: int) -> None:
+        self.delivery_appends.inc()
+        self.delivery_chunks.inc(chunks)
+
+    async def reading(self, items: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        """Wrap a delivery reader: counted while it is open."""
+        self.readers.inc()
+        try:
+            async for item in items:
+                yield item
+        finally:
+            self.readers.dec()
+            aclose = getattr(items, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    @contextlib.contextmanager
+    def sse_stream(self):
+        self.sse.inc()
+        try:
+            yield
+        finally:
+            self.sse.dec()
+
+    # -- scraping ---------------------------------------------------------------------
+    async def refresh(self) -> None:
+        """Read what a scrape needs from the broker (the end offsets, for fold lag)."""
+        rt = self.runtime
+        if rt is None or getattr(rt, "barrier", None) is None or rt.judge is None:
+            return
+        try:
+            self.end_offsets = dict(await asyncio.wait_for(rt.barrier.end_offsets(), 5))
+        except Exception as exc:  # a scrape still answers, with the last end offsets known
+            log.warning("metrics: end offsets unavailable: %s", exc)
+
+    async def exposition(self) -> bytes:
+        await self.refresh()
+        return generate_latest(self.registry)
+
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class _RuntimeCollector(Collector):
+    """What is read from the runtime at scrape time."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> Iterable[Any]:
+        return []
+
+    def collect(self) -> Iterable[Any]:
+        rt = self.metrics.runtime
+        judge = getattr(rt, "judge", None)
+        owned = GaugeMetricFamily("threadlog_partitions_owned", "Events partitions judged by this process")
+        lag = GaugeMetricFamily("threadlog_fold_lag_records",
+                                "Records of an owned events partition not judged yet (end offset - applied)",
+                                labels=["partition"])
+        applied = GaugeMetricFamily("threadlog_fold_applied_offset",
+                                    "Next offset to judge of an owned events partition", labels=["partition"])
+        judged = CounterMetricFamily("threadlog_records_judged", "Records judged by this process's judge")
+        restores = CounterMetricFamily("threadlog_restores", "Partitions restored from a snapshot on takeover")
+        snaps = CounterMetricFamily("threadlog_snapshots_written", "Partition snapshots written by this worker")
+        if judge is not None:
+            parts = sorted(judge.owned)
+            owned.add_metric([], len(parts))
+            ends = self.metrics.end_offsets
+            for p in parts:
+                a = judge.applied(p)
+                applied.add_metric([str(p)], a)
+                if p in ends:
+                    lag.add_metric([str(p)], max(0, ends[p] - a))
+            judged.add_metric([], judge.stats.get("judged", 0))
+            restores.add_metric([], judge.stats.get("restored", 0))
+        else:
+            owned.add_metric([], 0)
+            judged.add_metric([], 0)
+            restores.add_metric([], 0)
+        snapshotter = getattr(rt, "snapshotter", None)
+        snaps.add_metric([], len(snapshotter.written) if snapshotter is not None else 0)
+        return [owned, lag, applied, judged, restores, snaps]
+
+
+def _runtime_of(target: Any) -> Any:
+    return getattr(target, "runtime", target)
+
+
+def attached(target: Any) -> Metrics | None:
+    """The Metrics attached to a ThreadLog or Runtime, if any."""
+    return getattr(_runtime_of(target), "metrics", None)
+
+
+def attach(target: Any, metrics: Metrics | None = None) -> Metrics:
+    """Instrument a started ThreadLog (or a worker's Runtime); idempotent: returns
+    what is attached already."""
+    rt = _runtime_of(target)
+    found = getattr(rt, "metrics", None)
+    if found is not None:
+        return found
+    m = metrics if metrics is not None else Metrics()
+    m.runtime = rt
+    m.registry.register(_RuntimeCollector(m))
+    rt.metrics = m
+    if getattr(rt, "judge", None) is not None:
+        rt.judge.metrics = m
+    for part in ("bus", "_delivery"):  # a ThreadLog's proposal bus and delivery service
+        obj = getattr(target, part, None)
+        if obj is not None:
+            obj.metrics = m
+    return m
+
+
+# -- readiness ---------------------------------------------------------------------
+
+
+class Readiness:
+    """Is this process ready for traffic? See the module docstring for the rules."""
+
+    def __init__(self, target: Any, timeout: float = 5.0) -> None:
+        """Create it before the runtime starts (a worker's first assignment, even an
+        empty one, is how it knows it joined the group); `start()` it on the loop."""
+        self.target = target
+        self.rt = _runtime_of(target)
+        self.timeout = timeout
+        self.targets: dict[int, int] = {}  # owned partition -> end offset read when it was assigned
+        self.draining = False  # set on SIGTERM: not ready while the process drains and exits
+        # In the group: the judge's assignment callback ran (librdkafka calls it with
+        # an empty list too, when the group gives this member nothing).
+        self.joined = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self.rt.ownership_listeners.append(self._owned_changed)
+
+    def start(self) -> None:
+        """Read the targets of what is owned now; follow ownership changes (call on the loop)."""
+        self._loop = asyncio.get_running_loop()
+        if self.rt.judge is not None:
+            self._spawn()
+
+    def _owned_changed(self, owned: list[int]) -> None:  # on the judge's thread
+        self.joined = True
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._spawn)
+
+    def _spawn(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._read_targets())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _read_targets(self) -> None:
+        judge = self.rt.judge
+        owned = set(judge.owned)
+        for p in list(self.targets):
+            if p not in owned:
+                del self.targets[p]
+        missing = owned - self.targets.keys()
+        if not missing:
+            return
+        try:
+            ends = await asyncio.wait_for(self.rt.barrier.end_offsets(), self.timeout)
+        except Exception as exc:
+            log.warning("readiness: end offsets unavailable: %s", exc)
+            return
+        for p in missing:
+            if p in judge.owned and p not in self.targets:
+                self.targets[p] = ends[p]
+
+    def in_group(self) -> bool:
+        # Not Consumer.memberid(): it blocks while the judge's thread polls.
+        judge = self.rt.judge
+        return getattr(judge, "group", None) is None or self.joined or bool(judge.owned)
+
+    async def check(self) -> tuple[bool, dict]:
+        rt = self.rt
+        if self.draining:
+            return False, {"reason": "draining: shutting down"}
+        if rt.judge is None:  # thin: ready when the workers answer a read barrier
+            try:
+                await asyncio.wait_for(self.target.read_barrier(None), self.timeout)
+                return True, {"role": "thin"}
+            except Exception as exc:
+                return False, {"role": "thin", "reason": str(exc)}
+        judge = rt.judge
+        owned = sorted(judge.owned)
+        if any(p not in self.targets for p in owned):
+            await self._read_targets()
+        behind = {str(p): {"applied": judge.applied(p), "target": self.targets.get(p)} for p in owned
+                  if p not in self.targets or judge.applied(p) < self.targets[p]}
+        member = self.in_group()
+        ready = member and not behind
+        detail: dict[str, Any] = {"role": "worker" if rt.worker else "embedded", "owned": owned}
+        if not member:
+            detail["reason"] = "not a member of the group yet"
+        elif behind:
+            detail["reason"] = "partitions not caught up"
+            detail["behind"] = behind
+        return ready, detail
+
+
+# -- HTTP ------------------------------------------------------------------------------
+
+
+def ops_routes(get_metrics: Callable[[], Metrics | None], get_readiness: Callable[[], Readiness | None]) -> list:
+    """`/metrics`, `/healthz`, `/readyz` as Starlette routes (the getters: None while starting)."""
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    def starting() -> Response:
+        return JSONResponse({"ready": False, "reason": "starting"}, status_code=503,
+                            headers={"Cache-Control": "no-store"})
+
+    async def metrics_endpoint(request):
+        metrics = get_metrics()
+        if metrics is None:
+            return starting()
+        return Response(await metrics.exposition(), media_type=CONTENT_TYPE,
+                        headers={"Cache-Control": "no-store"})
+
+    async def healthz(request):
+        return JSONResponse({"status": "ok"}, headers={"Cache-Control": "no-store"})
+
+    async def readyz(request):
+        readiness = get_readiness()
+        if readiness is None:
+            return starting()
+        ready, detail = await readiness.check()
+        return JSONResponse({"ready": ready, **detail}, status_code=200 if ready else 503,
+                            headers={"Cache-Control": "no-store"})
+
+    return [Route("/metrics", metrics_endpoint, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"])]
+
+
+access_log = logging.getLogger("threadlog.access")
+MAX_LOGGED_PATH = 200
+
+
+class AccessLog:
+    """ASGI middleware: one log line per HTTP request -- method, path (never the
+    query string, never a body), status, duration -- and a request counter."""
+
+    def __init__(self, app: Callable, metrics_of: Callable[[], Metrics | None] = lambda: None) -> None:
+        self.app = app
+        self.metrics_of = metrics_of
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = [500]
+
+        async def sending(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            ms = (time.perf_counter() - start) * 1000.0
+            path = scope.get("path", "")
+            if len(path) > MAX_LOGGED_PATH:
+                path = path[:MAX_LOGGED_PATH] + "..."
+            method = scope.get("method", "")
+            metrics = self.metrics_of()
+            if metrics is not None:
+                metrics.http_requests.labels(method, str(status[0])).inc()
+            if access_log.isEnabledFor(logging.INFO):
+                access_log.info("%s %s %d %.1fms", method, path, status[0], ms,
+                                extra={"method": method, "path": path, "status": status[0],
+                                       "duration_ms": round(ms, 1)})
