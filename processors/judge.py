@@ -33,6 +33,7 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -86,7 +87,7 @@ APPLIED_AT = b"ja"  # (partition 4B, offset 8B) -> the proposal id applied there
 # re-send after an unknown outcome (within a request timeout). Forgetting is
 # part of judging (at offset o, the verdict of o - VERDICT_WINDOW goes), so
 # every judge and every rebuild forget alike.
-VERDICT_WINDOW = 100_000
+VERDICT_WINDOW = 50_000
 CLOCK = b"jc"  # (partition 4B) -> 8B double: decision time of the partition's last proposal
 
 # A partition whose proposal waits for another partition holds at most this
@@ -206,10 +207,16 @@ class Judge(Follower):
 
     def _assigned(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         """Called on the judge's thread (inside poll): take the partitions over."""
+        # Partitions taken over are restored side by side (the wait for one
+        # snapshot's records overlaps another's decoding).
+        if len(tps) > 1:
+            with ThreadPoolExecutor(max_workers=min(4, len(tps)), thread_name_prefix="restore") as pool:
+                list(pool.map(self._take, [tp.partition for tp in tps]))
+        else:
+            for tp in tps:
+                self._take(tp.partition)
         for tp in tps:
-            p = tp.partition
-            self._take(p)
-            pos = self.stores.offset(self.topic, p)
+            pos = self.stores.offset(self.topic, tp.partition)
             tp.offset = pos if pos > 0 else OFFSET_BEGINNING
         consumer.incremental_assign(tps)
         with self._cond:

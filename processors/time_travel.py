@@ -42,7 +42,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from threadlog.projections.global_ids import holders_as_of
@@ -126,7 +126,7 @@ class PartitionReader:
                                       f"{self.timeout:g}s at offset {nxt} (end {end})")
                 continue
             quiet_since = now
-            for msg in msgs:
+            for msg in cast("list[kafka_config.Consumed]", msgs):  # consume() sets offsets
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
@@ -180,7 +180,7 @@ def judge_into(store: Store, records: Iterator[Record], *, codec: Codec, partiti
         decided = struct.unpack(">d", raw)[0] if raw is not None else None
         if until_ms is not None and decided is not None and decided > until_ms:
             break
-        child.merge()  # type: ignore[attr-defined]
+        child.merge()
         rkey, ptype, pid = _describe(codec, rec.value)
         last = Step(rec.offset, rkey, ptype, pid, decided, verdict)
         if key is None or rkey == key:

@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, Message, Producer
 from threadlog.processors.handlers import reads_other_partitions
 from threadlog.schemas import Codec
 
@@ -140,7 +140,7 @@ class ProposalBus:
         def judged(verdict: dict) -> None:
             loop.call_soon_threadsafe(settle, fut, None, verdict)
 
-        def delivered(err, msg) -> None:
+        def delivered(err: KafkaError | None, msg: Message) -> None:
             # On the pump thread: hand the offset straight to the verdict source.
             if err is not None:
                 # A timed-out record may have been written (its request was in
@@ -151,8 +151,10 @@ class ProposalBus:
                                                                                               f"{err}"))
                 loop.call_soon_threadsafe(settle, fut, exc, None)
                 return
-            where.append(msg.offset())
-            self.verdicts.on_verdict(partition, msg.offset(), judged)
+            offset = msg.offset()
+            assert offset is not None  # a delivered record has its offset
+            where.append(offset)
+            self.verdicts.on_verdict(partition, offset, judged)
 
         t0 = time.perf_counter()
         try:
@@ -185,7 +187,7 @@ class ProposalBus:
             fut: asyncio.Future = loop.create_future()
             futures.append(fut)
 
-            def done(err, _msg, fut=fut) -> None:
+            def done(err: KafkaError | None, _msg: Message, fut: asyncio.Future = fut) -> None:
                 loop.call_soon_threadsafe(settle, fut, None if err is None else unavailable(str(err)), None)
 
             k = eff["key"]

@@ -12,6 +12,7 @@ import sys
 import time
 import traceback
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -72,11 +73,11 @@ def cmd_broker(args: argparse.Namespace) -> int:
         return 0
     if broker.node_count(data_dir) > 1:
         return _cluster_status(broker.nodes_status(data_dir), data_dir or broker.default_data_dir())
-    st = broker.status(data_dir)
-    if st is None:
+    single = broker.status(data_dir)
+    if single is None or isinstance(single, broker.ClusterState):
         print("not running")
         return 1
-    print(f"running pid {st.pid} at {st.bootstrap} (data {st.data_dir})")
+    print(f"running pid {single.pid} at {single.bootstrap} (data {single.data_dir})")
     return 0
 
 
@@ -133,7 +134,7 @@ def _host_port(text: str, flag: str) -> tuple[str, int] | None:
         return None
 
 
-def _uvicorn_server(app: Any, host: str, port: int, verbose: bool, graceful_s: float = 2.0):
+def _uvicorn_server(app: Any, host: str, port: int, verbose: bool, graceful_s: float = 2.0) -> Any:
     """A uvicorn server that logs through our handlers (text or JSON) and leaves
     the signals to us (uvicorn re-raises SIGTERM after its shutdown: exit -15, not 0)."""
     import contextlib
@@ -142,7 +143,7 @@ def _uvicorn_server(app: Any, host: str, port: int, verbose: bool, graceful_s: f
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager
-        def capture_signals(self):
+        def capture_signals(self) -> Iterator[None]:
             yield
 
         def install_signal_handlers(self) -> None:  # uvicorn < 0.29
@@ -150,11 +151,11 @@ def _uvicorn_server(app: Any, host: str, port: int, verbose: bool, graceful_s: f
 
     config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False,
                             log_level="info" if verbose else "warning", lifespan="on",
-                            timeout_graceful_shutdown=graceful_s)
+                            timeout_graceful_shutdown=max(1, round(graceful_s)))
     return Server(config)
 
 
-async def _start_server(server) -> tuple[asyncio.Future, str, int]:
+async def _start_server(server: Any) -> tuple[asyncio.Future, str, int]:
     task = asyncio.ensure_future(server.serve())
     while not server.started:
         if task.done():
@@ -165,7 +166,7 @@ async def _start_server(server) -> tuple[asyncio.Future, str, int]:
     return task, host, port
 
 
-async def _worker(rt, listen: tuple[str, int], http: tuple[str, int] | None = None, drain_s: float = 10.0,
+async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None = None, drain_s: float = 10.0,
                   verbose: bool = False) -> int:
     """Judge the namespace, serve its state to thin clients, announce it in `<ns>.members`.
 
@@ -292,7 +293,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _admin(bootstrap: str, kafka: dict[str, Any], client_id: str):
+def _admin(bootstrap: str, kafka: dict[str, Any], client_id: str) -> Any:
     from confluent_kafka.admin import AdminClient
 
     from threadlog import kafka_config
@@ -495,7 +496,7 @@ def cmd_reclaim(args: argparse.Namespace) -> int:
     return asyncio.run(_reclaim(args))
 
 
-def _at_time(text: str):
+def _at_time(text: str) -> Any:
     from datetime import UTC, datetime
 
     from threadlog.errors import invalid_argument

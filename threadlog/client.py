@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -173,7 +173,7 @@ class _Opener:
         self._opts = opts
         self._tl: ThreadLog | None = None
 
-    def __await__(self):
+    def __await__(self) -> Generator[Any, None, ThreadLog]:
         return ThreadLog(self._opts).start().__await__()
 
     async def __aenter__(self) -> ThreadLog:

@@ -305,11 +305,14 @@ class _Fetcher:
                 self._consumer = self.svc.pool.take()
                 start = self.position if self.position > 0 else OFFSET_BEGINNING
                 self._consumer.assign([TopicPartition(self.svc.topic, self.partition, start)])
-            self._job = self.svc.executor.submit(self._fetch, self._consumer, stop_at)
+        consumer = self._consumer
+        assert consumer is not None  # taken with the first job, kept until release()
+        if self._job is None:
+            self._job = self.svc.executor.submit(self._fetch, consumer, stop_at)
         msgs, self.position = await asyncio.wrap_future(self._job)
         # Prefetch: the next batch is read from Kafka while the caller decodes and
         # yields this one (measured: replay spent a fifth of its time waiting here).
-        self._job = (self.svc.executor.submit(self._fetch, self._consumer, stop_at)
+        self._job = (self.svc.executor.submit(self._fetch, consumer, stop_at)
                      if self.position < stop_at else None)
         return msgs
 

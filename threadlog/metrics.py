@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -100,7 +100,7 @@ class Metrics:
                 await aclose()
 
     @contextlib.contextmanager
-    def sse_stream(self):
+    def sse_stream(self) -> Iterator[None]:
         self.sse.inc()
         try:
             yield
@@ -289,6 +289,7 @@ class Readiness:
 
 def ops_routes(get_metrics: Callable[[], Metrics | None], get_readiness: Callable[[], Readiness | None]) -> list:
     """`/metrics`, `/healthz`, `/readyz` as Starlette routes (the getters: None while starting)."""
+    from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
@@ -296,17 +297,17 @@ def ops_routes(get_metrics: Callable[[], Metrics | None], get_readiness: Callabl
         return JSONResponse({"ready": False, "reason": "starting"}, status_code=503,
                             headers={"Cache-Control": "no-store"})
 
-    async def metrics_endpoint(request):
+    async def metrics_endpoint(request: Request) -> Response:
         metrics = get_metrics()
         if metrics is None:
             return starting()
         return Response(await metrics.exposition(), media_type=CONTENT_TYPE,
                         headers={"Cache-Control": "no-store"})
 
-    async def healthz(request):
+    async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"}, headers={"Cache-Control": "no-store"})
 
-    async def readyz(request):
+    async def readyz(request: Request) -> Response:
         readiness = get_readiness()
         if readiness is None:
             return starting()
@@ -331,14 +332,14 @@ class AccessLog:
         self.app = app
         self.metrics_of = metrics_of
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
         status = [500]
 
-        async def sending(message) -> None:
+        async def sending(message: dict) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
             await send(message)

@@ -19,7 +19,7 @@ REST: `GET /runs/{run_id}/stream` (the same event stream) and
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -156,11 +156,12 @@ def create_app(
         instrument(tl)
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette):
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if tl is not None:
             holder["ready"].start()
             yield
             return
+        assert bootstrap_servers is not None  # checked above: no tl means options to open one
         async with open_threadlog(bootstrap_servers, namespace=namespace, **open_options) as client:
             instrument(client)
             holder["ready"].start()

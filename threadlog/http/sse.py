@@ -96,7 +96,9 @@ async def stream_run(log: DeliveryLog, after: str, keepalive: float = KEEPALIVE_
                 await nxt
             except BaseException:
                 pass
-        await reader.aclose()
+        aclose = getattr(reader, "aclose", None)  # an async generator: end it (its consumer goes back)
+        if aclose is not None:
+            await aclose()
 
 
 class EventStreamResponse(StreamingResponse):
