@@ -689,12 +689,15 @@ def create_scram_user(
     try:
         admin.alter_user_scram_credentials([upsert], request_timeout=timeout)[user].result(timeout)
     except Exception as exc:
-        raise BrokerError(f"cannot create SCRAM user {user!r} ({mechanism}): {exc}".replace(password, "[redacted]"))
+        text = f"cannot create SCRAM user {user!r} ({mechanism}): {exc}"
+        raise BrokerError(text.replace(password, "[redacted]") if password else text) from None
     # The credential is a metadata record: wait until the broker has applied it,
     # so a client authenticating right after this returns is not refused.
     while True:
         try:
-            described = admin.describe_user_scram_credentials([user], request_timeout=5)[user].result(5)
+            futures = admin.describe_user_scram_credentials([user], request_timeout=5)
+            assert isinstance(futures, dict)  # one future per user when users are named
+            described = futures[user].result(5)
             if any(c.mechanism == mechs[mechanism] for c in described.scram_credential_infos):
                 return
         except Exception:
