@@ -2,10 +2,12 @@
 
 from .local import (
     KAFKA_VERSION,
+    SCRAM_MECHANISMS,
     BrokerError,
     BrokerState,
     ClusterState,
     NodeStatus,
+    create_scram_user,
     default_data_dir,
     kill_node,
     live_brokers,
@@ -21,10 +23,12 @@ from .local import (
 
 __all__ = [
     "KAFKA_VERSION",
+    "SCRAM_MECHANISMS",
     "BrokerError",
     "BrokerState",
     "ClusterState",
     "NodeStatus",
+    "create_scram_user",
     "default_data_dir",
     "kill_node",
     "live_brokers",

@@ -9,6 +9,13 @@ combined broker+controller bound to 127.0.0.1. Everything the broker writes
 KRaft quorum of all N, each node in its own `node-<id>/` under the data dir with
 its own port pair; `cluster.json` there records the layout so `stop`, `status`
 and the node helpers (`kill_node`, `stop_node`, `restart_node`) find it again.
+
+`start(sasl=True)` (one node) adds a SASL_PLAINTEXT listener on port+2 with
+SCRAM-SHA-256 and SCRAM-SHA-512 next to the PLAINTEXT one; the controller and
+inter-broker listeners stay PLAINTEXT, so the broker itself needs no
+credentials. `create_scram_user` adds a user (KRaft keeps SCRAM credentials in
+its metadata log). No authorizer is configured: any authenticated user may do
+everything, and the PLAINTEXT listener stays open - a development setup.
 """
 
 from __future__ import annotations
@@ -99,16 +106,25 @@ def resolve_jars(log: Log = print) -> Path:
     return libs
 
 
+SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
 @dataclass
 class BrokerState:
     pid: int
     port: int
     controller_port: int
     data_dir: str
+    # The SASL_PLAINTEXT (SCRAM) listener of `start(sasl=True)`, else None.
+    sasl_port: int | None = None
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def sasl_bootstrap(self) -> str | None:
+        return f"127.0.0.1:{self.sasl_port}" if self.sasl_port is not None else None
 
 
 @dataclass
@@ -235,6 +251,35 @@ replica.fetch.max.bytes=16777216
 # Abort transactions of crashed producers quickly on a dev node.
 transaction.abort.timed.out.transaction.cleanup.interval.ms=2000
 """
+
+# `start(sasl=True)`: the SCRAM listener next to PLAINTEXT. Clients authenticate
+# there; the controller and inter-broker traffic stay on PLAINTEXT listeners, so
+# the broker needs no credentials of its own (the JAAS entries name none).
+SASL_PROPERTIES = """\
+# --sasl: clients authenticate with SCRAM on SASL_PLAINTEXT://127.0.0.1:{sport}.
+# Credentials live in the KRaft metadata log (create_scram_user / kafka-configs).
+# No authorizer: any authenticated user may do everything. PLAINTEXT stays open.
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport},SASL_PLAINTEXT://127.0.0.1:{sport}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port},SASL_PLAINTEXT://127.0.0.1:{sport}
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT
+sasl.enabled.mechanisms={mechanisms}
+listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config=\
+org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config=\
+org.apache.kafka.common.security.scram.ScramLoginModule required;
+"""
+
+
+def _single_properties(port: int, cport: int, logs: Path, sasl: bool) -> str:
+    text = SERVER_PROPERTIES.format(port=port, cport=cport, logs=logs)
+    if not sasl:
+        return text
+    extra = SASL_PROPERTIES.format(port=port, cport=cport, sport=port + 2, mechanisms=",".join(SCRAM_MECHANISMS))
+    # The SASL block redefines the listener lines; drop the PLAINTEXT-only ones.
+    redefined = ("listeners=", "advertised.listeners=", "listener.security.protocol.map=")
+    kept = [line for line in text.splitlines() if not line.startswith(redefined)]
+    return "\n".join(kept) + "\n" + extra
+
 
 CLUSTER_PROPERTIES = """\
 # Written by `threadlog broker start --nodes {nodes}`: node {node_id} of a local KRaft cluster,
@@ -396,12 +441,14 @@ def start(
     timeout: float = 90.0,
     log: Log = print,
     nodes: int | None = None,
+    sasl: bool = False,
 ) -> BrokerState | ClusterState:
     """Start (or reuse) the local broker or cluster; return its state once it answers.
 
     `nodes` defaults to what `data_dir` already holds (1 for a new one); asking
     for another count than a data dir holds is an error, not a silent reshape.
     One node returns a `BrokerState`, several a `ClusterState`; both have `.bootstrap`.
+    `sasl` (one node only) adds the SCRAM listener on port+2: `BrokerState.sasl_bootstrap`.
     """
     data_dir = Path(data_dir or default_data_dir()).resolve()
     held = node_count(data_dir)
@@ -414,15 +461,22 @@ def start(
             f"{data_dir} holds a {held}-node {'cluster' if held > 1 else 'broker'}, not {nodes};"
             " stop it and pick another --data-dir (or delete this one)"
         )
+    if sasl and nodes > 1:
+        raise BrokerError("--sasl runs on a single node; drop --nodes or --sasl")
     if nodes == 1:
-        return _start_single(DEFAULT_PORT if port is None else port, data_dir, timeout, log)
+        return _start_single(DEFAULT_PORT if port is None else port, data_dir, timeout, log, sasl)
     return _start_cluster(nodes, port, data_dir, timeout, log)
 
 
-def _start_single(port: int, data_dir: Path, timeout: float, log: Log) -> BrokerState:
+def _start_single(port: int, data_dir: Path, timeout: float, log: Log, sasl: bool = False) -> BrokerState:
     existing = _read_state(data_dir)
     if existing and _alive(existing.pid):
         if _answers(existing.bootstrap, timeout=10):
+            if sasl and existing.sasl_port is None:
+                raise BrokerError(
+                    f"the broker of {data_dir} (pid {existing.pid}) runs without --sasl;"
+                    " run `threadlog broker stop` first"
+                )
             return existing
         raise BrokerError(
             f"a broker process (pid {existing.pid}) for {data_dir} runs but does not answer;"
@@ -431,13 +485,14 @@ def _start_single(port: int, data_dir: Path, timeout: float, log: Log) -> Broker
     java = _require("java", "install a Java 17+ runtime (Debian: apt-get install openjdk-17-jre)")
     libs = resolve_jars(log=log)
     cport = port + 1
-    for p in (port, cport):
-        if not _port_free(p):
+    sport = port + 2 if sasl else None
+    for p in (port, cport, sport):
+        if p is not None and not _port_free(p):
             raise BrokerError(f"port {p} on 127.0.0.1 is in use; pick another with --port")
     data_dir.mkdir(parents=True, exist_ok=True)
     logs = data_dir / "kraft"
     props = data_dir / "server.properties"
-    props.write_text(SERVER_PROPERTIES.format(port=port, cport=cport, logs=logs))
+    props.write_text(_single_properties(port, cport, logs, sasl))
     log4j = _write_log4j(data_dir)
     cp = f"{libs}/*"
     if not (logs / "meta.properties").exists():
@@ -447,7 +502,7 @@ def _start_single(port: int, data_dir: Path, timeout: float, log: Log) -> Broker
     server_log = data_dir / "server.log"
     heap = os.environ.get("THREADLOG_BROKER_HEAP", DEFAULT_HEAP)
     proc = _launch(java, cp, data_dir, props, log4j, heap)
-    state = BrokerState(pid=proc.pid, port=port, controller_port=cport, data_dir=str(data_dir))
+    state = BrokerState(pid=proc.pid, port=port, controller_port=cport, data_dir=str(data_dir), sasl_port=sport)
     _state_file(data_dir).write_text(json.dumps(state.__dict__))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -600,6 +655,58 @@ def _warm_up(bootstrap: str, deadline: float, replication: int = 1) -> None:
         producer.flush(1)
 
 
+def create_scram_user(
+    bootstrap: str,
+    user: str,
+    password: str,
+    mechanism: str = "SCRAM-SHA-256",
+    *,
+    iterations: int = 8192,
+    timeout: float = 30.0,
+    kafka: dict | None = None,
+) -> None:
+    """Create (or update) a SCRAM user; return once the broker lists the credential.
+
+    Through the admin API (AlterUserScramCredentials, Kafka >= 3.5 in KRaft mode,
+    where credentials live in the metadata log), normally over the broker's
+    PLAINTEXT listener (`kafka`: extra client properties, e.g. to go through an
+    authenticated listener). The password never appears in an error.
+    """
+    from confluent_kafka.admin import (
+        AdminClient,
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialUpsertion,
+    )
+
+    mechs = {"SCRAM-SHA-256": ScramMechanism.SCRAM_SHA_256, "SCRAM-SHA-512": ScramMechanism.SCRAM_SHA_512}
+    if mechanism not in mechs:
+        raise BrokerError(f"unknown SCRAM mechanism {mechanism!r}; use one of {', '.join(mechs)}")
+    admin = AdminClient({**(kafka or {}), "bootstrap.servers": bootstrap, "log_level": 0})
+    deadline = time.monotonic() + timeout
+    upsert = UserScramCredentialUpsertion(user, ScramCredentialInfo(mechs[mechanism], iterations),
+                                          password.encode())
+    try:
+        admin.alter_user_scram_credentials([upsert], request_timeout=timeout)[user].result(timeout)
+    except Exception as exc:
+        text = f"cannot create SCRAM user {user!r} ({mechanism}): {exc}"
+        raise BrokerError(text.replace(password, "[redacted]") if password else text) from None
+    # The credential is a metadata record: wait until the broker has applied it,
+    # so a client authenticating right after this returns is not refused.
+    while True:
+        try:
+            futures = admin.describe_user_scram_credentials([user], request_timeout=5)
+            assert isinstance(futures, dict)  # one future per user when users are named
+            described = futures[user].result(5)
+            if any(c.mechanism == mechs[mechanism] for c in described.scram_credential_infos):
+                return
+        except Exception:
+            pass  # not there yet (RESOURCE_NOT_FOUND) or a retriable error
+        if time.monotonic() >= deadline:
+            raise BrokerError(f"SCRAM user {user!r} ({mechanism}) not visible within {timeout:g}s")
+        time.sleep(0.1)
+
+
 def _tail(path: Path, lines: int = 30) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -695,7 +802,8 @@ def restart_node(data_dir: Path | None, node_id: int, timeout: float = 60.0) -> 
     default_heap = DEFAULT_CLUSTER_HEAP if node_count(data_dir) > 1 else DEFAULT_HEAP
     heap = os.environ.get("THREADLOG_BROKER_HEAP", default_heap)
     proc = _launch(java, cp, node_dir, node_dir / "server.properties", node_dir / "log4j2.properties", heap)
-    state = BrokerState(pid=proc.pid, port=old.port, controller_port=old.controller_port, data_dir=str(node_dir))
+    state = BrokerState(pid=proc.pid, port=old.port, controller_port=old.controller_port, data_dir=str(node_dir),
+                        sasl_port=old.sasl_port)
     _state_file(node_dir).write_text(json.dumps(state.__dict__))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

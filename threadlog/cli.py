@@ -53,7 +53,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir) if args.data_dir else None
     if args.action == "start":
         try:
-            st = broker.start(port=args.port, data_dir=data_dir, nodes=args.nodes,
+            st = broker.start(port=args.port, data_dir=data_dir, nodes=args.nodes, sasl=args.sasl,
                               log=lambda m: print(m, file=sys.stderr))
         except broker.BrokerError as exc:
             print(f"threadlog broker start failed: {exc}", file=sys.stderr)
@@ -64,6 +64,9 @@ def cmd_broker(args: argparse.Namespace) -> int:
             print(f"{len(st.nodes)}-node cluster {st.cluster_id}, data in {st.data_dir}", file=sys.stderr)
         else:
             print(f"broker pid {st.pid}, data in {st.data_dir}, log {st.data_dir}/server.log", file=sys.stderr)
+            if st.sasl_bootstrap:
+                print(f"sasl bootstrap {st.sasl_bootstrap} (SASL_PLAINTEXT, {', '.join(broker.SCRAM_MECHANISMS)};"
+                      " create users with threadlog.broker.create_scram_user)", file=sys.stderr)
         # Last line: the bootstrap list, for `$(threadlog broker start | tail -n 1)`.
         print(st.bootstrap)
         return 0
@@ -77,7 +80,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
     if single is None or isinstance(single, broker.ClusterState):
         print("not running")
         return 1
-    print(f"running pid {single.pid} at {single.bootstrap} (data {single.data_dir})")
+    sasl = f", SASL_PLAINTEXT (SCRAM) at {single.sasl_bootstrap}" if single.sasl_bootstrap else ""
+    print(f"running pid {single.pid} at {single.bootstrap}{sasl} (data {single.data_dir})")
     return 0
 
 
@@ -310,6 +314,7 @@ def _namespaces(bootstrap: str, kafka: dict[str, Any], timeout: float) -> dict[s
     from threadlog.errors import unavailable
 
     admin, trap = _admin(bootstrap, kafka, "threadlog.cli.admin")
+    kafka_config.reach(admin, trap, timeout, kafka)  # wrong credentials: fails at once, naming them
     try:
         md = admin.list_topics(timeout=timeout)
     except KafkaException as exc:
@@ -605,6 +610,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--nodes", type=int, default=None,
                    help="start: run an N-node KRaft cluster (default: what the data dir holds, else 1); "
                         "stop and status find the count in the data dir")
+    b.add_argument("--sasl", action="store_true",
+                   help="start (one node): also a SASL_PLAINTEXT listener on port+2 with SCRAM-SHA-256 and "
+                        "SCRAM-SHA-512 (users: threadlog.broker.create_scram_user); PLAINTEXT stays open")
     b.set_defaults(fn=cmd_broker)
 
     w = sub.add_parser("worker", help="judge a namespace and serve its state to thin clients")

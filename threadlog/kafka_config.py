@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, cast
 
@@ -164,12 +165,17 @@ class ErrorTrap:
 
     def __init__(self, chain: Callable[[KafkaError], None] | None = None) -> None:
         self.last: str | None = None
+        # librdkafka's first authentication failure (SASL or TLS client auth):
+        # retrying will not fix wrong credentials, so `reach` fails at once.
+        self.auth: str | None = None
         self._chain = chain
         self._lock = threading.Lock()
 
     def __call__(self, err: KafkaError) -> None:
         with self._lock:
             self.last = err.str() if isinstance(err, KafkaError) else str(err)
+            if isinstance(err, KafkaError) and err.code() == KafkaError._AUTHENTICATION and self.auth is None:
+                self.auth = self.last
         if self._chain is not None:
             self._chain(err)
 
@@ -184,9 +190,41 @@ class ErrorTrap:
             client.poll(0)
         except Exception:  # pragma: no cover - a closed handle: no cause to add
             pass
-        if self.last is None:
+        cause = self.auth or self.last  # "all brokers are down" would hide the reason they are
+        if cause is None:
             return exc
-        return ThreadLogError(UNAVAILABLE, scrub(f"{exc.message} (last broker error: {self.last})", kafka))
+        return ThreadLogError(UNAVAILABLE, scrub(f"{exc.message} (last broker error: {cause})", kafka))
+
+
+# How long one metadata attempt of `reach` waits before the trap is looked at.
+_REACH_STEP_S = 0.25
+
+
+def reach(admin: Any, trap: ErrorTrap, timeout: float, kafka: Mapping[str, Any] | None) -> None:
+    """Until the cluster answers a metadata request, at most `timeout` seconds.
+
+    librdkafka retries a refused authentication like any connection failure, so
+    a bare request would wait out the whole timeout; here wrong credentials end
+    in UNAVAILABLE within about a second, naming librdkafka's authentication error.
+    Any other failure is UNAVAILABLE after `timeout` (its cause added by `explain`).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            admin.list_topics(timeout=max(0.05, min(_REACH_STEP_S, remaining)))
+            return
+        except KafkaException as exc:
+            failure = exc
+        try:
+            admin.poll(0)  # serves error_cb: the trap learns why
+        except Exception:  # pragma: no cover - a closed handle
+            pass
+        if trap.auth is not None:
+            raise ThreadLogError(UNAVAILABLE, scrub(f"authentication failed: {trap.auth}", kafka))
+        if time.monotonic() >= deadline:
+            raise trap.explain(ThreadLogError(UNAVAILABLE, f"cluster metadata unavailable: {error_text(failure)}"),
+                               admin, kafka)
 
 
 def _defaults(bootstrap: str, client_id: str) -> dict[str, Any]:

@@ -85,6 +85,9 @@ class Runtime:
         trap = kafka_config.ErrorTrap(kafka.get("error_cb"))
         self.admin = AdminClient(kafka_config.base(self.opts.bootstrap_servers, f"{self.client_id}.admin",
                                                    kafka, trap))
+        # Fails within about a second on wrong credentials, not after request_timeout;
+        # its errors already name librdkafka's cause.
+        kafka_config.reach(self.admin, trap, self.opts.request_timeout, kafka)
         try:
             self.layout = ensure_topics(
                 self.admin, self.topics, self.opts.partitions, self.opts.delivery_retention_ms,
