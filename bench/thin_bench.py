@@ -125,7 +125,8 @@ async def main() -> None:
             cas: list[tuple[Result, Result | None]] = []
             for processors in ("embedded", "external"):
                 async with threadlog.open(bootstrap, namespace=ns, state_dir=f"{state}/cas-{processors}",
-                                          processors=processors, partitions=PARTITIONS) as tl:
+                                          processors=processors, partitions=PARTITIONS,
+                                          request_timeout_ms=600_000) as tl:
                     tag = f"{processors}-{uuid.uuid4().hex[:4]}"
                     await appends(tl, args.callers * 20, args.threads, args.callers, 8, 512, f"warm-{tag}")
                     res = await appends(tl, args.count, args.threads, args.callers, 8, 512, tag)

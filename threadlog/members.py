@@ -193,9 +193,20 @@ class MembersView:
             **{"enable.partition.eof": True, "isolation.level": "read_uncommitted", "fetch.wait.max.ms": 50},
         ))
         self._caught_up = threading.Event()
+        self._target = 0
         self._thread = threading.Thread(target=self._run, name="members-view", daemon=True)
 
     def start(self, timeout: float) -> None:
+        # Caught up = past the end offset asked now (waiting for librdkafka's
+        # end-of-partition event instead costs a few fetch rounds: ~0.5 s).
+        try:
+            low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=timeout)
+        except Exception as exc:  # the thread keeps reading; calls wait for workers until their deadline
+            log.warning("end of %s unknown: %s", self.topic, exc)
+            low = high = 0
+        self._target = high
+        if high <= low:
+            self._caught_up.set()
         self._consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
         self._thread.start()
         if not self._caught_up.wait(timeout):
@@ -219,12 +230,14 @@ class MembersView:
                 time.sleep(0.2)
                 continue
             changed = False
+            reached = False
             for msg in msgs:
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
-                        self._caught_up.set()
+                        reached = True
                     continue
+                reached = reached or msg.offset() + 1 >= self._target
                 wid = (msg.key() or b"").decode(errors="replace")
                 value = msg.value()
                 with self._lock:
@@ -241,6 +254,8 @@ class MembersView:
                 with self._changed:
                     self.version += 1
                     self._changed.notify_all()
+            if reached:
+                self._caught_up.set()
 
     def live(self) -> list[Member]:
         with self._lock:
