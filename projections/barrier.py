@@ -31,7 +31,7 @@ import asyncio
 import threading
 import time
 
-from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from threadlog.errors import unavailable
@@ -69,9 +69,24 @@ class ReadBarrier:
                 # Retriable (e.g. a just-created topic without a leader yet) until the deadline.
                 if not _retriable(exc) or time.monotonic() > deadline:
                     raise unavailable(f"cannot read end offsets of {self.topic}: {exc}") from None
+                if _stale_leader(exc):
+                    self._refresh_metadata()
             except TimeoutError:
                 raise unavailable(f"end offsets of {self.topic} not answered in {self.timeout}s") from None
             time.sleep(0.05)
+
+    def _refresh_metadata(self) -> None:
+        """Ask the cluster for the topic's leaders again (updates the admin client's cache).
+
+        The admin client sends ListOffsets with the leader epoch of its cached
+        metadata and refreshes that cache only every topic.metadata.refresh.interval.ms
+        (5 min): after a broker restart the epoch has moved on and every round
+        failed FENCED_LEADER_EPOCH for minutes (tests/test_broker_outage.py),
+        i.e. no read passed its barrier though the cluster was back."""
+        try:
+            self.admin.list_topics(self.topic, timeout=min(5.0, self.timeout))
+        except KafkaException:
+            pass  # the next round fails again and retries, until the deadline
 
     async def _round(self) -> dict[int, int]:
         deadline = time.monotonic() + self.timeout
@@ -87,6 +102,8 @@ class ReadBarrier:
             except KafkaException as exc:
                 if not _retriable(exc) or time.monotonic() > deadline:
                     raise unavailable(f"cannot read end offsets of {self.topic}: {exc}") from None
+                if _stale_leader(exc):
+                    await asyncio.to_thread(self._refresh_metadata)
             except TimeoutError:
                 raise unavailable(f"end offsets of {self.topic} not answered in {self.timeout}s") from None
             await asyncio.sleep(0.05)
@@ -180,4 +197,17 @@ def _complete(offsets: dict[int, int]) -> bool:
 
 def _retriable(exc: KafkaException) -> bool:
     err = exc.args[0] if exc.args else None
-    return bool(getattr(err, "retriable", lambda: False)()) or "leader" in str(exc).lower()
+    return bool(getattr(err, "retriable", lambda: False)()) or "leader" in str(exc).lower() or _stale_leader(exc)
+
+
+# Errors that mean "your idea of the partition's leader is out of date": cured
+# by fresh metadata, which the admin client does not fetch by itself.
+_STALE_LEADER = frozenset({
+    KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH,
+    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+})
+
+
+def _stale_leader(exc: KafkaException) -> bool:
+    err = exc.args[0] if exc.args else None
+    return getattr(err, "code", lambda: None)() in _STALE_LEADER
