@@ -103,7 +103,11 @@ class ReadBarrier:
                 if not _retriable(exc) or time.monotonic() > deadline:
                     raise unavailable(f"cannot read end offsets of {self.topic}: {exc}") from None
                 if _stale_leader(exc):
-                    await asyncio.to_thread(self._refresh_metadata)
+                    left = deadline - time.monotonic()
+                    try:  # bounded: a refresh must not stretch the read past its timeout
+                        await asyncio.wait_for(asyncio.to_thread(self._refresh_metadata), max(0.1, left))
+                    except TimeoutError:
+                        pass  # the deadline check above ends the next failing round
             except TimeoutError:
                 raise unavailable(f"end offsets of {self.topic} not answered in {self.timeout}s") from None
             await asyncio.sleep(0.05)
