@@ -290,9 +290,10 @@ async def test_kill9_and_restart_mid_load_single_node(own_broker: Broker, tmp_pa
         during = _check_outage_calls(load, killed, restarting)
         assert during, "no call was made during the outage"
         assert not [c for c in load.calls if c.code == "HANG"]
-        codes = sorted({c.code for c in during if c.code})
-        print(f"\nkill -9: broker down {broker_down:.1f}s, {len(during)} calls during it ({codes}), "
-              f"max {max(c.took for c in during):.2f}s each; first success {recovered - restarted:.1f}s after "
+        failed = [c for c in load.calls if c.code]
+        codes = sorted({c.code for c in failed})
+        print(f"\nkill -9: broker down {broker_down:.1f}s (restart included), {len(failed)} calls failed ({codes}), "
+              f"max {max(c.took for c in failed):.2f}s each; first success {recovered - restarted:.1f}s after "
               f"the restarted broker answered; {len(load.acked_cps)} checkpoints acked")
     finally:
         await asyncio.wait_for(tl.close(), 60)
@@ -361,7 +362,9 @@ async def test_long_outage_every_client_and_worker_recovers(own_broker: Broker, 
             during = _check_outage_calls(load, killed, restarting)
             assert during, f"{load.name}: no call during the outage"
             assert not [c for c in load.calls if c.code == "HANG"]
-        print(f"\n{outage}s outage: first success after the restarted broker answered: "
+        failed = [c for load in loads for c in load.calls if c.code]
+        print(f"\n{outage}s outage: {len(failed)} calls failed ({sorted({c.code for c in failed})}), "
+              f"max {max(c.took for c in failed):.2f}s each; first success after the restarted broker answered: "
               + ", ".join(f"{k} {v:.1f}s" for k, v in recovery.items())
               + f"; worker pid {worker.proc.pid} alive")
     finally:
