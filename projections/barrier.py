@@ -93,7 +93,8 @@ class ReadBarrier:
         while True:
             futures = self._request()
             try:
-                await asyncio.wait_for(_all_done(list(futures.values())), self.timeout)
+                # A retry gets what is left of the deadline, not a whole timeout again.
+                await asyncio.wait_for(_all_done(list(futures.values())), max(0.05, deadline - time.monotonic()))
                 out = {tp.partition: f.result().offset for tp, f in futures.items()}
                 if _complete(out):
                     return out
@@ -118,12 +119,21 @@ class ReadBarrier:
         if self._inflight is None:
             fut = self._inflight = loop.create_future()
             self._spawn(fut)
-            return await fut
+            return await self._within_timeout(fut)
         # A round is in flight and may have been sent before we began: wait for the next.
         if self._next is None:
             self._next = loop.create_future()
         nxt = self._next
-        return await nxt
+        return await self._within_timeout(nxt)
+
+    async def _within_timeout(self, fut: asyncio.Future) -> dict[int, int]:
+        """A caller waits at most one timeout, even behind a round in flight (each round
+        has its own deadline: a read joining the next one during an outage waited up
+        to twice the request timeout). Shielded: the round is shared with other callers."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), self.timeout)
+        except TimeoutError:
+            raise unavailable(f"end offsets of {self.topic} not answered in {self.timeout}s") from None
 
     def _spawn(self, fut: asyncio.Future) -> None:
         task = asyncio.get_running_loop().create_task(self._run_round(fut))
