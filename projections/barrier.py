@@ -31,7 +31,7 @@ import asyncio
 import threading
 import time
 
-from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from threadlog.errors import unavailable
@@ -69,16 +69,32 @@ class ReadBarrier:
                 # Retriable (e.g. a just-created topic without a leader yet) until the deadline.
                 if not _retriable(exc) or time.monotonic() > deadline:
                     raise unavailable(f"cannot read end offsets of {self.topic}: {exc}") from None
+                if _stale_leader(exc):
+                    self._refresh_metadata()
             except TimeoutError:
                 raise unavailable(f"end offsets of {self.topic} not answered in {self.timeout}s") from None
             time.sleep(0.05)
+
+    def _refresh_metadata(self) -> None:
+        """Ask the cluster for the topic's leaders again (updates the admin client's cache).
+
+        The admin client sends ListOffsets with the leader epoch of its cached
+        metadata and refreshes that cache only every topic.metadata.refresh.interval.ms
+        (5 min): after a broker restart the epoch has moved on and every round
+        failed FENCED_LEADER_EPOCH for minutes (tests/test_broker_outage.py),
+        i.e. no read passed its barrier though the cluster was back."""
+        try:
+            self.admin.list_topics(self.topic, timeout=min(5.0, self.timeout))
+        except KafkaException:
+            pass  # the next round fails again and retries, until the deadline
 
     async def _round(self) -> dict[int, int]:
         deadline = time.monotonic() + self.timeout
         while True:
             futures = self._request()
             try:
-                await asyncio.wait_for(_all_done(list(futures.values())), self.timeout)
+                # A retry gets what is left of the deadline, not a whole timeout again.
+                await asyncio.wait_for(_all_done(list(futures.values())), max(0.05, deadline - time.monotonic()))
                 out = {tp.partition: f.result().offset for tp, f in futures.items()}
                 if _complete(out):
                     return out
@@ -87,6 +103,12 @@ class ReadBarrier:
             except KafkaException as exc:
                 if not _retriable(exc) or time.monotonic() > deadline:
                     raise unavailable(f"cannot read end offsets of {self.topic}: {exc}") from None
+                if _stale_leader(exc):
+                    left = deadline - time.monotonic()
+                    try:  # bounded: a refresh must not stretch the read past its timeout
+                        await asyncio.wait_for(asyncio.to_thread(self._refresh_metadata), max(0.1, left))
+                    except TimeoutError:
+                        pass  # the deadline check above ends the next failing round
             except TimeoutError:
                 raise unavailable(f"end offsets of {self.topic} not answered in {self.timeout}s") from None
             await asyncio.sleep(0.05)
@@ -97,12 +119,21 @@ class ReadBarrier:
         if self._inflight is None:
             fut = self._inflight = loop.create_future()
             self._spawn(fut)
-            return await fut
+            return await self._within_timeout(fut)
         # A round is in flight and may have been sent before we began: wait for the next.
         if self._next is None:
             self._next = loop.create_future()
         nxt = self._next
-        return await nxt
+        return await self._within_timeout(nxt)
+
+    async def _within_timeout(self, fut: asyncio.Future) -> dict[int, int]:
+        """A caller waits at most one timeout, even behind a round in flight (each round
+        has its own deadline: a read joining the next one during an outage waited up
+        to twice the request timeout). Shielded: the round is shared with other callers."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), self.timeout)
+        except TimeoutError:
+            raise unavailable(f"end offsets of {self.topic} not answered in {self.timeout}s") from None
 
     def _spawn(self, fut: asyncio.Future) -> None:
         task = asyncio.get_running_loop().create_task(self._run_round(fut))
@@ -180,4 +211,17 @@ def _complete(offsets: dict[int, int]) -> bool:
 
 def _retriable(exc: KafkaException) -> bool:
     err = exc.args[0] if exc.args else None
-    return bool(getattr(err, "retriable", lambda: False)()) or "leader" in str(exc).lower()
+    return bool(getattr(err, "retriable", lambda: False)()) or "leader" in str(exc).lower() or _stale_leader(exc)
+
+
+# Errors that mean "your idea of the partition's leader is out of date": cured
+# by fresh metadata, which the admin client does not fetch by itself.
+_STALE_LEADER = frozenset({
+    KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH,
+    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+})
+
+
+def _stale_leader(exc: KafkaException) -> bool:
+    err = exc.args[0] if exc.args else None
+    return getattr(err, "code", lambda: None)() in _STALE_LEADER
