@@ -25,7 +25,6 @@ at its stored position. A record that cannot be decoded is judged refused
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -44,6 +43,7 @@ from threadlog.projections.global_ids import holders_as_of as index_holders
 from threadlog.projections.keys import key
 from threadlog.projections.partition_stores import PartitionStores
 from threadlog.projections.reader import StateReader
+from threadlog.projections.snapshots import RestoreInfo, summary
 from threadlog.projections.store import Store
 from threadlog.projections.view import View
 from threadlog.schemas import Codec, CodecError
@@ -164,7 +164,7 @@ class Judge(Follower):
 
     def __init__(self, bootstrap: str, topic: str, partitions: int, stores: PartitionStores, codec: Codec,
                  client_id: str, *, kafka: Props | None = None, group: str | None = None,
-                 lookups: Lookups | None = None, restore: Callable[[int, Store], object] | None = None,
+                 lookups: Lookups | None = None, restore: Callable[[int, Store], RestoreInfo | None] | None = None,
                  on_ownership: Callable[[list[int]], None] | None = None) -> None:
         self.stores = stores
         self.group = group
@@ -179,7 +179,7 @@ class Judge(Follower):
         # Callbacks waiting for the verdict at (partition, offset).
         self._verdict_waiters: dict[tuple[int, int], list[Callable[[dict], None]]] = {}
         self.stats = {"judged": 0, "accepted": 0, "refused": 0, "poison": 0, "blocked": 0, "restored": 0}
-        self.restores: dict[int, Any] = {}  # partition -> what its restore reported
+        self.restores: dict[int, dict[str, Any]] = {}  # partition -> summary of its restore
         super().__init__(bootstrap, topic, partitions, stores, codec, client_id, kafka=kafka)  # type: ignore[arg-type]
         if group is not None:
             self.owned = set()
@@ -234,12 +234,16 @@ class Judge(Follower):
                 return  # resumes where an earlier ownership stopped
             # Empty, or keys without a position (a restore that did not
             # finish): never fold onto that; restore again.
-        store = self.stores.replace(p)
-        info = self.restore(p, store)
+        try:
+            info = self.restore(p, self.stores.replace(p))
+        except ThreadLogError as exc:
+            # Folding from offset 0 is slower, never wrong (and never onto a partial restore).
+            log.warning("no snapshot restore of partition %d (%s): folding it from offset 0", p, exc)
+            self.stores.replace(p)
+            return
         if info is not None:
             self.stats["restored"] += 1
-            self.restores[p] = {k: v for k, v in dataclasses.asdict(info).items() if k != "positions"} \
-                if dataclasses.is_dataclass(info) and not isinstance(info, type) else info
+            self.restores[p] = summary(info)
 
     def _revoked(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         gone = {tp.partition for tp in tps}

@@ -15,12 +15,11 @@ going (a RocksDB checkpoint); a partition given up meanwhile is skipped.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
 
-from threadlog.projections.snapshots import SnapshotWriter
+from threadlog.projections.snapshots import SnapshotWriter, summary
 
 from .judge import Judge
 
@@ -80,7 +79,6 @@ class Snapshotter:
         info = self.writer.write(p, store)
         self._last[p] = info.position or applied
         self._at[p] = now
-        record = {k: v for k, v in dataclasses.asdict(info).items() if k != "positions"}
-        self.written.append(record)
+        self.written.append(summary(info))
         log.info("snapshot of partition %d at %s: %d keys, %d bytes in %.2fs", p, info.position, info.keys,
                  info.bytes, info.seconds)

@@ -41,7 +41,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -80,6 +80,11 @@ class SnapshotInfo:
     first_offset: int  # log offset of chunk 0 (of the manifest when there are no chunks)
     tombstoned: int  # chunk keys of earlier snapshots tombstoned after this manifest
     seconds: float
+
+
+def summary(info: SnapshotInfo | RestoreInfo) -> dict[str, Any]:
+    """`info` as JSON-ready fields (operators' stats): all but the tuple-keyed `positions`."""
+    return {k: v for k, v in asdict(info).items() if k != "positions"}
 
 
 @dataclass(frozen=True)

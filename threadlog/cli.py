@@ -571,6 +571,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return asyncio.run(_inspect(args))
 
 
+def _namespace_state(p: argparse.ArgumentParser) -> None:
+    """The namespace a command reads and where its local state goes."""
+    p.add_argument("--namespace", default="threadlog")
+    p.add_argument("--state-dir", default=None)
+
+
 def _connects(p: argparse.ArgumentParser, bootstrap: str | None = "default") -> None:
     """The options of every command that talks to the cluster."""
     p.add_argument("--bootstrap", default=_bootstrap_default() if bootstrap == "default" else bootstrap,
@@ -659,8 +665,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--records", action="store_true",
                     help="print every record instead: claims, dropped chunks and why, upserts, the close")
     _connects(rp)
-    rp.add_argument("--namespace", default="threadlog")
-    rp.add_argument("--state-dir", default=None)
+    _namespace_state(rp)
     rp.set_defaults(fn=cmd_replay)
 
     rc = sub.add_parser("reclaim", help="list runs a dead driver left behind (running, detached for --ttl-ms), "
@@ -670,8 +675,7 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--claim", action="store_true",
                     help="claim each run (a new driver epoch, printed as epoch=N); without it nothing is written")
     _connects(rc)
-    rc.add_argument("--namespace", default="threadlog")
-    rc.add_argument("--state-dir", default=None)
+    _namespace_state(rc)
     rc.set_defaults(fn=cmd_reclaim)
 
     ins = sub.add_parser("inspect", help="time travel: a thread's state at an offset or time (inspect thread T), "
@@ -688,8 +692,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the state after the last proposal decided at or before this time (no zone: UTC)")
     ins.add_argument("--json", action="store_true", help="print JSON (events: one object per line)")
     _connects(ins)
-    ins.add_argument("--namespace", default="threadlog")
-    ins.add_argument("--state-dir", default=None)
+    _namespace_state(ins)
     ins.add_argument("--processors", choices=["embedded", "external"], default="embedded",
                      help="'embedded' (default): fold the namespace here, no worker needed; "
                           "'external': ask a `threadlog worker` for cross-partition facts")
@@ -705,8 +708,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("rebuild", help="drop a projection store and fold the events again")
     _connects(r)
-    r.add_argument("--namespace", default="threadlog")
-    r.add_argument("--state-dir", default=None)
+    _namespace_state(r)
     r.add_argument("--store", default=None, help="store path (default: slot-0 of the namespace)")
     r.set_defaults(fn=cmd_rebuild)
 

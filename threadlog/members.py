@@ -3,18 +3,17 @@
 Why a topic and not a registry service or a consumer group: the cluster is
 the one thing every host already reaches, and a compacted topic is a tiny
 key-value table with history -- key = worker id, value = JSON
-`{address, startedAt, heartbeatAt}`, the latest record per key wins and a
+`{address, startedAt, heartbeatAt, partitions}`, the latest record per key wins and a
 tombstone (clean exit) removes it. Consumer-group membership would tell who
 is alive but carries no address; a registry would be one more thing to run.
 
-A worker re-announces itself every `HEARTBEAT_S`; a client reads the whole
-topic (one partition, a few records after compaction) at open and whenever
-it needs another worker, and trusts entries whose heartbeat is younger than
-`LIVE_AFTER_S` (3 intervals). A killed worker leaves a stale entry for at
-most that long; a client that tries it gets "connection refused" at once
-and moves on, so staleness costs a failed connect, never a wrong answer
-(answers do not depend on which worker gives them, see
-processors/query_server.py). Heartbeats are wall-clock times of the worker
+A worker re-announces itself every `HEARTBEAT_S` (and at once when its
+partitions change); a client follows the topic (`MembersView`: one
+partition, a few records after compaction) and trusts entries whose
+heartbeat is younger than `LIVE_AFTER_S` (3 intervals). A killed worker
+leaves a stale entry for at most that long; a client that tries it gets
+"connection refused" or NOT_OWNER and moves on, so staleness costs a retry,
+never a wrong answer (see threadlog/remote.py). Heartbeats are wall-clock times of the worker
 compared with the client's clock: hosts' clocks must agree within a few
 seconds.
 """
@@ -27,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
@@ -121,52 +120,6 @@ class Announcer:
             log.exception("could not tombstone %s", self.worker_id)
 
 
-def read_members(bootstrap: str, topic: str, client_id: str, timeout: float,
-                 kafka: Mapping[str, Any] | None = None) -> dict[str, Member]:
-    """Every registered worker (latest record per id, tombstones removed), read to the end."""
-    consumer = Consumer(kafka_config.consumer(
-        bootstrap, f"{client_id}.members", kafka,
-        **{"enable.partition.eof": True, "isolation.level": "read_uncommitted", "fetch.wait.max.ms": 10},
-    ))
-    deadline = time.monotonic() + timeout
-    out: dict[str, Member] = {}
-    try:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout)
-        if high <= low:
-            return out
-        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise unavailable(f"{topic} not read to its end within {timeout}s")
-            msg = consumer.poll(min(left, 0.5))
-            if msg is None:
-                continue
-            # Consumed messages and partition-EOF events always carry an offset.
-            offset = cast(int, msg.offset())
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    if offset >= high:
-                        return out
-                    continue
-                raise unavailable(f"cannot read {topic}: {err}")
-            wid = (msg.key() or b"").decode(errors="replace")
-            value = msg.value()
-            if value is None:
-                out.pop(wid, None)
-            else:
-                try:
-                    v = json.loads(value)
-                    out[wid] = parse_member(wid, v)
-                except (ValueError, KeyError, TypeError):
-                    log.warning("malformed member record for %r ignored", wid)
-            if offset + 1 >= high:
-                return out
-    finally:
-        consumer.close()
-
-
 def parse_member(worker_id: str, v: dict) -> Member:
     parts = v.get("partitions")
     return Member(worker_id, str(v["address"]), float(v["startedAt"]), float(v["heartbeatAt"]),
@@ -176,7 +129,7 @@ def parse_member(worker_id: str, v: dict) -> Member:
 class MembersView:
     """The members topic, followed continuously: who is alive and owns what.
 
-    Read to its end at `start` (like `read_members`), then tailed on a thread,
+    Read to its end at `start`, then tailed on a thread,
     so routing learns of an ownership change a few milliseconds after the
     worker announced it, without a discovery round per call.
     """

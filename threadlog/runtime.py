@@ -132,15 +132,8 @@ class Runtime:
 
     def _restore(self, partition: int, store: Store) -> RestoreInfo | None:
         """A partition taken over without local state: from its latest snapshot (None: fold from 0)."""
-        try:
-            return restore_snapshot(self.opts.bootstrap_servers, self.topics.snapshots, partition, store,
-                                    self.client_id, self.opts.kafka, timeout=self.opts.request_timeout)
-        except ThreadLogError as exc:
-            # Folding from offset 0 is slower, never wrong.
-            log.warning("no snapshot restore of partition %d (%s): folding it from offset 0", partition, exc)
-            if not store.is_empty():
-                store.apply({k: None for k, _ in store.scan(b"")}, {})
-            return None
+        return restore_snapshot(self.opts.bootstrap_servers, self.topics.snapshots, partition, store,
+                                self.client_id, self.opts.kafka, timeout=self.opts.request_timeout)
 
     def _ownership_changed(self, owned: list[int]) -> None:
         for listener in list(self.ownership_listeners):
