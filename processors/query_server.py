@@ -48,7 +48,9 @@ from typing import Any, TypeVar
 import orjson
 from threadlog.processors.judge import Judge
 from threadlog.processors.snapshotter import Snapshotter
+from threadlog.projections import run_index
 from threadlog.projections.barrier import ReadBarrier
+from threadlog.projections.delivery_follower import DeliveryIndex
 from threadlog.projections.global_ids import holders_as_of
 from threadlog.projections.partition_stores import PartitionStores
 
@@ -78,8 +80,11 @@ def floor_of(raw: Any) -> dict[int, int]:
 
 class QueryServer:
     def __init__(self, stores: PartitionStores, judge: Judge, barrier: ReadBarrier, timeout: float = 30.0,
-                 snapshotter: Snapshotter | None = None) -> None:
+                 snapshotter: Snapshotter | None = None, deliveries: DeliveryIndex | None = None,
+                 delivery_barrier: ReadBarrier | None = None) -> None:
         self.stores = stores
+        self.deliveries = deliveries  # the run index of the delivery partitions owned here
+        self.delivery_barrier = delivery_barrier
         self.snapshotter = snapshotter
         self.judge = judge
         self.barrier = barrier
@@ -181,6 +186,8 @@ class QueryServer:
                                                    self._bounded(args.get("wait")))}
         if op == "holders":
             return await self._holders(args)
+        if op in _DELIVERY_OPS:
+            return await self._delivery_op(op, args)
         if op == "stats":
             return self.stats()
         if op == "end_offsets":
@@ -194,6 +201,7 @@ class QueryServer:
                 "restored": {str(p): info for p, info in judge.restores.items()},
                 "applied": {str(p): judge.applied(p) for p in sorted(judge.owned)},
                 "lookups": judge.lookups.asked if judge.lookups is not None else 0,
+                "deliveries": sorted(self.deliveries.owned) if self.deliveries is not None else [],
                 "snapshots": self.snapshots() if self.snapshotter is not None else []}
 
     def snapshots(self) -> list[dict]:
@@ -283,6 +291,50 @@ class QueryServer:
         await self._owned({"partitions": [q], "floor": {str(q): asof}})
         threads = self._read(lambda: holders_as_of(self.stores.store_of(q), args["kind"], args["id"], asof), [q])
         return {"threads": threads}
+
+
+    # -- the delivery log's run index (threadlog/run_access.py, RemoteRuns) -------------------
+    async def _delivery_op(self, op: str, args: dict) -> dict:
+        index = self.deliveries
+        if index is None or self.delivery_barrier is None:
+            raise ThreadLogError(INVALID_ARGUMENT, "this worker keeps no delivery run index")
+        d, run = int(args["d"]), str(args["run"])
+        if d not in index.owned:
+            raise not_owner(f"delivery partition {d} is not owned by this worker")
+        wait = self._bounded(args.get("wait"))
+        if op == "dlv_verdict":
+            x, kind = int(args["x"]), str(args["kind"])
+            await self._delivery_caught_up(index, {d: x if kind == run_index.CHUNKS else x + 1}, wait)
+            verdict, fence = run_index.decided(index.store, run, x, kind, int(args["epoch"]))
+            return {"verdict": verdict, "fence": fence, "state": run_index.run_state(index.store, run)}
+        if op == "dlv_state":
+            # The read barrier, at the owner: the end of the partition asked now,
+            # after the read began, so every acknowledged write is below it.
+            start = time.monotonic()
+            ends = await self.delivery_barrier.end_offsets()
+            await self._delivery_caught_up(index, {d: ends[d]}, max(0.1, wait - (time.monotonic() - start)))
+            with index.store.lock:  # state and position of one instant (a fold batch is atomic)
+                at = index.store.offset(index.topic, d)
+                state = run_index.run_state(index.store, run)
+            counts = {str(x): run_index.chunk_count(index.store, run, int(x)) for x in args.get("xs") or ()}
+            return {"state": state, "at": at, "counts": counts}
+        # dlv_verdicts: final below the position the reader got from dlv_state.
+        lo, hi = int(args["lo"]), int(args["hi"])
+        await self._delivery_caught_up(index, {d: hi}, wait)
+        verdicts = [[x, v] for x, v in run_index.verdicts_between(index.store, run, lo, hi)]
+        reps = [[x, i, text] for x, i, text in run_index.replacements_between(index.store, run, lo, hi)]
+        return {"v": verdicts, "r": reps}
+
+    async def _delivery_caught_up(self, index: DeliveryIndex, targets: dict[int, int], timeout: float) -> None:
+        try:
+            await index.wait(targets, timeout)
+        except ThreadLogError as exc:
+            if exc.code == NOT_OWNER:
+                raise
+            raise ThreadLogError(BEHIND, f"worker behind on deliveries: {exc.message}") from None
+
+
+_DELIVERY_OPS = frozenset({"dlv_verdict", "dlv_state", "dlv_verdicts"})
 
 
 def _settle(fut: asyncio.Future, value: Any) -> None:

@@ -21,7 +21,7 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 from threadlog.schemas import Codec, CodecError
 
 from threadlog.errors import ThreadLogError, unavailable
@@ -112,7 +112,13 @@ class DeliveryIndex(Follower):
         max_queued: int = 20_000,
         *,
         kafka: Props | None = None,
+        owned: set[int] | None = None,
     ) -> None:
+        # A worker folds only the delivery partitions of the events partitions the
+        # group gave it (`set_owned`); every other role folds them all.
+        self._initial = set(range(partitions)) if owned is None else set(owned)
+        self._want: set[int] | None = None
+        self._want_lock = threading.Lock()
         super().__init__(bootstrap, topic, partitions, store, codec, f"{client_id}.deliveries", kafka=kafka)
         self.max_queued = max_queued
         self._folded: list[Item] = []
@@ -121,6 +127,40 @@ class DeliveryIndex(Follower):
         # Every record below this was handed to the subscribers of its run.
         self._dispatched = {p: self.applied(p) for p in range(partitions)}
         self._stopped = False
+
+    # -- ownership -----------------------------------------------------------------
+    def _begin(self) -> None:
+        self.owned = set(self._initial)
+        self._assign()
+
+    def _assign(self) -> None:
+        self._consumer.assign([
+            TopicPartition(self.topic, p, self._applied[p] if self._applied[p] > 0 else OFFSET_BEGINNING)
+            for p in sorted(self.owned)
+        ])
+
+    def set_owned(self, partitions: set[int]) -> None:
+        """Fold these partitions from now on (applied on the follower's thread)."""
+        with self._want_lock:
+            self._want = set(partitions)
+
+    def _between_batches(self) -> None:
+        with self._want_lock:
+            want, self._want = self._want, None
+        if want is None or want == self.owned:
+            return
+        with self._cond:
+            gone = self.owned - want
+            for p in want - self.owned:
+                # Resume where this store stopped folding it: the state there is
+                # exactly the fold of everything before that position.
+                self._applied[p] = self.store.offset(self.topic, p)
+            self.owned = want
+            self._drop_waiters(gone)
+        with self._subs_lock:
+            for p in want:
+                self._dispatched[p] = self._applied[p]
+        self._assign()
 
     # -- live feed ---------------------------------------------------------------
     def subscribe(self, run_id: str, partition: int) -> Subscription:
@@ -157,6 +197,14 @@ class DeliveryIndex(Follower):
             self.skipped += 1
             log.error("undecodable delivery record at %s[%d]@%d skipped: %s",
                       self.topic, partition, msg.offset(), exc.message)
+            return
+        if msg.key() != rec["runId"].encode("utf-8"):
+            # Every reader finds a run's records by their key (the run's partition,
+            # the catch-up filter, the thin client's tail): one keyed otherwise is
+            # judged by none of them, so it is poison here too, not a record of the run.
+            self.skipped += 1
+            log.error("delivery record at %s[%d]@%d keyed other than its run; skipped",
+                      self.topic, partition, msg.offset())
             return
         child = view.child()
         try:

@@ -165,9 +165,13 @@ class Follower:
             raise unavailable(f"projection of {self.topic} did not reach {targets} in {timeout}s") from None
 
     # -- the loop --------------------------------------------------------------
+    def _between_batches(self) -> None:
+        """On the follower's thread, before each poll (ownership changes, in subclasses)."""
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
+                self._between_batches()
                 msgs = kafka_config.drain(self._consumer, 2000, 0.1)
             except Exception:  # pragma: no cover - librdkafka hiccup
                 log.exception("follower consume failed")
@@ -181,7 +185,7 @@ class Follower:
                     self._rewind()
 
     def _rewind(self) -> None:
-        for p in range(self.partitions):
+        for p in sorted(self.owned):
             try:
                 self._consumer.seek(TopicPartition(self.topic, p, self.store.offset(self.topic, p)))
             except Exception:

@@ -45,6 +45,7 @@ from threadlog.errors import CORRUPT_RECORD, INVALID_OFFSET, RUN_CLAIM_LOST, RUN
 
 from .keys import key
 from .reader import StateReader
+from .store import Store
 from .view import View
 
 RUN = b"dlvR"
@@ -181,6 +182,104 @@ def chunk_count(reader: StateReader, run_id: str, offset: int) -> int | None:
     return v.get("n") if v else None
 
 
+def verdicts_between(reader: Store, run_id: str, lo: int, hi: int) -> list[tuple[int, dict]]:
+    """(offset, verdict) of the run's records at offsets lo <= x < hi, ascending."""
+    prefix = key(REC, run_id)
+    out = []
+    for k, v in reader.scan(prefix, rec_key(run_id, lo)):
+        x = struct.unpack(">Q", k[len(prefix):])[0]
+        if x >= hi:
+            break
+        out.append((x, json.loads(v)))
+    return out
+
+
+def replacements_between(reader: Store, run_id: str, lo: int, hi: int) -> list[tuple[int, int, str]]:
+    """(offset, index, text) of the replaced chunk positions of records at lo <= x < hi."""
+    prefix = rep_prefix(run_id)
+    out = []
+    for k, v in reader.scan(prefix, rep_key(run_id, lo, 0)):
+        x, i = struct.unpack(">QI", k[len(prefix):])
+        if x >= hi:
+            break
+        out.append((x, i, v.decode("utf-8")))
+    return out
+
+
 def replacement(reader: StateReader, run_id: str, offset: int, index: int) -> str | None:
     raw = reader.get(rep_key(run_id, offset, index))
     return None if raw is None else raw.decode("utf-8")
+
+
+# -- one run, folded by a reader (thin clients) ------------------------------
+class _Memory:
+    """The store a one-run fold reads under its View: a dict."""
+
+    def __init__(self) -> None:
+        self.data: dict[bytes, bytes] = {}
+
+    def get(self, k: bytes) -> bytes | None:
+        return self.data.get(k)
+
+
+class RunFold:
+    """`fold_record` over ONE run's records from a known state on.
+
+    A thin client's live reader gets the run's state as of Kafka offset A from
+    the owner of the partition, then folds the run's own records at and after
+    A itself, with this same fold: a record's verdict depends only on the
+    run's records before it (fence, close), so the reader drops exactly what
+    the owner drops without folding the rest of the partition. Upserts need
+    older chunk positions this fold does not hold; their verdict here may
+    differ, and readers never act on it (a position is yielded once, in order,
+    before any upsert of it is read).
+    """
+
+    def __init__(self, run_id: str, state: dict | None) -> None:
+        self.run_id = run_id
+        self._judged: dict[int, str | None] = {}  # a record handed back and read again is folded once
+        self._memory = _Memory()
+        if state is not None:
+            self._memory.data[run_key(run_id)] = _dump(state)
+
+    def judge(self, offset: int, rec: dict) -> str | None:
+        """Fold the run's record at `offset`; why it is dropped, None if it stands."""
+        if offset in self._judged:
+            return self._judged[offset]
+        if len(self._judged) > 4096:
+            self._judged.clear()  # only the last few are ever asked again
+        self._judged[offset] = dropped = self._fold(offset, rec)
+        return dropped
+
+    def _fold(self, offset: int, rec: dict) -> str | None:
+        view = View(self._memory)  # type: ignore[arg-type]  # only get() is read
+        try:
+            dropped = fold_record(view, offset, rec)
+        except Exception:
+            return CORRUPT_RECORD  # the owner skips it too (logged there), it changes nothing
+        state = view.buffer.get(run_key(self.run_id))
+        if state is not None:  # only the run's state is kept: memory stays flat on long runs
+            self._memory.data[run_key(self.run_id)] = state
+        return dropped
+
+
+def decided(reader: StateReader, run_id: str, offset: int, kind: str, epoch: int) -> tuple[dict | None, int]:
+    """(the verdict on the run's record at `offset`, the run's fence), for its writer.
+
+    Call once the fold has passed `offset` (any kind) or reached it (a chunks
+    record): a chunks record's verdict depends only on the records BEFORE it
+    (the claim fence and the close), so it is known as soon as the fold has
+    folded up to it -- usually at once -- instead of when the fold reaches the
+    record itself (measured: that wait was two thirds of an append). The fold
+    decides the same verdict later, by the same `verdict`, so readers and the
+    writer never disagree. Order matters: the state is read BEFORE the
+    record's own verdict is looked up. The fold writes a batch atomically, so
+    if the record is still unfolded after the state was read, that state is
+    exactly the fold of everything before it. None: not a record of the run.
+    """
+    state = run_state(reader, run_id) or {"fence": 0, "reps": 0}
+    folded = record_verdict(reader, run_id, offset)
+    if folded is None and kind == CHUNKS:
+        code = verdict(state["fence"], state.get("closedAt"), offset, epoch)
+        folded = {} if code is None else {"drop": code}
+    return folded, state["fence"]

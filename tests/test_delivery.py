@@ -318,14 +318,14 @@ async def test_abandoned_readers_release_their_resources(tl):
         reader = log.read("-1")
         await take(reader, 3)
         await reader.aclose()
-    assert svc.index._subs == {}
+    assert svc.runs.index._subs == {}
     await within(log.close())
     got = await collect(log.read("-1"))
     assert [c["i"] for _, c in got] == list(range(200))
 
 
 async def test_a_reader_that_falls_behind_the_live_feed_catches_up_from_kafka(tl):
-    tl._delivery.index.max_queued = 4  # tiny live queue: overflow at once
+    tl._delivery.runs.index.max_queued = 4  # tiny live queue: overflow at once
     log = tl.delivery("run-slow")
     [o0] = await within(log.append([chunk(0)]))
     reader = log.read("-1")

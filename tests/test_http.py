@@ -152,10 +152,10 @@ async def test_many_reconnects_each_get_exactly_the_rest_and_leave_nothing_behin
         # Open streams of the run: none once every client hung up (checked with a bound).
         svc = tl._delivery
         for _ in range(200):
-            if not svc.index._subs:
+            if not svc.runs.index._subs:
                 break
             await asyncio.sleep(0.05)
-        assert svc.index._subs == {}
+        assert svc.runs.index._subs == {}
         offs += await within(log.append([FINISHED]))
         await within(log.close())
         _, events = await read_stream(client, url)

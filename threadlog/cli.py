@@ -193,7 +193,8 @@ async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None
     _started()
     assert rt.stores is not None and rt.judge is not None and rt.barrier is not None
     server = QueryServer(rt.stores, rt.judge, rt.barrier, timeout=rt.opts.request_timeout,
-                         snapshotter=rt.snapshotter)
+                         snapshotter=rt.snapshotter, deliveries=rt.deliveries,
+                         delivery_barrier=rt.delivery_barrier)
     announcer: Announcer | None = None
     web = web_task = None
     try:

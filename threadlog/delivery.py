@@ -61,8 +61,8 @@ from .errors import (
 )
 from .producers.deliveries import DeliveryWriter
 from .projections import run_index
-from .projections.barrier import ReadBarrier
-from .projections.delivery_follower import DeliveryIndex, Item, Subscription
+from .projections.delivery_follower import Item, Subscription
+from .run_access import Reading, runs_for
 from .validation import dumps, is_int, json_problem, require_id
 
 if TYPE_CHECKING:
@@ -225,18 +225,15 @@ class DeliveryService:
 
     def __init__(self, tl: ThreadLog) -> None:
         rt = tl.runtime
-        assert rt.layout is not None and rt.index_store is not None and rt.admin is not None
+        assert rt.layout is not None and rt.admin is not None
         self.tl = tl
         self.topic = rt.topics.deliveries
         self.partitions = rt.layout.deliveries
-        self.store = rt.index_store
         self.codec = rt.codec
         self.admin = rt.admin
         self.timeout = tl.opts.request_timeout
         self.first_chunk_wait = tl.opts.first_chunk_wait_ms / 1000.0
-        self.index = DeliveryIndex(tl.opts.bootstrap_servers, self.topic, self.partitions, rt.index_store,
-                                   rt.codec, rt.client_id, kafka=tl.opts.kafka)
-        self.barrier = ReadBarrier(rt.admin, self.index, timeout=self.timeout)
+        self.runs = runs_for(rt, rt.codec)  # the run index: folded here, or asked of its owners
         self.writer = DeliveryWriter(bootstrap=tl.opts.bootstrap_servers, topic=self.topic,
                                      partitions=self.partitions, codec=rt.codec, client_id=rt.client_id,
                                      timeout=self.timeout, kafka=tl.opts.kafka)
@@ -245,11 +242,11 @@ class DeliveryService:
         self.closing = threading.Event()
 
     def start(self) -> None:
-        self.index.start()
+        """The run index (if folded here) is the runtime's, started with it."""
 
     def stop(self) -> None:
         self.closing.set()
-        self.index.stop()
+        self.runs.stop()
         self.writer.close()
         self.executor.shutdown(wait=True, cancel_futures=True)
         self.pool.close()
@@ -263,8 +260,8 @@ class DeliveryService:
         record of an epoch never granted ever stands."""
         x = await self.writer.write(run_id, {"runId": run_id, "kind": run_index.CLAIM, "epoch": floor,
                                              "writtenAt": time.time() * 1000.0})
-        await self.index.wait({self.writer.partition_of(run_id): x + 1}, self.timeout)
-        folded = run_index.record_verdict(self.store, run_id, x)
+        folded, _ = await self.runs.decide(run_id, self.writer.partition_of(run_id), x, run_index.CLAIM, floor,
+                                           self.timeout)
         if not folded or "claim" not in folded:
             raise unavailable(f"claim of run {run_id!r} at offset {x} was not folded")
         return int(folded["claim"])
@@ -393,7 +390,7 @@ class DeliveryLog:
         return encode_offset(self.run_id, self.partition, kafka_offset, index)
 
     def _state(self) -> dict:
-        return run_index.run_state(self._svc.store, self.run_id) or {"fence": 0, "reps": 0}
+        return self._svc.runs.known(self.run_id)
 
     def _precheck(self) -> None:
         """Refuse without writing when the index already knows the outcome
@@ -414,44 +411,20 @@ class DeliveryLog:
         record = {"runId": self.run_id, "epoch": self.epoch, "writtenAt": time.time() * 1000.0, **record}
         kafka_offset = await svc.writer.write(self.run_id, record)
         # THE fencing rule: acknowledge only what stands by the run index's verdict.
-        code = await self._verdict(kafka_offset, record["kind"])
+        verdict, fence = await svc.runs.decide(self.run_id, self.partition, kafka_offset, record["kind"],
+                                               self.epoch, svc.timeout)
+        if verdict is None:
+            raise unavailable(f"delivery record {self.partition}@{kafka_offset} of run {self.run_id!r} "
+                              "was not folded (undecodable?)")
+        code = verdict.get("drop")
         if code == RUN_CLAIM_LOST:
-            raise self._lost(self._state()["fence"])
+            raise self._lost(fence)
         if code == RUN_LOG_CLOSED:
             raise ThreadLogError(RUN_LOG_CLOSED, f"the delivery log of run {self.run_id!r} was closed "
                                                  "before this write")
         if code is not None:
             raise ThreadLogError(code, f"delivery record of run {self.run_id!r} refused by the run index")
         return kafka_offset
-
-    async def _verdict(self, x: int, kind: str) -> str | None:
-        """Why the index drops (or will drop) this run's record at Kafka offset `x`; None if it stands.
-
-        A chunks record's verdict depends only on the records BEFORE it (the claim
-        fence and the close), so it is decided once the index has folded up to `x`
-        -- usually at once, since this driver's previous append waited for that --
-        instead of waiting for the fold to reach the record itself (measured: that
-        wait was two thirds of an append). The fold decides the same verdict later,
-        by the same `run_index.verdict`, so readers and this caller never disagree.
-        """
-        svc = self._svc
-        if kind == run_index.CHUNKS:
-            await svc.index.wait({self.partition: x}, svc.timeout)
-            # Order matters: the state is read BEFORE looking for the record's own
-            # verdict. The fold writes a batch of records atomically, so if the record
-            # is still unfolded after the state was read, that state is exactly the
-            # fold of everything before `x` (folded >= x already held).
-            state = self._state()
-            folded = run_index.record_verdict(svc.store, self.run_id, x)
-            if folded is None:
-                return run_index.verdict(state["fence"], state.get("closedAt"), x, self.epoch)
-        else:
-            await svc.index.wait({self.partition: x + 1}, svc.timeout)
-            folded = run_index.record_verdict(svc.store, self.run_id, x)
-            if folded is None:
-                raise unavailable(f"delivery record {self.partition}@{x} of run {self.run_id!r} "
-                                  "was not folded (undecodable?)")
-        return folded.get("drop")
 
     # -- writes -----------------------------------------------------------------------
     async def append(self, chunks: list[dict]) -> list[Offset]:
@@ -467,7 +440,6 @@ class DeliveryLog:
     async def upsert(self, entries: Iterable[tuple[Offset, dict]]) -> list[Offset]:
         if not isinstance(entries, (list, tuple)):
             raise invalid_argument(f"upsert takes a list of (offset, chunk) pairs, got {type(entries).__name__}")
-        svc = self._svc
         positions: list[tuple[int, int]] = []
         seen: set[tuple[int, int]] = set()
         for n, entry in enumerate(entries):
@@ -481,9 +453,7 @@ class DeliveryLog:
         texts = [_chunk_text(entry[1], f"upsert entry [{n}] chunk") for n, entry in enumerate(entries)]
         if not texts:
             return []
-        await svc.barrier.wait([self.partition])
-        for (x, i), entry in zip(positions, entries, strict=True):
-            self._require_position(x, i, entry[0])
+        await self._require_positions(positions, [entry[0] for entry in entries])
         self._precheck()
         await self._write_and_verify({
             "kind": run_index.UPSERT, "chunks": texts,
@@ -491,10 +461,14 @@ class DeliveryLog:
         })
         return [self._offset(x, i) for x, i in positions]
 
-    def _require_position(self, x: int, i: int, text: str) -> None:
-        count = run_index.chunk_count(self._svc.store, self.run_id, x)
-        if count is None or i >= count:
-            raise ThreadLogError(INVALID_OFFSET, f"offset {text!r} is not a chunk of the log of run {self.run_id!r}")
+    async def _require_positions(self, positions: list[tuple[int, int]], texts: list[str]) -> None:
+        """INVALID_OFFSET unless each position is a standing chunk of the run (after a read barrier)."""
+        counts = await self._svc.runs.counts(self.run_id, self.partition, sorted({x for x, _ in positions}))
+        for (x, i), text in zip(positions, texts, strict=True):
+            count = counts.get(x)
+            if count is None or i >= count:
+                raise ThreadLogError(INVALID_OFFSET,
+                                     f"offset {text!r} is not a chunk of the log of run {self.run_id!r}")
 
     async def close(self) -> None:
         svc = self._svc
@@ -503,8 +477,9 @@ class DeliveryLog:
             return  # a superseded driver's close is ignored; closing twice is harmless
         x = await svc.writer.write(self.run_id, {"runId": self.run_id, "epoch": self.epoch, "kind": run_index.CLOSE,
                                                  "writtenAt": time.time() * 1000.0})
-        # Folded before returning: from here on this client's appends and reads see it.
-        await svc.index.wait({self.partition: x + 1}, svc.timeout)
+        # Folded before returning: from here on this client's appends and reads see it
+        # (a superseded driver's or a second close is dropped there, harmlessly).
+        await svc.runs.decide(self.run_id, self.partition, x, run_index.CLOSE, self.epoch, svc.timeout)
 
     # -- reads --------------------------------------------------------------------------
     def read(self, after: Offset, *, follow: bool = True) -> AsyncIterator[tuple[Offset, dict]]:
@@ -522,47 +497,50 @@ class DeliveryLog:
         """What is stored now, in order; never waits for new chunks; [] for an unknown run."""
         return [item async for item in self._iterate("-1", follow=False)]
 
-    async def _start(self, after: Offset, follow: bool) -> tuple[int, tuple[int, int], Subscription | None]:
-        """Where to start reading: (Kafka offset, floor position, live subscription if any)."""
+    async def _start(self, after: Offset, follow: bool) -> tuple[int, tuple[int, int], Subscription | None, Reading]:
+        """Where to start reading: (Kafka offset, floor position, live subscription if any,
+        the run index's reading). The start is never after `reading.at`: a reader
+        judging records itself (a thin client) must meet every record from there."""
         svc = self._svc
+        runs = svc.runs
         p = self.partition
         if after == "now":
             hw_task = asyncio.ensure_future(svc.high_watermark(p))
             try:
-                await svc.barrier.wait([p])
+                reading = await runs.reading(self.run_id, p)
             finally:
                 hw = await hw_task
-            return hw, (hw - 1, _LAST), None
+            return min(hw, reading.at), (hw - 1, _LAST), None, reading
         if after != "-1":
             x, i = parse_offset(self.run_id, p, after)
-            await svc.barrier.wait([p])
-            self._require_position(x, i, after)
-            return x, (x, i), None
-        await svc.barrier.wait([p])
-        state = run_index.run_state(svc.store, self.run_id)
-        if state and "first" in state:
-            return state["first"], (-1, -1), None
+            reading = await runs.reading(self.run_id, p)
+            await self._require_positions([(x, i)], [after])
+            return min(x, reading.at), (x, i), None, reading
+        reading = await runs.reading(self.run_id, p)
+        if reading.state and "first" in reading.state:
+            return reading.state["first"], (-1, -1), None, reading
         if not follow:
-            return -1, (-1, -1), None  # nothing stored: an empty snapshot
+            return -1, (-1, -1), None, reading  # nothing stored: an empty snapshot
         # Nothing yet: wait (bounded) for the first chunk or a close.
-        sub = svc.index.subscribe(self.run_id, p)
+        sub = await runs.subscribe(self.run_id, p)
         try:
-            state = run_index.run_state(svc.store, self.run_id)
-            if state and "first" in state:
-                return state["first"], (-1, -1), sub
+            # Again, now that the feed is on: what landed before live_from is in here.
+            reading = await runs.reading(self.run_id, p)
+            if reading.state and "first" in reading.state:
+                return reading.state["first"], (-1, -1), sub, reading
             deadline = time.monotonic() + svc.first_chunk_wait
             held: list[Item] = []
             while True:
                 while sub.items:
                     held.append(sub.items.popleft())
-                if any(it.dropped is None and it.record["kind"] in (run_index.CHUNKS, run_index.CLOSE)
+                if any(reading.judge_item(it) is None and it.record["kind"] in (run_index.CHUNKS, run_index.CLOSE)
                        for it in held):
                     break
                 if sub.failure is not None:
                     raise sub.failure
                 left = deadline - time.monotonic()
                 if sub.overflowed:  # a flood of this run's records: look again
-                    svc.index.unsubscribe(sub)
+                    runs.unsubscribe(sub)
                     return await self._start(after, follow)
                 if left <= 0:
                     raise ThreadLogError(RUN_NOT_FOUND, f"run {self.run_id!r} has no delivery log: nothing "
@@ -570,50 +548,53 @@ class DeliveryLog:
                 await sub.wait(left)
             sub.items.extendleft(reversed(held))
             # Nothing of this run stood before live_from: start at the live feed.
-            return sub.live_from, (-1, -1), sub
+            return min(sub.live_from, reading.at), (-1, -1), sub, reading
         except BaseException:
-            svc.index.unsubscribe(sub)
+            runs.unsubscribe(sub)
             raise
+
+    def _decode(self, msg: Any) -> dict:
+        return self._svc.codec.decode(msg.value(), expect="threadlog.Delivery")[1]
 
     async def _iterate(self, after: Offset, follow: bool) -> AsyncIterator[tuple[Offset, dict]]:
         svc = self._svc
+        runs = svc.runs
         p = self.partition
         if not isinstance(after, str):
             raise ThreadLogError(INVALID_OFFSET, f"after must be an offset str, '-1' or 'now', got {after!r}")
-        start, floor, sub = await self._start(after, follow)
+        start, floor, sub, reading = await self._start(after, follow)
         if start < 0:
             return
-        state = run_index.run_state(svc.store, self.run_id) or {}
-        closed_at = state.get("closedAt")
+        closed_at = (reading.state or {}).get("closedAt")
         if closed_at is not None and closed_at < start:
             if sub is not None:
-                svc.index.unsubscribe(sub)
+                runs.unsubscribe(sub)
             return
         last = floor
         position = start
         try:
             while True:
                 if follow and sub is None:
-                    sub = svc.index.subscribe(self.run_id, p)
+                    sub = await runs.subscribe(self.run_id, p)
                 # Live: hand over to the feed at live_from. Not following: stop at what
-                # the index has folded (>= the barrier, so every acknowledged write).
-                end = sub.live_from if sub is not None else svc.index.applied(p)
-                # 1. Catch up from Kafka: everything below `end` is folded already.
+                # the reading covers (every acknowledged write). Never before reading.at:
+                # the records up to there are judged by the index, the rest in order here.
+                end = max(sub.live_from if sub is not None else 0, reading.at)
+                # 1. Catch up from Kafka.
                 fetcher = _Fetcher(svc, self.run_id, p, position)
                 try:
                     while True:
                         msgs = await fetcher.next_batch(end)
                         if not msgs:
                             break
-                        reps = bool((run_index.run_state(svc.store, self.run_id) or {}).get("reps", 0))
-                        for msg in msgs:
-                            verdict = run_index.record_verdict(svc.store, self.run_id, msg.offset())
-                            if verdict is None or "drop" in verdict or "u" in verdict:
-                                continue  # claim marker, dropped record, upsert (applied by position)
-                            if "close" in verdict:
-                                return
-                            _, rec = svc.codec.decode(msg.value(), expect="threadlog.Delivery")
-                            batch, last = self._chunks(msg.offset(), rec, last, reps)
+                        judged = await reading.judge(msgs, self._decode)
+                        reps = reading.has_reps()
+                        for msg, verdict in judged:
+                            if verdict is None or "n" not in verdict:
+                                if verdict is not None and "close" in verdict:
+                                    return
+                                continue  # claim, dropped record, upsert (applied by position)
+                            batch, last = self._chunks(msg.offset(), self._decode(msg), last, reading, reps)
                             for out in batch:
                                 yield out
                 finally:
@@ -622,7 +603,7 @@ class DeliveryLog:
                 if not follow:
                     return
                 assert sub is not None
-                # 2. Live: records at or after live_from, straight from the index follower.
+                # 2. Live: records at or after live_from, from the feed.
                 while True:
                     if not sub.items:
                         await sub.wait(None)
@@ -630,34 +611,33 @@ class DeliveryLog:
                         raise sub.failure
                     if sub.overflowed:
                         # Fell too far behind: catch up from Kafka again.
-                        svc.index.unsubscribe(sub)
+                        runs.unsubscribe(sub)
                         sub = None
                         break
                     item = sub.items.popleft()
                     if item.offset < position:
                         continue
                     position = item.offset + 1
-                    if item.dropped is not None:
-                        continue
+                    if reading.judge_item(item) is not None:
+                        continue  # dropped (or covered by the reading's state)
                     kind = item.record["kind"]
                     if kind == run_index.CLOSE:
                         return
                     if kind != run_index.CHUNKS:
                         continue
-                    batch, last = self._chunks(item.offset, item.record, last)
+                    batch, last = self._chunks(item.offset, item.record, last, reading, reading.has_reps())
                     for out in batch:
                         yield out
         finally:
             if sub is not None:
-                svc.index.unsubscribe(sub)
+                runs.unsubscribe(sub)
 
-    def _chunks(self, x: int, rec: dict, last: tuple[int, int],
-                reps: bool | None = None) -> tuple[list, tuple[int, int]]:
+    def _chunks(self, x: int, rec: dict, last: tuple[int, int], reading: Reading,
+                reps: bool) -> tuple[list, tuple[int, int]]:
         """The (offset, chunk) pairs of a standing chunks record after position `last`,
-        with upserted replacements at their original positions; and the new last position.
-        `reps`: whether the run has upserts (looked up if None; a caller reading many
-        records looks once). A list, not a generator: one generator level less per
-        chunk on the replay path."""
+        with upserted replacements (`reps`: the run has some) at their original
+        positions; and the new last position. A list, not a generator: one
+        generator level less per chunk on the replay path."""
         n = run_index.record_size(rec)
         if last[0] > x:
             return [], last
@@ -671,11 +651,9 @@ class DeliveryLog:
             return [], (x, n - 1)
         if start:
             values = values[start:]
-        if reps is None:
-            reps = bool((run_index.run_state(svc.store, self.run_id) or {}).get("reps", 0))
         if reps:
             for i in range(start, n):
-                text = run_index.replacement(svc.store, self.run_id, x, i)
+                text = reading.replacement(x, i)
                 if text is not None:
                     values[i - start] = _parse_or_none(text)
         offsets = self._offsets(x, start, n)
@@ -701,22 +679,21 @@ class DeliveryLog:
         verdict: claims, dropped chunks and why, upserts, the close. For debugging."""
         svc = self._svc
         p = self.partition
-        await svc.barrier.wait([p])
+        reading = await svc.runs.reading(self.run_id, p)
         if after == "-1":
-            start = (run_index.run_state(svc.store, self.run_id) or {}).get("seen", 0)
+            start = (reading.state or {}).get("seen", 0)
         else:
             start, _ = parse_offset(self.run_id, p, after)
-        end = svc.index.applied(p)
         out: list[dict] = []
         fetcher = _Fetcher(svc, self.run_id, p, start)
         try:
             while True:
-                msgs = await fetcher.next_batch(end)
+                msgs = await fetcher.next_batch(reading.at)
                 if not msgs:
                     break
-                for msg in msgs:
-                    _, rec = svc.codec.decode(msg.value(), expect="threadlog.Delivery")
-                    verdict = run_index.record_verdict(svc.store, self.run_id, msg.offset()) or {}
+                for msg, verdict in await reading.judge(msgs, self._decode):
+                    rec = self._decode(msg)
+                    verdict = verdict or {}
                     row: dict[str, Any] = {"partition": p, "kafkaOffset": msg.offset(), "kind": rec["kind"],
                                            "epoch": rec["epoch"], "writtenAt": rec["writtenAt"]}
                     if rec["kind"] in (run_index.CHUNKS, run_index.UPSERT):
@@ -739,13 +716,14 @@ class DeliveryLog:
         """The chunk stored at `offset` (as a reader would yield it there)."""
         svc = self._svc
         x, i = parse_offset(self.run_id, self.partition, offset)
-        await svc.barrier.wait([self.partition])
-        self._require_position(x, i, offset)
+        reading = await svc.runs.reading(self.run_id, self.partition)
+        await self._require_positions([(x, i)], [offset])
         fetcher = _Fetcher(svc, self.run_id, self.partition, x)
         try:
-            for msg in await fetcher.next_batch(x + 1):
-                _, rec = svc.codec.decode(msg.value(), expect="threadlog.Delivery")
-                batch, _ = self._chunks(x, rec, (x, i - 1))
+            msgs = await fetcher.next_batch(x + 1)
+            await reading.judge(msgs, self._decode)  # the run's replacements there, if any
+            for msg in msgs:
+                batch, _ = self._chunks(x, self._decode(msg), (x, i - 1), reading, reading.has_reps())
                 if batch:
                     return batch[0][1]
         finally:

@@ -40,3 +40,14 @@ def murmur2(data: bytes) -> int:
 def partition_for(key: str, partitions: int) -> int:
     """Same result as Java's `Utils.toPositive(murmur2(key)) % partitions`."""
     return (murmur2(key.encode("utf-8")) & 0x7FFFFFFF) % partitions
+
+
+def owner_partition(delivery_partition: int, events_partitions: int) -> int:
+    """The events partition whose owner also owns this `deliveries` partition.
+
+    Workers are given events partitions by their group; the run index of the
+    delivery log goes with them so a thin client asks one owner per partition
+    number (the identity when both topics have as many partitions, as
+    threadlog creates them).
+    """
+    return delivery_partition % events_partitions

@@ -14,8 +14,11 @@ Three roles:
 - thin (`processors="external"`): no judge, no `events` state; verdicts,
   barriers and reads come from the owners through `query` (threadlog/remote.py).
 
-Every role keeps the run index of the delivery log, folded from
-`<ns>.deliveries` by the client itself for now (threadlog/delivery.py).
+The run index of the delivery log (`<ns>.deliveries`, projections/run_index.py)
+goes with ownership: embedded clients fold every partition; a worker folds the
+delivery partitions of its events partitions (`partitioning.owner_partition`)
+and answers for them; a thin client folds none -- it asks the owners and tails
+only the partitions its live readers read (threadlog/delivery.py).
 """
 
 
@@ -31,12 +34,13 @@ from confluent_kafka.admin import AdminClient
 from . import kafka_config
 from .config import Options
 from .errors import ThreadLogError
-from .partitioning import partition_for
+from .partitioning import owner_partition, partition_for
 from .processors.handlers import load_all as load_handlers
 from .processors.judge import Judge
 from .processors.lookups import Lookups
 from .processors.snapshotter import EVERY_RECORDS, INTERVAL_S, Snapshotter
 from .projections.barrier import ReadBarrier
+from .projections.delivery_follower import DeliveryIndex
 from .projections.fold import load_all as load_folds
 from .projections.partition_stores import PartitionStores, Slot, claim_slot
 from .projections.snapshots import RestoreInfo, SnapshotWriter
@@ -70,6 +74,8 @@ class Runtime:
         self.slot: Slot | None = None
         self.stores: PartitionStores | None = None  # events state, by partition (not in a thin client)
         self.index_store: Store | None = None  # the delivery run index
+        self.deliveries: DeliveryIndex | None = None  # its fold (not in a thin client)
+        self.delivery_barrier: ReadBarrier | None = None
         self.judge: Judge | None = None
         self.barrier: ReadBarrier | None = None
         self.query: QueryClient | None = None
@@ -98,7 +104,6 @@ class Runtime:
             raise trap.explain(exc, self.admin, kafka) from None
         self.timings["topics"] = time.monotonic() - t0
         self.slot = claim_slot(self.opts.state_root / self.opts.namespace)
-        self.index_store = Store(self.slot.path / "deliveries")
         if self.thin or self.worker:
             # Thin clients ask the workers; a worker asks the other workers
             # (cross-partition facts of partitions it does not own).
@@ -109,6 +114,12 @@ class Runtime:
             self.timings["started"] = time.monotonic() - t0
             return
         self.stores = PartitionStores(self.slot.path, self.topics.events)
+        self.index_store = Store(self.slot.path / "deliveries")
+        self.deliveries = DeliveryIndex(self.opts.bootstrap_servers, self.topics.deliveries,
+                                        self.layout.deliveries, self.index_store, self.codec, self.client_id,
+                                        kafka=kafka, owned=set() if self.worker else None)
+        self.delivery_barrier = ReadBarrier(self.admin, self.deliveries, timeout=self.opts.request_timeout)
+        self.deliveries.start()
         group = None
         restore = None
         if self.worker:
@@ -136,6 +147,10 @@ class Runtime:
                                 self.client_id, self.opts.kafka, timeout=self.opts.request_timeout)
 
     def _ownership_changed(self, owned: list[int]) -> None:
+        if self.deliveries is not None and self.layout is not None:
+            mine = set(owned)
+            self.deliveries.set_owned({d for d in range(self.layout.deliveries)
+                                       if owner_partition(d, self.layout.events) in mine})
         for listener in list(self.ownership_listeners):
             listener(owned)
 
@@ -158,6 +173,8 @@ class Runtime:
             self.snapshotter.stop()
         if self.judge is not None:
             self.judge.stop()
+        if self.deliveries is not None:
+            self.deliveries.stop()
         if self.query is not None:
             self.query.close()
         if self.stores is not None:

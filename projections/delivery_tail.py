@@ -1,0 +1,159 @@
+"""A thin client's live feed of `<ns>.deliveries`: records, not folded.
+
+A thin client keeps no run index: the owner of a run's partition judges its
+records (processors/query_server.py). Live readers still need the run's new
+records as they land, and one consumer per waiting reader does not scale (a
+thousand browsers tailing runs). So one consumer per process tails only the
+partitions that have live readers, from their end when the first reader
+arrives, and hands each record to the readers of its run. Each reader judges
+its run's records itself with the run index fold (`run_index.RunFold`), from
+the run's state the owner gave it.
+
+Hand-off without gap: `subscribe` returns `live_from`; every record of the
+partition at or after it reaches the subscription, in offset order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from concurrent.futures import Future as CFuture
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+from threadlog.schemas import Codec, CodecError
+
+from threadlog import kafka_config
+from threadlog.errors import unavailable
+
+from .delivery_follower import Item, Subscription
+
+log = logging.getLogger("threadlog.deliveries.tail")
+
+
+class DeliveryTail:
+    def __init__(self, bootstrap: str, topic: str, codec: Codec, client_id: str, timeout: float,
+                 max_queued: int = 20_000, *, kafka: kafka_config.Props | None = None) -> None:
+        self.topic = topic
+        self.codec = codec
+        self.timeout = timeout
+        self.max_queued = max_queued
+        self._consumer = Consumer(kafka_config.consumer(
+            bootstrap, f"{client_id}.dlvtail", kafka,
+            **{"enable.partition.eof": True, "fetch.wait.max.ms": kafka_config.TXN_READER_WAIT_MS},
+        ))
+        self._lock = threading.Lock()
+        self._joining: list[tuple[int, CFuture]] = []  # partitions readers wait to have tailed
+        self._wake = threading.Event()
+        self._subs: dict[str, set[Subscription]] = {}
+        self._dispatched: dict[int, int] = {}  # partitions tailed -> every record below went out
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"dlvtail:{topic}", daemon=True)
+        self._thread.start()
+
+    def _join(self, partition: int) -> None:
+        """Start tailing `partition` at its end. On the tail's thread: librdkafka
+        serialises calls on one consumer, so a watermark query from another
+        thread waits behind its poll (measured: it never returned)."""
+        with self._lock:
+            if partition in self._dispatched:
+                return
+        _, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, partition),
+                                                       timeout=self.timeout)
+        self._consumer.incremental_assign([TopicPartition(self.topic, partition, high)])
+        with self._lock:
+            self._dispatched[partition] = high
+
+    def _joins(self) -> None:
+        while True:
+            with self._lock:
+                if not self._joining:
+                    return
+                partition, fut = self._joining.pop(0)
+            try:
+                self._join(partition)
+            except Exception as exc:
+                fut.set_exception(unavailable(f"cannot read the end of {self.topic}[{partition}]: {exc}"))
+            else:
+                fut.set_result(None)
+
+    async def subscribe(self, run_id: str, partition: int) -> Subscription:
+        if self._stop.is_set():
+            raise unavailable("this ThreadLog is closed")
+        if partition not in self._dispatched:
+            fut: CFuture = CFuture()
+            with self._lock:
+                self._joining.append((partition, fut))
+            self._wake.set()
+            await asyncio.wait_for(asyncio.wrap_future(fut), self.timeout + 1)
+        sub = Subscription(asyncio.get_running_loop(), run_id, partition, self.max_queued)
+        with self._lock:
+            sub.live_from = self._dispatched[partition]
+            self._subs.setdefault(run_id, set()).add(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        with self._lock:
+            subs = self._subs.get(sub.run_id)
+            if subs is not None:
+                subs.discard(sub)
+                if not subs:
+                    del self._subs[sub.run_id]
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=10)
+        with self._lock:
+            subs = [s for group in self._subs.values() for s in group]
+            self._subs.clear()
+        for sub in subs:
+            sub.fail(unavailable("the client was closed"))
+        try:
+            self._consumer.close()
+        except Exception:  # pragma: no cover
+            pass
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._joins()
+            with self._lock:
+                idle = not self._dispatched
+            if idle:
+                self._wake.wait(0.5)
+                self._wake.clear()
+                continue
+            try:
+                msgs = kafka_config.drain(self._consumer, 1000, 0.1)
+            except Exception:  # pragma: no cover - librdkafka hiccup
+                log.exception("delivery tail consume failed")
+                self._stop.wait(0.1)
+                continue
+            self._dispatch(msgs)
+
+    def _dispatch(self, msgs: list) -> None:
+        per_sub: dict[Subscription, list[Item]] = {}
+        with self._lock:
+            for msg in msgs:
+                err = msg.error()
+                p = msg.partition()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        self._dispatched[p] = max(self._dispatched.get(p, 0), msg.offset())
+                    else:
+                        log.warning("delivery tail: %s", err)
+                    continue
+                self._dispatched[p] = max(self._dispatched.get(p, 0), msg.offset() + 1)
+                subs = self._subs.get(msg.key().decode("utf-8", "replace")) if msg.key() else None
+                if not subs:
+                    continue
+                try:
+                    _, rec = self.codec.decode(msg.value(), expect="threadlog.Delivery")
+                except CodecError:
+                    continue  # the owner's fold skips it too: it changes nothing
+                for sub in subs:
+                    # Keyed other than its run: poison, skipped by the owner's fold too.
+                    if msg.offset() >= sub.live_from and sub.partition == p and rec["runId"] == sub.run_id:
+                        per_sub.setdefault(sub, []).append(Item(p, msg.offset(), rec, None))
+        for sub, items in per_sub.items():
+            sub.deliver(items)

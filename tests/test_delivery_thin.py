@@ -1,0 +1,127 @@
+"""The delivery log through thin clients: no process folds the whole `deliveries` topic.
+
+A thin client asks the owner of a run's partition for its writes' verdicts and
+for a reader's starting state, reads the records from Kafka by offset, and
+judges a live run's new records itself with the run index fold -- so it must
+drop exactly what the owner drops. Workers fold only the delivery partitions
+of the events partitions they own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from delivery_support import ClaimWriter, chunk, collect
+from support import within
+from worker_support import WorkerProcess
+
+from threadlog.errors import RUN_CLAIM_LOST, ThreadLogError
+from threadlog.partitioning import partition_for
+
+
+async def test_a_thin_client_folds_no_delivery_partition_and_tails_only_what_it_reads(bootstrap, namespace,
+                                                                                      tmp_path, open_client):
+    worker = await WorkerProcess(bootstrap, namespace, tmp_path / "w", "w").start()
+    try:
+        embedded = await open_client()
+        thin = await open_client(processors="external", own_worker=True)
+        assert thin.runtime.deliveries is None and thin._delivery.runs.remote
+        runs = [f"run-{n}" for n in range(12)]
+        for run in runs:  # runs on every partition
+            await within(embedded.delivery(run).append([chunk(0)]))
+        watched = runs[0]
+        p = partition_for(watched, thin.runtime.layout.deliveries)
+        reader = thin.delivery(watched).read("-1")
+        first = await within(reader.__anext__())
+        assert first[1] == chunk(0)
+        # The thin client wrote through the owner's verdict, and its live reader got it.
+        [mine] = await within(thin.delivery(watched).append([chunk(1)]))
+        assert await within(reader.__anext__()) == (mine, chunk(1))
+        # One tailed partition: the one read live. Nothing else was folded or tailed.
+        assert set(thin._delivery.runs.tail._dispatched) == {p}
+        assert not (thin.runtime.slot.path / "deliveries").exists()
+        await within(embedded.delivery(watched).close())
+        with pytest.raises(StopAsyncIteration):
+            await within(reader.__anext__())
+        # Snapshots, replays from an offset and `records` agree with the embedded client.
+        assert await within(thin.delivery(watched).snapshot()) == await within(embedded.delivery(watched).snapshot())
+        assert await within(collect(thin.delivery(watched).read(first[0]))) == [(mine, chunk(1))]
+        assert await within(thin.delivery(watched).records()) == await within(embedded.delivery(watched).records())
+    finally:
+        await worker.stop()
+
+
+async def test_a_thin_live_reader_drops_exactly_what_the_owner_drops(bootstrap, namespace, tmp_path,
+                                                                    open_client):
+    """Live: the old driver keeps appending while a new epoch is claimed (a transactional
+    claim record, like another host's) and the new driver writes and closes. The thin
+    reader judged the records after its start itself; it must yield exactly the
+    acknowledged chunks, each once -- what the owner's fold and an embedded reader say."""
+    worker = await WorkerProcess(bootstrap, namespace, tmp_path / "w", "w").start()
+    try:
+        embedded = await open_client()
+        thin = await open_client(processors="external", own_worker=True)
+        claims = ClaimWriter(bootstrap, embedded)
+        for trial in range(6):
+            run = f"live-{trial}"
+            await asyncio.to_thread(claims.claim, run, 1)
+            old = thin.delivery(run, epoch=1)
+            acked = list(await within(old.append([chunk(0)])))
+            live = asyncio.ensure_future(collect(thin.delivery(run).read("-1"), 60))
+
+            async def keep_appending(old=old, acked=acked) -> int:
+                refused = 0
+                for i in range(1, 40):
+                    try:
+                        acked.extend(await within(old.append([chunk(i)])))
+                    except ThreadLogError as exc:
+                        assert exc.code == RUN_CLAIM_LOST
+                        refused += 1
+                    await asyncio.sleep(0)
+                return refused
+
+            async def claim_later(run=run, trial=trial) -> None:
+                await asyncio.sleep(0.01 * trial)
+                await asyncio.to_thread(claims.claim, run, 2)
+
+            refused, _ = await within(asyncio.gather(keep_appending(), claim_later()))
+            new = thin.delivery(run, epoch=2)
+            acked.extend(await within(new.append([chunk(100)])))
+            await within(new.close())
+            got = await within(live, 60)
+            assert [offset for offset, _ in got] == acked, f"trial {trial}: refused {refused}"
+            assert got == await within(embedded.delivery(run).snapshot())
+    finally:
+        await worker.stop()
+
+
+async def test_two_workers_split_the_delivery_partitions(bootstrap, namespace, tmp_path, open_client):
+    a = await WorkerProcess(bootstrap, namespace, tmp_path / "a", "a").start()
+    b = await WorkerProcess(bootstrap, namespace, tmp_path / "b", "b").start()
+    try:
+        thin = await open_client(processors="external", own_worker=True)
+        layout = thin.runtime.layout
+
+        async def split() -> dict:
+            stats = await thin.runtime.query.acall("stats", {}, list(range(layout.events)))
+            return {tuple(parts): s for parts, s in stats.items()}
+
+        async def settled() -> dict:
+            while True:
+                stats = await split()
+                if len(stats) == 2 and all(s["deliveries"] == s["owned"] for s in stats.values()):
+                    return stats
+                await asyncio.sleep(0.2)
+
+        stats = await within(settled(), 60)
+        owned = [set(s["deliveries"]) for s in stats.values()]
+        assert owned[0].isdisjoint(owned[1]) and owned[0] | owned[1] == set(range(layout.deliveries))
+        # Writes and reads on runs of both owners.
+        for n in range(8):
+            run = f"split-{n}"
+            offsets = await within(thin.delivery(run).append([chunk(n)]))
+            assert await within(thin.delivery(run).snapshot()) == [(offsets[0], chunk(n))]
+    finally:
+        await a.stop()
+        await b.stop()
