@@ -283,6 +283,40 @@ async def sse_latency(bootstrap: str, ns: str, tl, count: int) -> Result:
             await serve.wait()
 
 
+async def thin_rows(bootstrap: str, ns: str, state: str, args, batch: list[dict],
+                    rows: list[tuple[Result, Result | None]]) -> list[tuple[Result, Result | None]]:
+    """Appends and a replay through a thin client: verdicts from the worker owning
+    the partition, records read from Kafka, verdicts of the replayed records
+    asked of the owner per fetched batch. Compared with the raw rows above."""
+    from workers import Worker
+
+    raws = {r.name: r for r, base in rows if base is None}
+    worker = Worker(bootstrap, ns, f"{state}/worker", "w", partitions=args.partitions)
+    out: list[tuple[Result, Result | None]] = []
+    try:
+        async with threadlog.open(bootstrap, namespace=ns, state_dir=f"{state}/thin",
+                                  processors="external") as thin:
+            for c in (int(x) for x in args.clients.split(",")):
+                res = await appends(thin, c, args.batches, batch)
+                out.append((Result(f"thin: {res.name}", res.count, res.seconds, res.bytes, res.latencies),
+                            raws.get(f"raw produce, {c} awaiting writers (chunks)")))
+            run = f"bench-thin-replay-{uuid.uuid4().hex[:8]}"
+            log = thin.delivery(run)
+            for _ in range(args.replay_chunks // len(batch)):
+                await log.append(batch)
+            await log.close()
+            best = None
+            for _ in range(3):
+                t0 = time.perf_counter()
+                n = sum([1 async for _ in thin.delivery(run).read("-1")])
+                assert n == args.replay_chunks // len(batch) * len(batch), n
+                best = min(best or 1e9, time.perf_counter() - t0)
+            out.append((Result('thin: read("-1") of a closed run, chunks', n, best, n * 200), None))
+    finally:
+        worker.stop()
+    return out
+
+
 async def main() -> None:
     ap = bench_args(__doc__)
     ap.add_argument("--batches", type=int, default=300, help="append batches per driver")
@@ -292,6 +326,8 @@ async def main() -> None:
     ap.add_argument("--replay-chunks", type=int, default=100_000)
     ap.add_argument("--latency-chunks", type=int, default=500)
     ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--thin", action="store_true",
+                    help="also append and replay through a thin client and one `threadlog worker`")
     args = ap.parse_args()
     bootstrap = bootstrap_or_local(args.bootstrap)
     batch = make_batch(args.batch, args.size, "c")
@@ -315,6 +351,8 @@ async def main() -> None:
                     rows += [(raw, None), (ours, raw)]
                     if c == 1:  # where the difference goes: produce + the index folding meanwhile
                         rows.append((await produce_step(tl, args.batches, batch, record), raw))
+                if args.thin:
+                    rows += await thin_rows(bootstrap, ns, state, args, batch, rows)
                 pipe = raw_produce_pipelined(bootstrap, topic, record, 2000, args.partitions)
                 rows.append((as_chunks(pipe, args.batch, "raw produce, pipelined (chunks; ceiling)"), None))
                 rows += await replay(bootstrap, args.replay_chunks, batch)
