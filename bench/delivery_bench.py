@@ -48,7 +48,7 @@ from common import (
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 import threadlog
-from threadlog.delivery import _chunks_record
+from threadlog.delivery_records import chunks_record
 from threadlog.topics import Topics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -337,7 +337,7 @@ async def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as state:
             async with threadlog.open(bootstrap, namespace=ns, state_dir=state, partitions=args.partitions) as tl:
-                fields, _ = _chunks_record(batch, "chunks")  # the very record an append writes
+                fields, _ = chunks_record(batch, "chunks")  # the very record an append writes
                 record = tl.runtime.codec.encode("threadlog.Delivery", {
                     "runId": "bench-append-00000000", "kind": "chunks", "epoch": 0, "chunks": [],
                     "writtenAt": time.time() * 1000, **fields})

@@ -15,6 +15,7 @@ import time
 from confluent_kafka import KafkaError, Message, Producer
 from threadlog.schemas import Codec
 
+from threadlog import delivery_records as records
 from threadlog import kafka_config
 from threadlog.errors import invalid_argument, unavailable
 from threadlog.partitioning import partition_for
@@ -45,8 +46,7 @@ class DeliveryWriter:
         return partition_for(run_id, self.partitions)
 
     def encode(self, record: dict) -> bytes:
-        # fastavro would write a missing bytes field's JSON default ("") as a str and fail.
-        value = self.codec.encode("threadlog.Delivery", {"batch": b"", "count": 0, "rules": 2, **record})
+        value = self.codec.encode("threadlog.Delivery", records.encodable(record))
         if len(value) > MAX_MESSAGE_BYTES:
             raise invalid_argument(
                 f"the batch encodes to {len(value)} bytes; one append is one Kafka record of at most "

@@ -25,6 +25,8 @@ acknowledged before this call began (read-your-writes across hosts).
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -45,6 +47,28 @@ from .pump import ProducerPump, settle
 # headroom under the topics' 16 MiB record limit.
 MAX_PROPOSAL_BYTES = 15 * 1024 * 1024
 
+
+
+# Proposal ids: a random per-process prefix and a counter. uuid4() per proposal
+# reads os.urandom, which releases the GIL; taking it back behind this
+# process's busy threads (judge, followers, producer pumps) cost 0.6 ms per
+# proposal in a profile of the CAS benchmark -- a fifth of an append's CPU.
+# The prefix (96 random bits) keeps ids unique across processes and hosts.
+_id_prefix = uuid.uuid4().hex[:24]
+_id_counter = itertools.count(1)
+
+
+def _new_id() -> str:
+    return f"{_id_prefix}{next(_id_counter):x}"
+
+
+def _reseed() -> None:  # a forked child must not reuse its parent's ids
+    global _id_prefix, _id_counter
+    _id_prefix = uuid.uuid4().hex[:24]
+    _id_counter = itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_reseed)
 
 class Verdicts(Protocol):
     """Where a proposer learns verdicts: the local judge, or a partition's owner."""
@@ -121,7 +145,7 @@ class ProposalBus:
             ends = await self.end_offsets()
             seen = [ends[p] for p in range(self.layout.events)]
         env = {
-            "proposalId": proposal_id or uuid.uuid4().hex,
+            "proposalId": proposal_id or _new_id(),
             "key": key,
             "type": type_name,
             "at": float(self.clock()),

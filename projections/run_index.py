@@ -41,6 +41,7 @@ import json
 import struct
 from typing import Any
 
+from threadlog.delivery_records import CHUNKS, CLAIM, CLOSE, UPSERT, record_size
 from threadlog.errors import CORRUPT_RECORD, INVALID_OFFSET, RUN_CLAIM_LOST, RUN_LOG_CLOSED
 
 from .keys import key
@@ -52,10 +53,6 @@ RUN = b"dlvR"
 REC = b"dlvK"
 REP = b"dlvU"
 
-CHUNKS = "chunks"
-UPSERT = "upsert"
-CLOSE = "close"
-CLAIM = "claim"
 
 
 def run_key(run_id: str) -> bytes:
@@ -87,17 +84,6 @@ def verdict(fence: int, closed_at: int | None, offset: int, epoch: int) -> str |
     if closed_at is not None and closed_at < offset:
         return RUN_LOG_CLOSED
     return None
-
-
-def record_size(rec: dict) -> int:
-    """How many chunks a chunks record holds.
-
-    A v2 record carries the whole batch as one JSON array (`batch`) and its
-    length (`count`), so neither this fold nor a reader decodes chunk by chunk;
-    records written before v2 (and batches orjson cannot round-trip) hold one
-    JSON text per chunk in `chunks`.
-    """
-    return rec["count"] if rec.get("batch") else len(rec["chunks"])
 
 
 def _dump(value: Any) -> bytes:

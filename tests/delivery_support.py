@@ -10,13 +10,13 @@ tests put a claim *before* an append in the log while its fate is undecided.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 
 from confluent_kafka import Producer
 from threadlog.schemas import default_codec
 
 from threadlog import ThreadLog
+from threadlog import delivery_records as records
 from threadlog.partitioning import partition_for
 
 
@@ -63,10 +63,7 @@ class ClaimWriter:
         proposes a floor; the grant is max(fence, floor) + 1, so floor = epoch - 1 for a
         run whose fence is below it). Flushed: it has its offset."""
         self.producer.begin_transaction()
-        value = self.codec.encode("threadlog.Delivery", {
-            "runId": run_id, "kind": "claim", "epoch": epoch - 1, "chunks": [], "writtenAt": time.time() * 1000,
-            "batch": b"", "count": 0, "rules": 2,
-        })
+        value = self.codec.encode("threadlog.Delivery", records.encodable(records.claim(run_id, epoch - 1)))
         self.producer.produce(self.topic, value, run_id.encode(), partition=partition_for(run_id, self.partitions))
         self.producer.flush(30)
 

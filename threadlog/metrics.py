@@ -8,7 +8,7 @@ the hot path pays one attribute test when nothing is attached.
 Hooks (each a line or two where the thing happens):
 - `Judge._judge` (processors/judge.py): `decided(verdict)`, accepted/refused by code;
 - `ProposalBus.propose` (producers/proposals.py): proposal -> verdict latency by type;
-- `DeliveryLog.append` (threadlog/delivery.py): appends and chunks; `DeliveryLog.read`: live readers;
+- `DeliveryLog.append` (threadlog/delivery/): appends and chunks; `DeliveryLog.read`: live readers;
 - `EventStreamResponse` (threadlog/http/sse.py): live SSE connections.
 Everything else is read from the runtime when scraped (partitions owned, fold
 lag against the read barrier's end offsets, records judged, snapshots

@@ -18,7 +18,7 @@ The run index of the delivery log (`<ns>.deliveries`, projections/run_index.py)
 goes with ownership: embedded clients fold every partition; a worker folds the
 delivery partitions of its events partitions (`partitioning.owner_partition`)
 and answers for them; a thin client folds none -- it asks the owners and tails
-only the partitions its live readers read (threadlog/delivery.py).
+only the partitions its live readers read (threadlog/delivery/).
 """
 
 

@@ -1,56 +1,15 @@
-"""`tl.delivery(run_id, epoch=None)`: a run's durable, replayable output stream (SPEC 11).
-
-Layout. A run lives in one partition of `<ns>.deliveries` (key = run id). Every
-`append` is ONE record holding the whole batch, so a batch is all or nothing.
-Chunk i of the record at Kafka offset X has the opaque offset
-`"<partition>.<X>.<i>.<tag>"`, tag = 8 hex digits of a hash of the run id; a
-reader seeks to X and skips to i. The run index (`projections/run_index.py`)
-is a fold of the topic that says which records stand (fencing, close) and
-where a run's first record is, so `"-1"` is a seek too.
-
-Fencing, the one rule that matters: **an append returns only after the run
-index has folded every record before its own and found it standing** (by the
-verdict the fold will record for it: it depends only on what came before). The
-index folds in read_committed order, so a claim marker written before the
-record -- even in a transaction still open when the record landed -- is folded
-first (the fold waits for it), and the append then raises RUN_CLAIM_LOST; every
-reader drops the record by the same verdict. Never "acknowledged but dropped".
-
-Reading. A reader first passes a read barrier on the index (so it reflects
-every write acknowledged before it began), then reads what was folded before
-it subscribed from Kafka with a pooled consumer, then takes new records from
-the index follower's live feed (no consumer per waiting reader). Positions
-only grow along the log, so "a position already yielded" is "not after the
-last one yielded": duplicates can never be yielded twice.
-
-Upsert re-persists positions: one record whose chunks replace the given
-positions. `snapshot()` and every reader that reaches a position later show
-the replacement at the original position; a reader that already yielded a
-position does not yield it again (the index keeps the replacement; a reader
-looks it up when it yields the position).
-"""
+"""`DeliveryLog`: one run's delivery log -- appends, upserts, close, readers (SPEC 11)."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import hashlib
-import json
 import logging
-import re
-import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
-from concurrent.futures import Future as CFuture
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-import orjson
-from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, KafkaError, TopicPartition
-from confluent_kafka.admin import OffsetSpec
-
-from . import kafka_config
-from .errors import (
+from .. import delivery_records as records
+from ..errors import (
     INVALID_OFFSET,
     RUN_CLAIM_LOST,
     RUN_LOG_CLOSED,
@@ -59,302 +18,17 @@ from .errors import (
     invalid_argument,
     unavailable,
 )
-from .producers.deliveries import DeliveryWriter
-from .projections import run_index
-from .projections.delivery_follower import Item, Subscription
-from .run_access import Reading, runs_for
-from .validation import dumps, is_int, json_problem, require_id
+from ..projections.delivery_follower import Item, Subscription
+from ..run_access import Reading
+from ..validation import is_int, require_id
+from .offsets import LAST, Offset, encode_offset, parse_offset, run_tag
+from .reader import Fetcher
+from .service import DeliveryService
 
 if TYPE_CHECKING:
-    from .client import ThreadLog
+    from ..client import ThreadLog
 
 log = logging.getLogger("threadlog.delivery")
-
-Offset = str
-_OFFSET = re.compile(r"^(0|[1-9][0-9]{0,9})\.(0|[1-9][0-9]{0,18})\.(0|[1-9][0-9]{0,9})\.([0-9a-f]{8})$")
-_LAST = 2**62  # "every chunk of this record" when used as a chunk index
-
-
-@functools.lru_cache(maxsize=4096)
-def run_tag(run_id: str) -> str:
-    return hashlib.blake2b(run_id.encode("utf-8"), digest_size=4).hexdigest()
-
-
-def encode_offset(run_id: str, partition: int, kafka_offset: int, index: int) -> Offset:
-    return f"{partition}.{kafka_offset}.{index}.{run_tag(run_id)}"
-
-
-def parse_offset(run_id: str, partition: int, offset: Any) -> tuple[int, int]:
-    """(Kafka offset, chunk index) of an offset string minted for this run, else INVALID_OFFSET.
-
-    Only the shape and the run are checked here; whether the position exists
-    is the run index's answer (`DeliveryLog._require_position`).
-    """
-    if not isinstance(offset, str):
-        raise ThreadLogError(INVALID_OFFSET, f"an offset is a str, got {type(offset).__name__}")
-    m = _OFFSET.match(offset)
-    if m is None:
-        raise ThreadLogError(INVALID_OFFSET, f"malformed offset {offset[:80]!r}")
-    p, x, i, tag = int(m[1]), int(m[2]), int(m[3]), m[4]
-    if tag != run_tag(run_id) or p != partition:
-        raise ThreadLogError(INVALID_OFFSET, f"offset {offset!r} was not minted by the log of run {run_id!r}")
-    return x, i
-
-
-def _chunks_record(chunks: Any, label: str) -> tuple[dict, int]:
-    """(fields of a chunks record holding `chunks`, how many); INVALID_ARGUMENT
-    unless every chunk is a JSON object.
-
-    Fast path (appends are hot): the whole batch as ONE JSON array by orjson,
-    proven plain JSON by decoding it back and comparing -- NaN (orjson writes
-    null), a tuple, a datetime or anything else orjson coerced compares unequal,
-    and what it refuses (a non-str key, an int beyond 64 bits, a lone surrogate)
-    raises. Readers then parse the record in one orjson call. Only otherwise
-    does the slow, precise walk run, to say what is wrong -- or to accept what
-    plain JSON holds but orjson cannot round-trip (tuples, big ints), stored as
-    one text per chunk and parsed by `json`.
-    """
-    if not isinstance(chunks, (list, tuple)):
-        raise invalid_argument(f"{label} must be a list of chunk dicts, got {type(chunks).__name__}")
-    n = len(chunks)
-    try:
-        if n and all(isinstance(chunk, dict) for chunk in chunks):
-            batch = orjson.dumps(chunks)
-            if orjson.loads(batch) == list(chunks):
-                return {"batch": batch, "count": n}, n
-    except (TypeError, ValueError, RecursionError):  # orjson's errors subclass these
-        pass
-    return {"chunks": [_chunk_text(chunk, f"{label}[{i}]") for i, chunk in enumerate(chunks)]}, n
-
-
-def _decode_chunks(rec: dict) -> list | None:
-    """Every chunk value of a chunks record, in order (None where a text is not JSON);
-    None if the record is corrupt as a whole."""
-    batch = rec.get("batch")
-    if batch:
-        try:
-            values = orjson.loads(batch)
-        except orjson.JSONDecodeError:
-            try:
-                values = json.loads(batch)  # what orjson refuses but plain JSON allows
-            except ValueError:
-                return None
-        return values if isinstance(values, list) and len(values) == rec["count"] else None
-    texts = rec["chunks"]
-    try:
-        return json.loads("[" + ",".join(texts) + "]")  # one parse per record, not per chunk
-    except ValueError:
-        return [_parse_or_none(text) for text in texts]
-
-
-def _chunk_text(chunk: Any, label: str) -> str:
-    if not isinstance(chunk, dict):
-        raise invalid_argument(f"{label} must be a dict (a JSON object), got {type(chunk).__name__}")
-    problem = json_problem(chunk, label)
-    if problem:
-        raise invalid_argument(problem)
-    return dumps(chunk)
-
-
-def _parse_or_none(text: str) -> dict | None:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
-class _ConsumerPool:
-    """Catch-up readers reuse consumers: creating one costs a bootstrap round trip."""
-
-    def __init__(self, bootstrap: str, client_id: str, max_idle: int = 8,
-                 kafka: kafka_config.Props | None = None) -> None:
-        self._bootstrap = bootstrap
-        self._kafka = kafka
-        self._client_id = client_id
-        self._max_idle = max_idle
-        self._idle: list[Consumer] = []
-        self._lock = threading.Lock()
-        self._n = 0
-        self._closed = False
-
-    def take(self) -> Consumer:
-        with self._lock:
-            if self._closed:
-                raise unavailable("this ThreadLog is closed")
-            if self._idle:
-                return self._idle.pop()
-            self._n += 1
-            n = self._n
-        return Consumer(kafka_config.consumer(
-            self._bootstrap, f"{self._client_id}.dlvread{n}", self._kafka,
-            **{"enable.partition.eof": True, "fetch.wait.max.ms": kafka_config.TXN_READER_WAIT_MS},
-        ))
-
-    def give(self, consumer: Consumer) -> None:
-        try:
-            consumer.unassign()
-        except Exception:
-            _close(consumer)
-            return
-        with self._lock:
-            if not self._closed and len(self._idle) < self._max_idle:
-                self._idle.append(consumer)
-                return
-        _close(consumer)
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for c in idle:
-            _close(c)
-
-
-def _close(consumer: Consumer) -> None:
-    try:
-        consumer.close()
-    except Exception:  # pragma: no cover
-        pass
-
-
-class DeliveryService:
-    """What one client needs for delivery logs: run index, writer, readers' consumers."""
-
-    metrics = None  # threadlog.metrics.Metrics, when attached
-
-    def __init__(self, tl: ThreadLog) -> None:
-        rt = tl.runtime
-        assert rt.layout is not None and rt.admin is not None
-        self.tl = tl
-        self.topic = rt.topics.deliveries
-        self.partitions = rt.layout.deliveries
-        self.codec = rt.codec
-        self.admin = rt.admin
-        self.timeout = tl.opts.request_timeout
-        self.first_chunk_wait = tl.opts.first_chunk_wait_ms / 1000.0
-        self.runs = runs_for(rt, rt.codec)  # the run index: folded here, or asked of its owners
-        self.writer = DeliveryWriter(bootstrap=tl.opts.bootstrap_servers, topic=self.topic,
-                                     partitions=self.partitions, codec=rt.codec, client_id=rt.client_id,
-                                     timeout=self.timeout, kafka=tl.opts.kafka)
-        self.pool = _ConsumerPool(tl.opts.bootstrap_servers, rt.client_id, kafka=tl.opts.kafka)
-        self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="delivery-read")
-        self.closing = threading.Event()
-
-    def start(self) -> None:
-        """The run index (if folded here) is the runtime's, started with it."""
-
-    def stop(self) -> None:
-        self.closing.set()
-        self.runs.stop()
-        self.writer.close()
-        self.executor.shutdown(wait=True, cancel_futures=True)
-        self.pool.close()
-
-    async def claim(self, run_id: str, floor: int) -> int:
-        """Propose a claim of `run_id` on its delivery partition; return the epoch
-        the run index granted (max(fence, floor) + 1, see projections/run_index.py).
-
-        The grant happens where fencing happens: from the claim's offset on,
-        every record of an older epoch is dropped by every reader, and no
-        record of an epoch never granted ever stands."""
-        x = await self.writer.write(run_id, {"runId": run_id, "kind": run_index.CLAIM, "epoch": floor,
-                                             "writtenAt": time.time() * 1000.0})
-        folded, _ = await self.runs.decide(run_id, self.writer.partition_of(run_id), x, run_index.CLAIM, floor,
-                                           self.timeout)
-        if not folded or "claim" not in folded:
-            raise unavailable(f"claim of run {run_id!r} at offset {x} was not folded")
-        return int(folded["claim"])
-
-    async def high_watermark(self, partition: int) -> int:
-        """Next offset of the partition: everything below it is stored (committed or not)."""
-        futures = self.admin.list_offsets({TopicPartition(self.topic, partition): OffsetSpec.latest()},
-                                          isolation_level=IsolationLevel.READ_UNCOMMITTED,
-                                          request_timeout=self.timeout)
-        (fut,) = futures.values()
-        try:
-            res = await asyncio.wait_for(asyncio.wrap_future(fut), self.timeout)
-        except TimeoutError:
-            raise unavailable(f"end offset of {self.topic}[{partition}] not answered in {self.timeout}s") from None
-        except Exception as exc:
-            raise unavailable(f"cannot read the end offset of {self.topic}[{partition}]: {exc}") from None
-        return res.offset
-
-
-class _Fetcher:
-    """A pooled consumer reading one partition forward, run on the service's executor."""
-
-    def __init__(self, svc: DeliveryService, run_id: str, partition: int, start: int) -> None:
-        self.svc = svc
-        self.key = run_id.encode("utf-8")
-        self.partition = partition
-        self.position = start
-        self._consumer: Consumer | None = None
-        self._job: CFuture | None = None
-
-    async def next_batch(self, stop_at: int) -> list:
-        """The run's messages in [position, stop_at), a batch at a time ([] once there).
-        `stop_at` is the same on every call of one fetcher."""
-        if self._job is None:
-            if self.position >= stop_at:
-                return []
-            if self._consumer is None:
-                self._consumer = self.svc.pool.take()
-                start = self.position if self.position > 0 else OFFSET_BEGINNING
-                self._consumer.assign([TopicPartition(self.svc.topic, self.partition, start)])
-        consumer = self._consumer
-        assert consumer is not None  # taken with the first job, kept until release()
-        if self._job is None:
-            self._job = self.svc.executor.submit(self._fetch, consumer, stop_at)
-        msgs, self.position = await asyncio.wrap_future(self._job)
-        # Prefetch: the next batch is read from Kafka while the caller decodes and
-        # yields this one (measured: replay spent a fifth of its time waiting here).
-        self._job = (self.svc.executor.submit(self._fetch, consumer, stop_at)
-                     if self.position < stop_at else None)
-        return msgs
-
-    def _fetch(self, consumer: Consumer, stop_at: int) -> tuple[list, int]:
-        deadline = time.monotonic() + self.svc.timeout
-        position = self.position
-        mine: list = []
-        while position < stop_at and not mine:
-            if self.svc.closing.is_set():
-                raise unavailable("this ThreadLog is closed")
-            if time.monotonic() > deadline:
-                raise unavailable(f"{self.svc.topic}[{self.partition}] not readable up to {stop_at} "
-                                  f"in {self.svc.timeout}s (at {position})")
-            for msg in kafka_config.drain(consumer, 1000, 0.2):
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        position = max(position, msg.offset())
-                    elif err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
-                        raise unavailable(f"{self.svc.topic}[{self.partition}]@{position} is gone (retention)")
-                    else:
-                        log.warning("delivery reader: %s", err)
-                    continue
-                off = msg.offset()
-                if off < position:
-                    continue
-                position = off + 1
-                if off >= stop_at:
-                    # The live feed delivers it; never read past the hand-off point.
-                    position = stop_at
-                    break
-                if msg.key() == self.key:
-                    mine.append(msg)
-        return mine, position
-
-    def release(self) -> None:
-        consumer, self._consumer = self._consumer, None
-        if consumer is None:
-            return
-        job = self._job
-        if job is not None and not job.done():
-            # Cancelled mid-fetch: the thread still holds the consumer.
-            job.add_done_callback(lambda _f: self.svc.pool.give(consumer))
-        else:
-            self.svc.pool.give(consumer)
 
 
 class DeliveryLog:
@@ -406,9 +80,9 @@ class DeliveryLog:
         return ThreadLogError(RUN_CLAIM_LOST, f"driver epoch {self.epoch} of run {self.run_id!r} "
                                               f"was superseded{newer}")
 
-    async def _write_and_verify(self, record: dict) -> int:
+    async def _write_and_verify(self, kind: str, **fields: Any) -> int:
         svc = self._svc
-        record = {"runId": self.run_id, "epoch": self.epoch, "writtenAt": time.time() * 1000.0, **record}
+        record = records.written(self.run_id, self.epoch, kind, **fields)
         kafka_offset = await svc.writer.write(self.run_id, record)
         # THE fencing rule: acknowledge only what stands by the run index's verdict.
         verdict, fence = await svc.runs.decide(self.run_id, self.partition, kafka_offset, record["kind"],
@@ -428,11 +102,11 @@ class DeliveryLog:
 
     # -- writes -----------------------------------------------------------------------
     async def append(self, chunks: list[dict]) -> list[Offset]:
-        fields, n = _chunks_record(chunks, "chunks")
+        fields, n = records.chunks_record(chunks, "chunks")
         if not n:
             return []
         self._precheck()
-        x = await self._write_and_verify({"kind": run_index.CHUNKS, **fields})
+        x = await self._write_and_verify(records.CHUNKS, **fields)
         if self._svc.metrics is not None:
             self._svc.metrics.appended(n)
         return list(self._offsets(x, 0, n))
@@ -450,15 +124,13 @@ class DeliveryLog:
                 raise ThreadLogError(INVALID_OFFSET, f"offset {entry[0]!r} appears twice in one upsert")
             seen.add(pos)
             positions.append(pos)
-        texts = [_chunk_text(entry[1], f"upsert entry [{n}] chunk") for n, entry in enumerate(entries)]
+        texts = [records.chunk_text(entry[1], f"upsert entry [{n}] chunk") for n, entry in enumerate(entries)]
         if not texts:
             return []
         await self._require_positions(positions, [entry[0] for entry in entries])
         self._precheck()
-        await self._write_and_verify({
-            "kind": run_index.UPSERT, "chunks": texts,
-            "targets": [{"offset": x, "index": i} for x, i in positions],
-        })
+        await self._write_and_verify(records.UPSERT, chunks=texts,
+                                     targets=[{"offset": x, "index": i} for x, i in positions])
         return [self._offset(x, i) for x, i in positions]
 
     async def _require_positions(self, positions: list[tuple[int, int]], texts: list[str]) -> None:
@@ -475,11 +147,10 @@ class DeliveryLog:
         state = self._state()
         if state["fence"] > self.epoch or "closedAt" in state:
             return  # a superseded driver's close is ignored; closing twice is harmless
-        x = await svc.writer.write(self.run_id, {"runId": self.run_id, "epoch": self.epoch, "kind": run_index.CLOSE,
-                                                 "writtenAt": time.time() * 1000.0})
+        x = await svc.writer.write(self.run_id, records.written(self.run_id, self.epoch, records.CLOSE))
         # Folded before returning: from here on this client's appends and reads see it
         # (a superseded driver's or a second close is dropped there, harmlessly).
-        await svc.runs.decide(self.run_id, self.partition, x, run_index.CLOSE, self.epoch, svc.timeout)
+        await svc.runs.decide(self.run_id, self.partition, x, records.CLOSE, self.epoch, svc.timeout)
 
     # -- reads --------------------------------------------------------------------------
     def read(self, after: Offset, *, follow: bool = True) -> AsyncIterator[tuple[Offset, dict]]:
@@ -510,7 +181,7 @@ class DeliveryLog:
                 reading = await runs.reading(self.run_id, p)
             finally:
                 hw = await hw_task
-            return min(hw, reading.at), (hw - 1, _LAST), None, reading
+            return min(hw, reading.at), (hw - 1, LAST), None, reading
         if after != "-1":
             x, i = parse_offset(self.run_id, p, after)
             reading = await runs.reading(self.run_id, p)
@@ -533,7 +204,7 @@ class DeliveryLog:
             while True:
                 while sub.items:
                     held.append(sub.items.popleft())
-                if any(reading.judge_item(it) is None and it.record["kind"] in (run_index.CHUNKS, run_index.CLOSE)
+                if any(reading.judge_item(it) is None and it.record["kind"] in (records.CHUNKS, records.CLOSE)
                        for it in held):
                     break
                 if sub.failure is not None:
@@ -581,7 +252,7 @@ class DeliveryLog:
                 # the records up to there are judged by the index, the rest in order here.
                 end = max(sub.live_from if sub is not None else 0, reading.at)
                 # 1. Catch up from Kafka.
-                fetcher = _Fetcher(svc, self.run_id, p, position)
+                fetcher = Fetcher(svc, self.run_id, p, position)
                 try:
                     while True:
                         msgs = await fetcher.next_batch(end)
@@ -621,9 +292,9 @@ class DeliveryLog:
                     if reading.judge_item(item) is not None:
                         continue  # dropped (or covered by the reading's state)
                     kind = item.record["kind"]
-                    if kind == run_index.CLOSE:
+                    if kind == records.CLOSE:
                         return
-                    if kind != run_index.CHUNKS:
+                    if kind != records.CHUNKS:
                         continue
                     batch, last = self._chunks(item.offset, item.record, last, reading, reading.has_reps())
                     for out in batch:
@@ -638,14 +309,14 @@ class DeliveryLog:
         with upserted replacements (`reps`: the run has some) at their original
         positions; and the new last position. A list, not a generator: one
         generator level less per chunk on the replay path."""
-        n = run_index.record_size(rec)
+        n = records.record_size(rec)
         if last[0] > x:
             return [], last
         start = last[1] + 1 if last[0] == x else 0
         if start >= n:
             return [], last
         svc = self._svc
-        values = _decode_chunks(rec)
+        values = records.decode_chunks(rec)
         if values is None:
             log.error("chunks record %s@%d of run %r is corrupt; skipped", svc.topic, x, self.run_id)
             return [], (x, n - 1)
@@ -655,7 +326,7 @@ class DeliveryLog:
             for i in range(start, n):
                 text = reading.replacement(x, i)
                 if text is not None:
-                    values[i - start] = _parse_or_none(text)
+                    values[i - start] = records.parse_or_none(text)
         offsets = self._offsets(x, start, n)
         if set(map(type, values)) <= {dict}:  # the usual case, checked in C
             return list(zip(offsets, values, strict=True)), (x, n - 1)
@@ -685,7 +356,7 @@ class DeliveryLog:
         else:
             start, _ = parse_offset(self.run_id, p, after)
         out: list[dict] = []
-        fetcher = _Fetcher(svc, self.run_id, p, start)
+        fetcher = Fetcher(svc, self.run_id, p, start)
         try:
             while True:
                 msgs = await fetcher.next_batch(reading.at)
@@ -696,11 +367,11 @@ class DeliveryLog:
                     verdict = verdict or {}
                     row: dict[str, Any] = {"partition": p, "kafkaOffset": msg.offset(), "kind": rec["kind"],
                                            "epoch": rec["epoch"], "writtenAt": rec["writtenAt"]}
-                    if rec["kind"] in (run_index.CHUNKS, run_index.UPSERT):
-                        row["chunks"] = run_index.record_size(rec)
-                    if rec["kind"] == run_index.UPSERT:
+                    if rec["kind"] in (records.CHUNKS, records.UPSERT):
+                        row["chunks"] = records.record_size(rec)
+                    if rec["kind"] == records.UPSERT:
                         row["targets"] = [self._offset(t["offset"], t["index"]) for t in rec["targets"]]
-                    if rec["kind"] == run_index.CLAIM:
+                    if rec["kind"] == records.CLAIM:
                         # A claim proposes a floor; the epoch is what the fold granted.
                         row["floor"], row["epoch"] = rec["epoch"], verdict.get("claim", rec["epoch"])
                     else:
@@ -718,7 +389,7 @@ class DeliveryLog:
         x, i = parse_offset(self.run_id, self.partition, offset)
         reading = await svc.runs.reading(self.run_id, self.partition)
         await self._require_positions([(x, i)], [offset])
-        fetcher = _Fetcher(svc, self.run_id, self.partition, x)
+        fetcher = Fetcher(svc, self.run_id, self.partition, x)
         try:
             msgs = await fetcher.next_batch(x + 1)
             await reading.judge(msgs, self._decode)  # the run's replacements there, if any

@@ -1,0 +1,82 @@
+"""What one client needs for delivery logs: the run index access, the writer, readers' consumers."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from confluent_kafka import IsolationLevel, TopicPartition
+from confluent_kafka.admin import OffsetSpec
+
+from .. import delivery_records as records
+from ..errors import unavailable
+from ..producers.deliveries import DeliveryWriter
+from ..run_access import runs_for
+from .reader import ConsumerPool
+
+if TYPE_CHECKING:
+    from ..client import ThreadLog
+
+
+class DeliveryService:
+    """What one client needs for delivery logs: run index, writer, readers' consumers."""
+
+    metrics = None  # threadlog.metrics.Metrics, when attached
+
+    def __init__(self, tl: ThreadLog) -> None:
+        rt = tl.runtime
+        assert rt.layout is not None and rt.admin is not None
+        self.tl = tl
+        self.topic = rt.topics.deliveries
+        self.partitions = rt.layout.deliveries
+        self.codec = rt.codec
+        self.admin = rt.admin
+        self.timeout = tl.opts.request_timeout
+        self.first_chunk_wait = tl.opts.first_chunk_wait_ms / 1000.0
+        self.runs = runs_for(rt, rt.codec)  # the run index: folded here, or asked of its owners
+        self.writer = DeliveryWriter(bootstrap=tl.opts.bootstrap_servers, topic=self.topic,
+                                     partitions=self.partitions, codec=rt.codec, client_id=rt.client_id,
+                                     timeout=self.timeout, kafka=tl.opts.kafka)
+        self.pool = ConsumerPool(tl.opts.bootstrap_servers, rt.client_id, kafka=tl.opts.kafka)
+        self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="delivery-read")
+        self.closing = threading.Event()
+
+    def start(self) -> None:
+        """The run index (if folded here) is the runtime's, started with it."""
+
+    def stop(self) -> None:
+        self.closing.set()
+        self.runs.stop()
+        self.writer.close()
+        self.executor.shutdown(wait=True, cancel_futures=True)
+        self.pool.close()
+
+    async def claim(self, run_id: str, floor: int) -> int:
+        """Propose a claim of `run_id` on its delivery partition; return the epoch
+        the run index granted (max(fence, floor) + 1, see projections/run_index.py).
+
+        The grant happens where fencing happens: from the claim's offset on,
+        every record of an older epoch is dropped by every reader, and no
+        record of an epoch never granted ever stands."""
+        x = await self.writer.write(run_id, records.claim(run_id, floor))
+        folded, _ = await self.runs.decide(run_id, self.writer.partition_of(run_id), x, records.CLAIM, floor,
+                                           self.timeout)
+        if not folded or "claim" not in folded:
+            raise unavailable(f"claim of run {run_id!r} at offset {x} was not folded")
+        return int(folded["claim"])
+
+    async def high_watermark(self, partition: int) -> int:
+        """Next offset of the partition: everything below it is stored (committed or not)."""
+        futures = self.admin.list_offsets({TopicPartition(self.topic, partition): OffsetSpec.latest()},
+                                          isolation_level=IsolationLevel.READ_UNCOMMITTED,
+                                          request_timeout=self.timeout)
+        (fut,) = futures.values()
+        try:
+            res = await asyncio.wait_for(asyncio.wrap_future(fut), self.timeout)
+        except TimeoutError:
+            raise unavailable(f"end offset of {self.topic}[{partition}] not answered in {self.timeout}s") from None
+        except Exception as exc:
+            raise unavailable(f"cannot read the end offset of {self.topic}[{partition}]: {exc}") from None
+        return res.offset
