@@ -1,8 +1,8 @@
 """`tl.runs.drive`: a claimed run whose driver keeps it alive with a heartbeat.
 
 A driver claims the run (a fresh epoch, which fences every earlier driver),
-then proposes a heartbeat every `heartbeat_ms` in a task on the event loop that
-drove it. Each heartbeat is judged on the run's thread partition at the
+then proposes a heartbeat at once and every `heartbeat_ms` after, in a task on
+the event loop that drove it. Each heartbeat is judged on the run's thread partition at the
 record's time (processors/handlers/runs.py `heartbeat`): it sets the run's
 `heartbeatAt` and keeps it attached (clears `detachedSince`). A host that dies
 stops heartbeating, so after a TTL `list_reclaimable` finds its runs with no
@@ -49,10 +49,16 @@ class RunDriver:
         self.heartbeat_at = heartbeat_at
         self.log: DeliveryLog = store._tl.delivery(run_id, epoch=epoch)
         self._lost_reason: str | None = None
-        self._task: asyncio.Task[None] | None = asyncio.get_running_loop().create_task(
-            self._beat_in_background(), name=f"threadlog-run-heartbeat-{run_id}-{epoch}")
-        store._heartbeats.add(self._task)
-        self._task.add_done_callback(store._heartbeats.discard)
+        self._task: asyncio.Task[None] | None = None
+
+    async def _start(self) -> None:
+        """Attach at once (the first heartbeat clears a `detachedSince` the run
+        had), then heartbeat in the background."""
+        await self.heartbeat()
+        self._task = asyncio.get_running_loop().create_task(
+            self._beat_in_background(), name=f"threadlog-run-heartbeat-{self.run_id}-{self.epoch}")
+        self._store._heartbeats.add(self._task)
+        self._task.add_done_callback(self._store._heartbeats.discard)
 
     @property
     def lost(self) -> bool:

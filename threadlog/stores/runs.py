@@ -157,17 +157,17 @@ class RunStore(StoreFacade):
 
     async def drive(self, run_id: str, *, heartbeat_ms: float = DEFAULT_HEARTBEAT_MS) -> RunDriver:
         """Claim the run and keep it alive: a `RunDriver` (its `epoch`, its delivery
-        `log`) that proposes a heartbeat every `heartbeat_ms` until `detach()`,
+        `log`), attached at once (a first heartbeat clears `detachedSince`), that
+        proposes a heartbeat every `heartbeat_ms` until `detach()`,
         `close()`, loss (`lost`: a later claim superseded it) or the run finishing.
         Errors as `claim`; `INVALID_ARGUMENT` for a bad `heartbeat_ms`."""
         require_id(run_id, "run_id")
         if not is_finite(heartbeat_ms) or heartbeat_ms < MIN_HEARTBEAT_MS:
             raise invalid_argument(f"heartbeat_ms must be a number >= {MIN_HEARTBEAT_MS}, got {heartbeat_ms!r}")
         thread_id, epoch = await self._claim(run_id)
-        # The claim was judged with a time (heartbeatAt); read it for the driver.
-        record = _run(self._store.get(state.record_key(thread_id, run_id)))
-        at = None if record is None else record.get("heartbeatAt")
-        return RunDriver(self, run_id, thread_id, epoch, heartbeat_ms, at)
+        driver = RunDriver(self, run_id, thread_id, epoch, heartbeat_ms, None)
+        await driver._start()  # attached (detachedSince cleared) before it is returned
+        return driver
 
     async def _claim(self, run_id: str) -> tuple[str, int]:
         require_id(run_id, "run_id")
