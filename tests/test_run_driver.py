@@ -29,6 +29,7 @@ from example_support import ExampleProcess
 from http_support import read_stream, serving
 from support import within
 
+import threadlog
 from threadlog import Writer
 from threadlog.stores.run_driver import RunDriver
 
@@ -176,6 +177,33 @@ async def test_a_fresh_host_folds_the_same_heartbeats(open_client):
         assert await within(fresh.runs.list_reclaimable(now=now, ttl_ms=ttl)) == \
             await within(a.runs.list_reclaimable(now=now, ttl_ms=ttl))
     assert sorted(await ids(fresh, now=10**15, ttl_ms=0)) == ["r1", "r2"]  # r3 was never driven
+
+
+# -- the blocking client ------------------------------------------------------------------------
+async def test_sync_drivers_heartbeat_on_the_clients_loop_thread(bootstrap, namespace, tmp_path):
+    def scenario() -> None:
+        with threadlog.connect(bootstrap, namespace, state_dir=str(tmp_path / "sync")) as tl:
+            tl.runs.create_or_resume(run_id="r", thread_id="t", started_at=1)
+            with tl.runs.drive("r", heartbeat_ms=HB) as driver:
+                assert driver.epoch == 1 and driver.heartbeating and driver.log.epoch == 1
+                first = driver.heartbeat_at
+                deadline = time.monotonic() + 10
+                while driver.heartbeat_at < first + 2 * HB:  # heartbeats go on between blocking calls
+                    assert time.monotonic() < deadline, "the sync driver did not heartbeat"
+                    time.sleep(0.05)
+                driver.log.append([{"n": 0}])
+                successor = tl.runs.drive("r", heartbeat_ms=HB)
+                try:
+                    driver.heartbeat()
+                except threadlog.ThreadLogError as exc:
+                    assert exc.code == "RUN_CLAIM_LOST" and driver.lost
+                else:
+                    raise AssertionError("a superseded sync driver heartbeat")
+            assert not driver.heartbeating
+            since = successor.detach()
+            assert since is not None and tl.runs.get("r")["detachedSince"] == since
+
+    await within(asyncio.to_thread(scenario), 60)
 
 
 # -- takeover end to end ----------------------------------------------------------------------------
