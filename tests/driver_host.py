@@ -5,7 +5,7 @@
 Creates the run, drives it (`tl.runs.drive`: claim + heartbeat), takes the
 thread's checkpoint writer, and then, step after step, appends one checkpoint
 (chained on its head) and one delivery chunk. Prints a JSON line per fact:
-`driving` (epoch, writer fence and token), `checkpoint` (id) after each acknowledged append,
+`driving` (epoch, first heartbeat time, writer fence and token), `checkpoint` (id) after each acknowledged append,
 `chunk` (index, offset) after each acknowledged chunk. Never ends by itself.
 """
 
@@ -34,7 +34,8 @@ async def main() -> None:
         await tl.runs.create_or_resume(run_id=run_id, thread_id=thread_id, started_at=1)
         driver = await tl.runs.drive(run_id, heartbeat_ms=float(heartbeat_ms))
         lease = await tl.checkpoints.acquire_writer(thread_id)
-        emit(event="driving", epoch=driver.epoch, fence=lease.fence, token=lease.owner_token)
+        emit(event="driving", epoch=driver.epoch, fence=lease.fence, token=lease.owner_token,
+             heartbeat_at=driver.heartbeat_at)
         await driver.log.append([{"type": "RUN_STARTED", "threadId": thread_id, "runId": run_id},
                                  {"type": "TEXT_MESSAGE_START", "messageId": f"msg-{run_id}", "role": "assistant"}])
         head = None
