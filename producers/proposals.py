@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, Message, Producer
-from threadlog.processors.handlers import reads_other_partitions
+from threadlog.processors.handlers import reads_other_partitions, rules_for
 from threadlog.schemas import Codec
 
 from threadlog import kafka_config
@@ -149,7 +149,7 @@ class ProposalBus:
             "key": key,
             "type": type_name,
             "at": float(self.clock()),
-            "rules": 2,
+            "rules": rules_for(type_name),
             "seen": seen,
             "payload": payload,
         }

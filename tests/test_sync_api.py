@@ -500,6 +500,7 @@ def _public(cls: type) -> set[str]:
     ("stores.artifacts.ArtifactStore", "SyncArtifactStore"),
     ("stores.blobs.BlobStore", "SyncBlobStore"),
     ("stores.checkpoints.WriterLease", "SyncWriterLease"),
+    ("stores.run_driver.RunDriver", "SyncRunDriver"),
 ])
 def test_the_sync_stores_have_the_async_stores_methods(async_cls, sync_cls):
     module, _, name = async_cls.rpartition(".")

@@ -3,6 +3,7 @@
 from .client import ThreadLog, open
 from .errors import ThreadLogError
 from .stores.checkpoints import Writer, WriterLease
+from .stores.run_driver import RunDriver
 from .sync import SyncThreadLog, connect
 from .types import (
     Artifact,
@@ -66,6 +67,7 @@ __all__ = [
     "InterruptInput",
     "InterruptStatus",
     "Run",
+    "RunDriver",
     "RunError",
     "RunPatch",
     "RunStatus",

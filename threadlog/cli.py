@@ -480,10 +480,14 @@ async def _reclaim(args: argparse.Namespace) -> int:
     async with threadlog.open(args.bootstrap, namespace=args.namespace, processors="embedded",
                               state_dir=args.state_dir, request_timeout_ms=args.request_timeout_ms,
                               kafka=_kafka_props(args), create_topics=False) as tl:
+        from threadlog.records import quiet_since
+
         runs = await tl.runs.list_reclaimable(now=time.time() * 1000.0, ttl_ms=args.ttl_ms)
         failed = 0
         for run in runs:
-            line = f"{run['runId']}\t{run['threadId']}\t{run['detachedSince']}"
+            # Since when its driver is gone: detachedSince, else its last heartbeat.
+            quiet = quiet_since(run)
+            line = f"{run['runId']}\t{run['threadId']}\t{quiet[1] if quiet else ''}"
             if not args.claim:
                 print(line, flush=True)
                 continue
@@ -669,10 +673,12 @@ def build_parser() -> argparse.ArgumentParser:
     _namespace_state(rp)
     rp.set_defaults(fn=cmd_replay)
 
-    rc = sub.add_parser("reclaim", help="list runs a dead driver left behind (running, detached for --ttl-ms), "
+    rc = sub.add_parser("reclaim", help="list runs a dead driver left behind (running, detached or not "
+                                         "heartbeating for --ttl-ms), "
                                          "or claim them")
     rc.add_argument("--ttl-ms", type=int, required=True,
-                    help="a run is reclaimable once detachedSince <= now - TTL (milliseconds)")
+                    help="a run is reclaimable once detachedSince (else its driver's last "
+                         "heartbeatAt) <= now - TTL (milliseconds)")
     rc.add_argument("--claim", action="store_true",
                     help="claim each run (a new driver epoch, printed as epoch=N); without it nothing is written")
     _connects(rc)

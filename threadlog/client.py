@@ -100,6 +100,7 @@ class ThreadLog:
             return
         self._closed = True
         self.checkpoints._stop_renewals()  # background lease renewals end with the client
+        self.runs._stop_heartbeats()  # and so do run drivers' heartbeats
         await asyncio.to_thread(self._stop_sync)
 
     async def __aenter__(self) -> ThreadLog:

@@ -198,9 +198,22 @@ def is_terminal(record: Mapping[str, Any]) -> bool:
     return record["status"] in TERMINAL_STATUSES
 
 
-def is_reclaimable_shape(record: Mapping[str, Any]) -> bool:
-    """Running and detached: a candidate of list_reclaimable (the TTL is checked at read)."""
-    return record.get("status") == "running" and record.get("detachedSince") is not None
+def quiet_since(record: Mapping[str, Any]) -> tuple[str, float] | None:
+    """Since when a run has had no live driver: a candidate of `list_reclaimable`
+    (the TTL is checked at read), as (field, time), or None.
+
+    A `running` run is quiet since `detachedSince` when that is set (its driver
+    detached, or the application said so), else since `heartbeatAt` (its
+    driver's last judged heartbeat or claim: a dead host stops heartbeating);
+    a run with neither never had a driver that could die and is not a candidate.
+    The fold's indexes and the reader's exact check both ask this, so they agree."""
+    if record.get("status") != "running":
+        return None
+    for field in ("detachedSince", "heartbeatAt"):
+        value = record.get(field)
+        if value is not None:
+            return field, value
+    return None
 
 
 # -- generation runs ---------------------------------------------------------------------

@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from .client import ThreadLog
     from .delivery import DeliveryLog
     from .stores.checkpoints import WriterLease
+    from .stores.run_driver import RunDriver
 
 __all__ = [
     "SyncArtifactStore",
@@ -72,6 +73,7 @@ __all__ = [
     "SyncInterruptStore",
     "SyncMessageStore",
     "SyncMetadataStore",
+    "SyncRunDriver",
     "SyncRunStore",
     "SyncThreadLog",
     "SyncWriterLease",
@@ -490,6 +492,73 @@ class SyncRunStore(_SyncStore):
             return await self._tl().runs.claim(run_id)
 
         return self._run(call())
+
+    def drive(self, run_id: str, *, heartbeat_ms: float = 5_000) -> SyncRunDriver:
+        """See `RunStore.drive`: the heartbeat runs on this client's loop thread,
+        so it goes on between blocking calls (and stops at `close()`)."""
+
+        async def call() -> RunDriver:
+            return await self._tl().runs.drive(run_id, heartbeat_ms=heartbeat_ms)
+
+        driver = self._run(call())
+        return SyncRunDriver(self, driver, SyncDeliveryLog(self._c, driver.log))
+
+
+class SyncRunDriver:
+    """A run driver with blocking `heartbeat()`, `detach()` and `close()`; `log` is a `SyncDeliveryLog`."""
+
+    def __init__(self, store: SyncRunStore, driver: RunDriver, log: SyncDeliveryLog) -> None:
+        self._store = store
+        self._driver = driver
+        self.run_id: str = driver.run_id
+        self.thread_id: str = driver.thread_id
+        self.epoch: int = driver.epoch
+        self.heartbeat_ms: float = driver.heartbeat_ms
+        self.log = log
+
+    @property
+    def heartbeat_at(self) -> float | None:
+        return self._driver.heartbeat_at
+
+    @property
+    def lost(self) -> bool:
+        """True once a heartbeat was refused `RUN_CLAIM_LOST` (a later claim superseded this driver)."""
+        return self._driver.lost
+
+    @property
+    def lost_reason(self) -> str | None:
+        return self._driver.lost_reason
+
+    @property
+    def heartbeating(self) -> bool:
+        return self._driver.heartbeating
+
+    def heartbeat(self) -> float:
+        async def call() -> float:
+            return await self._driver.heartbeat()
+
+        return self._store._run(call())
+
+    def detach(self) -> float | None:
+        async def call() -> float | None:
+            return await self._driver.detach()
+
+        return self._store._run(call())
+
+    def close(self) -> None:
+        async def call() -> None:
+            await self._driver.close()
+
+        self._store._run(call())
+
+    def __enter__(self) -> SyncRunDriver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Sync{self._driver!r}"
 
 
 class SyncInterruptStore(_SyncStore):

@@ -193,6 +193,7 @@ class Run(TypedDict):
     detachedSince: NotRequired[Timestamp]
     cancelRequested: NotRequired[bool]
     driverEpoch: NotRequired[int]
+    heartbeatAt: NotRequired[Timestamp]  # the driver's last judged heartbeat or claim (not patchable)
 
 
 class RunPatch(TypedDict, total=False):

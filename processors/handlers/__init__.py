@@ -80,15 +80,23 @@ HANDLERS: dict[str, Handler] = {}
 # Proposal types whose rules ask `ctx.holders` (ids held on other partitions):
 # their proposers attach the positions those answers are judged at.
 GLOBAL_READS: set[str] = set()
+# Proposal types judged differently since a later version of the rules
+# (Proposal.rules, processors/judge.py RULES): their proposers name that
+# version, so a judge that does not know it waits for an upgrade instead of
+# reaching another verdict than its upgraded peers. Every other type: 2.
+BASE_RULES = 2
+NEWER_RULES: dict[str, int] = {}
 
 
-def handles(type_name: str, *, global_ids: bool = False) -> Callable[[Handler], Handler]:
+def handles(type_name: str, *, global_ids: bool = False, rules: int = BASE_RULES) -> Callable[[Handler], Handler]:
     def register(fn: Handler) -> Handler:
         if type_name in HANDLERS:
             raise RuntimeError(f"two handlers for {type_name}")
         HANDLERS[type_name] = fn
         if global_ids:
             GLOBAL_READS.add(type_name)
+        if rules != BASE_RULES:
+            NEWER_RULES[type_name] = rules
         return fn
 
     return register
@@ -96,6 +104,11 @@ def handles(type_name: str, *, global_ids: bool = False) -> Callable[[Handler], 
 
 def reads_other_partitions(type_name: str) -> bool:
     return type_name in GLOBAL_READS
+
+
+def rules_for(type_name: str) -> int:
+    """The judging rules a proposal of this type needs (its Proposal.rules)."""
+    return NEWER_RULES.get(type_name, BASE_RULES)
 
 
 def load_all() -> None:

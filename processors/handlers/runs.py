@@ -9,8 +9,8 @@ from __future__ import annotations
 from threadlog.projections import global_ids as gid
 from threadlog.projections.folds import runs as state
 
-from threadlog.errors import RUN_NOT_FOUND, ThreadLogError, invalid_argument
-from threadlog.records import RUN_PATCH, decode_run, new_run, patch_from_command
+from threadlog.errors import RUN_CLAIM_LOST, RUN_NOT_FOUND, RUN_TERMINAL, ThreadLogError, invalid_argument
+from threadlog.records import RUN_PATCH, decode_run, is_terminal, new_run, patch_from_command
 from threadlog.validation import dumps, require_id
 
 from . import Context, Decision, handles
@@ -49,7 +49,8 @@ def update(ctx: Context, cmd: dict) -> Decision:
                                                          "patch": dumps(patch)})])
 
 
-@handles("threadlog.cmd.ClaimRun")
+# Rules 3: a claim sets heartbeatAt (RunClaimed.at).
+@handles("threadlog.cmd.ClaimRun", rules=3)
 def claim(ctx: Context, cmd: dict) -> Decision:
     """Mirror a claim into the run record.
 
@@ -69,5 +70,40 @@ def claim(ctx: Context, cmd: dict) -> Decision:
         raise ThreadLogError(RUN_NOT_FOUND, f"run {run_id!r} does not exist")
     if epoch <= state.max_epoch(ctx.view, thread_id, run_id):
         return Decision(result=epoch)
-    return Decision(events=[("threadlog.evt.RunClaimed", {"runId": run_id, "threadId": thread_id, "epoch": epoch})],
+    # A claim is the new driver's first sign of life: heartbeatAt := the judged time.
+    return Decision(events=[("threadlog.evt.RunClaimed", {"runId": run_id, "threadId": thread_id, "epoch": epoch,
+                                                         "at": ctx.now})],
                     result=epoch)
+
+
+# Rules 3: new (a judge of rules 2 would refuse it as unknown).
+@handles("threadlog.cmd.HeartbeatRun", rules=3)
+def heartbeat(ctx: Context, cmd: dict) -> Decision:
+    """A driver's heartbeat (or detach): only the run's current driver may send one.
+
+    Time is `ctx.now`, the record's judged time, never a clock here: every
+    judge and every rebuild must agree on `heartbeatAt`, and `list_reclaimable`
+    compares it with the reader's `now`. The fence is the greatest epoch the run
+    ever had (`runE`, raised by claims and by `update`): an older epoch was
+    superseded by a claim, a newer one was never granted -- either way the
+    sender is not the driver (RUN_CLAIM_LOST), and nothing changes.
+    """
+    run_id = require_id(cmd["runId"], "runId")
+    thread_id = own_thread(ctx, cmd["threadId"])
+    epoch = cmd.get("epoch")
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 1:
+        raise invalid_argument(f"a heartbeat carries the driver's epoch (an int >= 1), got {epoch!r}")
+    record = _load(ctx, thread_id, run_id)
+    if record is None:
+        raise ThreadLogError(RUN_NOT_FOUND, f"run {run_id!r} does not exist")
+    if is_terminal(record):
+        raise ThreadLogError(RUN_TERMINAL, f"run {run_id!r} is {record['status']}; it has no driver to keep alive")
+    current = state.max_epoch(ctx.view, thread_id, run_id)
+    if epoch != current:
+        why = "was superseded by a later claim" if epoch < current else "was never granted"
+        raise ThreadLogError(RUN_CLAIM_LOST, f"driver epoch {epoch} of run {run_id!r} {why} "
+                                             f"(the run's epoch is {current})")
+    detach = cmd.get("detach") is True
+    return Decision(events=[("threadlog.evt.RunHeartbeat", {"runId": run_id, "threadId": thread_id, "epoch": epoch,
+                                                           "at": ctx.now, "detached": detach})],
+                    result={"heartbeatAt": ctx.now, "detached": detach})

@@ -7,14 +7,18 @@ State (tags are prefix-free among themselves and against other domains):
   written by `update` -- kept apart from the record so that clearing or lowering
   `driverEpoch` never lets `claim` hand an epoch out twice;
 - `runD` (detachedSince, run, thread) -> b"": the running, detached runs, ordered
-  by `detachedSince`, so `list_reclaimable` reads a range instead of every run.
+  by `detachedSince`, so `list_reclaimable` reads a range instead of every run;
+- `runH` (heartbeatAt, run, thread) -> b"": the running runs that are NOT
+  detached but had a driver heartbeat (or claim), ordered by `heartbeatAt`: a
+  host that died stops heartbeating, and its runs age into this range.
+A run is in at most one of the two (`records.quiet_since` decides which).
 """
 
 from __future__ import annotations
 
 import json
 
-from threadlog.records import apply_patch
+from threadlog.records import apply_patch, quiet_since
 
 from .. import global_ids
 from ..fold import EventMeta, folds
@@ -27,6 +31,7 @@ RUN_RECORD = b"runR"
 RUN_INDEX = b"runI"
 RUN_EPOCH = b"runE"
 RUN_DETACHED = b"runD"
+RUN_HEARTBEAT = b"runH"
 
 
 def record_key(thread_id: str, run_id: str) -> bytes:
@@ -49,6 +54,10 @@ def detached_key(detached_since: float, run_id: str, thread_id: str) -> bytes:
     return key(RUN_DETACHED, detached_since, run_id, thread_id)
 
 
+def heartbeat_key(heartbeat_at: float, run_id: str, thread_id: str) -> bytes:
+    return key(RUN_HEARTBEAT, heartbeat_at, run_id, thread_id)
+
+
 def thread_of(view: StateReader, run_id: str) -> str | None:
     raw = view.get(index_key(run_id))
     return None if raw is None else raw.decode("utf-8")
@@ -64,17 +73,25 @@ def _raise_epoch(view: View, thread_id: str, run_id: str, epoch: int) -> None:
         view.put(epoch_key(thread_id, run_id), str(epoch).encode())
 
 
-def _reclaimable(record: dict) -> bool:
-    return record.get("status") == "running" and record.get("detachedSince") is not None
+def _quiet_key(record: dict) -> bytes | None:
+    """The record's entry in `runD` or `runH`, or None (not a reclaim candidate)."""
+    found = quiet_since(record)
+    if found is None:
+        return None
+    field, since = found
+    make = detached_key if field == "detachedSince" else heartbeat_key
+    return make(since, record["runId"], record["threadId"])
 
 
 def _put(view: View, old: dict | None, new: dict) -> None:
-    """Store `new` and keep the detached index in step with it (one place)."""
+    """Store `new` and keep the reclaim indexes in step with it (one place)."""
     thread_id, run_id = new["threadId"], new["runId"]
-    if old is not None and _reclaimable(old):
-        view.delete(detached_key(old["detachedSince"], run_id, thread_id))
-    if _reclaimable(new):
-        view.put(detached_key(new["detachedSince"], run_id, thread_id), b"")
+    stale = None if old is None else _quiet_key(old)
+    fresh = _quiet_key(new)
+    if stale is not None and stale != fresh:
+        view.delete(stale)
+    if fresh is not None:
+        view.put(fresh, b"")
     view.put_json(record_key(thread_id, run_id), new)
 
 
@@ -106,5 +123,23 @@ def run_claimed(view: View, meta: EventMeta, ev: dict) -> None:
     old = view.get_json(record_key(ev["threadId"], ev["runId"]))
     if old is None:
         return
-    _put(view, old, {**old, "driverEpoch": ev["epoch"]})
+    new = {**old, "driverEpoch": ev["epoch"]}
+    if ev.get("at") is not None:  # claims judged before heartbeats existed carry no time
+        new["heartbeatAt"] = ev["at"]
+    _put(view, old, new)
     _raise_epoch(view, ev["threadId"], ev["runId"], ev["epoch"])
+
+
+@folds("threadlog.evt.RunHeartbeat")
+def run_heartbeat(view: View, meta: EventMeta, ev: dict) -> None:
+    """The current driver is alive (attached: detachedSince cleared) or detaches
+    (detachedSince := the heartbeat's time)."""
+    old = view.get_json(record_key(ev["threadId"], ev["runId"]))
+    if old is None:
+        return
+    new = {**old, "heartbeatAt": ev["at"]}
+    if ev.get("detached"):
+        new["detachedSince"] = ev["at"]
+    else:
+        new.pop("detachedSince", None)
+    _put(view, old, new)

@@ -7,16 +7,34 @@ thread's partition decides. Records read back are validated (`decode_run`).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from ..errors import RUN_NOT_FOUND, RUN_TERMINAL, ThreadLogError, invalid_argument
 from ..projections.folds import runs as state
 from ..projections.keys import dec_num, dec_str
-from ..records import RUN_PATCH, FieldCheck, check_patch, decode_run, is_terminal, new_run, require_timestamp
+from ..records import (
+    RUN_PATCH,
+    FieldCheck,
+    check_patch,
+    decode_run,
+    is_terminal,
+    new_run,
+    quiet_since,
+    require_timestamp,
+)
 from ..types import Run, RunPatch, RunStatus, Timestamp
 from ..validation import dumps, is_finite, require_id
 from .base import StoreFacade
+from .run_driver import RunDriver
+
+if TYPE_CHECKING:
+    from ..client import ThreadLog
+
+# A driver's heartbeat period: a few per reclaim TTL (a TTL of 30 s misses no live driver).
+DEFAULT_HEARTBEAT_MS = 5_000
+MIN_HEARTBEAT_MS = 10
 
 
 def _by_time(record: Mapping[str, Any], time_field: str, id_field: str) -> tuple[Any, bytes]:
@@ -58,6 +76,10 @@ async def send_run_patch(store: RunFacade, command: str, run_id: str, patch: Map
 
 
 class RunStore(StoreFacade):
+    def __init__(self, tl: ThreadLog) -> None:
+        super().__init__(tl)
+        self._heartbeats: set[asyncio.Task[None]] = set()
+
     async def create_or_resume(self, *, run_id: str, thread_id: str, started_at: Timestamp,
                                status: RunStatus | None = None) -> Run:
         """Create the run (status `running` unless given), or return the existing
@@ -95,31 +117,59 @@ class RunStore(StoreFacade):
         return running[-1] if running else None
 
     async def list_reclaimable(self, *, now: Timestamp, ttl_ms: float) -> list[Run]:
-        """Runs with status `running`, `detachedSince` set and
-        `detachedSince <= now - ttl_ms` (inclusive), by detachedSince then run id."""
+        """Runs with status `running` whose driver has been gone for `ttl_ms`:
+        `detachedSince <= now - ttl_ms`, or, not detached, `heartbeatAt <= now - ttl_ms`
+        (inclusive; `records.quiet_since`). Ordered by that time, then run id bytes."""
         require_timestamp(now, "now")
         if not is_finite(ttl_ms) or ttl_ms < 0:
             raise invalid_argument(f"ttl_ms must be a finite number >= 0, got {ttl_ms!r}")
         cutoff = now - ttl_ms
         await self._read_barrier()
-        out: list[Run] = []
-        for k, _ in self._store.scan(state.RUN_DETACHED):
-            since, pos = dec_num(k, len(state.RUN_DETACHED))
-            # The key orders by the double nearest detachedSince; rounding is
+        # A run is in one index at a time; a thin client's two scans are two
+        # reads, so a run moving between them meanwhile is listed once.
+        found = {(r["threadId"], r["runId"]): (since, r)
+                 for tag in (state.RUN_DETACHED, state.RUN_HEARTBEAT) for since, r in self._quiet_until(tag, cutoff)}
+        ordered = sorted(found.values(), key=lambda pair: (pair[0], pair[1]["runId"].encode("utf-8")))
+        return [record for _, record in ordered]
+
+    def _quiet_until(self, tag: bytes, cutoff: float) -> list[tuple[float, Run]]:
+        """The records of one reclaim index (`runD` or `runH`) quiet since `cutoff` or earlier."""
+        out: list[tuple[float, Run]] = []
+        for k, _ in self._store.scan(tag):
+            since, pos = dec_num(k, len(tag))
+            # The key orders by the double nearest the time; rounding is
             # monotonic, so a key past the cutoff's double is past the cutoff.
             if since > float(cutoff):
                 break
             run_id, thread_id = _split_tail(k, pos)
             record = _run(self._store.get(state.record_key(thread_id, run_id)))
             # The index is a hint; the record decides (exact comparison).
-            if (record is not None and record["status"] == "running"
-                    and record.get("detachedSince") is not None and record["detachedSince"] <= cutoff):
-                out.append(record)
+            quiet = None if record is None else quiet_since(record)
+            if record is not None and quiet is not None and quiet[1] <= cutoff:
+                out.append((quiet[1], record))
         return out
 
     async def claim(self, run_id: str) -> int:
         """Become the run's driver: driverEpoch := one more than any epoch it ever
         had. RUN_NOT_FOUND for an unknown run, RUN_TERMINAL for a finished one."""
+        _, epoch = await self._claim(run_id)
+        return epoch
+
+    async def drive(self, run_id: str, *, heartbeat_ms: float = DEFAULT_HEARTBEAT_MS) -> RunDriver:
+        """Claim the run and keep it alive: a `RunDriver` (its `epoch`, its delivery
+        `log`), attached at once (a first heartbeat clears `detachedSince`), that
+        proposes a heartbeat every `heartbeat_ms` until `detach()`,
+        `close()`, loss (`lost`: a later claim superseded it) or the run finishing.
+        Errors as `claim`; `INVALID_ARGUMENT` for a bad `heartbeat_ms`."""
+        require_id(run_id, "run_id")
+        if not is_finite(heartbeat_ms) or heartbeat_ms < MIN_HEARTBEAT_MS:
+            raise invalid_argument(f"heartbeat_ms must be a number >= {MIN_HEARTBEAT_MS}, got {heartbeat_ms!r}")
+        thread_id, epoch = await self._claim(run_id)
+        driver = RunDriver(self, run_id, thread_id, epoch, heartbeat_ms, None)
+        await driver._start()  # attached (detachedSince cleared) before it is returned
+        return driver
+
+    async def _claim(self, run_id: str) -> tuple[str, int]:
         require_id(run_id, "run_id")
         thread_id = await self._thread_of(run_id)
         record = None if thread_id is None else _run(self._store.get(state.record_key(thread_id, run_id)))
@@ -140,7 +190,12 @@ class RunStore(StoreFacade):
         # newer one leaves the newer epoch in place).
         await self._send("threadlog.cmd.ClaimRun", thread_id, {"runId": run_id, "threadId": thread_id,
                                                                "epoch": epoch})
-        return epoch
+        return thread_id, epoch
+
+    def _stop_heartbeats(self) -> None:
+        """Cancel every background driver heartbeat (the client is closing)."""
+        for task in list(self._heartbeats):
+            task.cancel()
 
     # -- helpers ---------------------------------------------------------------
     async def _thread_of(self, run_id: str) -> str | None:
