@@ -302,3 +302,40 @@ async def test_a_reader_waits_for_a_consumer_then_gives_up_with_unavailable(tl):
     for c in [got, *held]:
         pool.give(c)
     assert pool.open <= pool.max_open
+
+
+async def test_threadlog_serve_with_a_token_file_and_limits(bootstrap, namespace, tl, tmp_path):
+    import signal
+    import sys
+
+    await within(tl.messages.save_thread("t", [{"role": "user", "content": "hi"}]))
+    tokens = tmp_path / "tokens"
+    tokens.write_text("s3cret-serve-token\n")
+    env = {k: v for k, v in os.environ.items() if k != "THREADLOG_KAFKA_CONFIG"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "threadlog", "serve", "--bootstrap", bootstrap, "--namespace", namespace,
+        "--port", "0", "--state-dir", str(tmp_path / "serve"), "--token-file", str(tokens),
+        "--max-id-bytes", "16", "-v", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+    try:
+        line = (await within(proc.stdout.readline(), 60)).decode()
+        assert "serving namespace" in line, line
+        base = line.split(" at ", 1)[1].strip().removesuffix("/api/chat")
+        auth = {"Authorization": "Bearer s3cret-serve-token"}
+        async with httpx.AsyncClient(timeout=30) as http:
+            r = await http.get(f"{base}/threads/t")
+            assert r.status_code == 401 and r.json()["error"]["code"] == "UNAUTHENTICATED"
+            r = await http.get(f"{base}/threads/t", headers={"Authorization": "Bearer s3cret-serve-tokem"})
+            assert r.status_code == 401
+            r = await http.get(f"{base}/threads/t", headers=auth)
+            assert r.status_code == 200 and r.json()["messages"] == [{"role": "user", "content": "hi"}]
+            r = await http.get(f"{base}/threads/{'t' * 17}", headers=auth)
+            assert r.status_code == 400 and "more than the 16 allowed" in r.json()["error"]["message"]
+        proc.send_signal(signal.SIGTERM)
+        assert await within(proc.wait(), 30) == 0
+        err = (await within(proc.stderr.read())).decode()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert "GET /threads/t 401" in err  # -v logged the requests...
+    assert "s3cret-serve-token" not in err  # ...never the token
