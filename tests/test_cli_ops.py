@@ -146,10 +146,14 @@ def test_the_store_path_is_the_same_from_the_env_or_the_flag(tmp_path, monkeypat
 
 
 async def test_a_client_keeps_its_stores_under_root_namespace_slot_whichever_way_the_root_came(
-        bootstrap, namespace, tmp_path, monkeypatch):
+        bootstrap, namespace, tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("THREADLOG_STATE_DIR", str(tmp_path / "env"))
+    old = tmp_path / "env" / namespace / namespace / "slot-0"  # where the default used to put it
+    old.mkdir(parents=True)
     async with threadlog.open(bootstrap, namespace=namespace, partitions=1) as tl:
         assert tl.runtime.slot.path == tmp_path / "env" / namespace / "slot-0"
+    assert any("older layout" in r.getMessage() and str(old.parent) in r.getMessage() for r in caplog.records)
+    assert old.is_dir()  # warned about, never deleted by threadlog
     async with threadlog.open(bootstrap, namespace=namespace, state_dir=str(tmp_path / "flag")) as tl:
         assert tl.runtime.slot.path == tmp_path / "flag" / namespace / "slot-0"
 
