@@ -14,11 +14,11 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 from threadlog.projections.barrier import ReadBarrier
 from threadlog.projections.fold import load_all
-from threadlog.projections.partition_stores import PartitionStores
+from threadlog.projections.partition_stores import PartitionStores, hold_slot, slot_holder
 from threadlog.schemas import default_codec
 
 from threadlog import kafka_config
-from threadlog.errors import ThreadLogError
+from threadlog.errors import STORE_IN_USE, ThreadLogError
 from threadlog.topics import Topics, require_topics
 
 from .handlers import load_all as load_handlers
@@ -38,8 +38,24 @@ def rebuild(
     judge every proposal again. Returns stats.
 
     Never creates topics: an unknown namespace is NAMESPACE_NOT_FOUND, raised
-    before the store is touched.
+    before the store is touched. A store a live process holds (its slot lock)
+    is STORE_IN_USE, also before anything is touched: dropping it under a
+    running judge would corrupt what that process serves.
     """
+    slot = hold_slot(store_path)
+    if slot is None:
+        pid = slot_holder(store_path)
+        by = f" (pid {pid})" if pid is not None else ""
+        raise ThreadLogError(STORE_IN_USE, f"store {store_path} is in use by a live process{by}; "
+                                           "stop it first, or rebuild another slot with --store")
+    try:
+        return _rebuild(bootstrap, namespace, store_path, progress, timeout, kafka, request_timeout)
+    finally:
+        slot.release()
+
+
+def _rebuild(bootstrap: str, namespace: str, store_path: str | Path, progress: Callable[[str], None],
+             timeout: float, kafka: kafka_config.Props | None, request_timeout: float) -> dict:
     load_all()
     load_handlers()
     topics = Topics(namespace)

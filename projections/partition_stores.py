@@ -73,6 +73,34 @@ def claim_slot(base: str | os.PathLike, max_slots: int = 64) -> Slot:
     raise RuntimeError(f"no free state slot under {base} ({max_slots} in use)")
 
 
+def hold_slot(path: str | os.PathLike) -> Slot | None:
+    """The slot at `path` (a `<base>/slot-N` directory) held by this process, or
+    None while another process holds it -- the same lock `claim_slot` takes."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(path.parent / f"{path.name}.lock", "ab")  # noqa: SIM115 - held for the slot's life
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return Slot(path, handle)
+
+
+def slot_holder(path: str | os.PathLike) -> int | None:
+    """The pid holding the slot at `path`, when /proc/locks says (Linux), else None."""
+    try:
+        inode = os.stat(Path(path).parent / f"{Path(path).name}.lock").st_ino
+        with open("/proc/locks") as locks:
+            for line in locks:
+                fields = line.split()
+                if len(fields) > 5 and fields[1] == "FLOCK" and fields[5].endswith(f":{inode}"):
+                    return int(fields[4])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 class PartitionStores:
     """The stores of the events partitions this process owns, under one directory."""
 

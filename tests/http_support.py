@@ -13,9 +13,10 @@ from threadlog.http import create_app
 
 
 @contextlib.asynccontextmanager
-async def serving(tl, path: str = "/api/chat"):
-    """Yield the base URL of a uvicorn server running `create_app(tl)` on this loop."""
-    server = uvicorn.Server(uvicorn.Config(create_app(tl, path=path), host="127.0.0.1", port=0,
+async def serving(tl, path: str = "/api/chat", app=None, **options):
+    """Yield the base URL of a uvicorn server running `create_app(tl, **options)` (or `app`) on this loop."""
+    app = app or create_app(tl, path=path, **options)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0,
                                            log_level="warning", lifespan="off", timeout_graceful_shutdown=1))
     server.install_signal_handlers = lambda: None  # the test runner owns the signals
     task = asyncio.ensure_future(server.serve())

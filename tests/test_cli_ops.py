@@ -108,3 +108,78 @@ def test_demo_removes_its_namespace_unless_kept(bootstrap, namespace, tmp_path):
     proc = cli("demo", "--bootstrap", bootstrap, "--namespace", namespace, "--state-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert "demo ok" in proc.stdout and topics_of(bootstrap, namespace) == set()
+
+
+def test_every_flag_has_help_and_says_its_default():
+    import argparse
+
+    from threadlog.cli import build_parser
+    from threadlog.http import Limits
+
+    parser = build_parser()
+    [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    missing = []
+    for name, command in [("threadlog", parser), *sub.choices.items()]:
+        text = command.format_help()
+        for action in command._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            flag = action.option_strings[-1] if action.option_strings else action.dest
+            if not action.help:
+                missing.append(f"{name} {flag}: no help")
+            elif action.default not in (None, False, argparse.SUPPRESS) and action.option_strings \
+                    and "default" not in action.help and f"(default: {action.default})" not in " ".join(text.split()):
+                missing.append(f"{name} {flag}: default {action.default!r} not shown")
+    assert not missing, missing
+    serve = build_parser().parse_args(["serve"])
+    assert (serve.max_id_bytes, serve.max_body_bytes, serve.max_streams) == \
+        (Limits().max_id_bytes, Limits().max_body_bytes, Limits().max_streams)
+
+
+def test_the_store_path_is_the_same_from_the_env_or_the_flag(tmp_path, monkeypatch):
+    from threadlog.config import Options
+
+    monkeypatch.setenv("THREADLOG_STATE_DIR", str(tmp_path))
+    from_env = Options(bootstrap_servers="x:1", namespace="ns1").namespace_state
+    from_flag = Options(bootstrap_servers="x:1", namespace="ns1", state_dir=str(tmp_path)).namespace_state
+    assert from_env == from_flag == tmp_path / "ns1"  # was <dir>/ns1/ns1 from the env
+
+
+async def test_a_client_keeps_its_stores_under_root_namespace_slot_whichever_way_the_root_came(
+        bootstrap, namespace, tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("THREADLOG_STATE_DIR", str(tmp_path / "env"))
+    old = tmp_path / "env" / namespace / namespace / "slot-0"  # where the default used to put it
+    old.mkdir(parents=True)
+    async with threadlog.open(bootstrap, namespace=namespace, partitions=1) as tl:
+        assert tl.runtime.slot.path == tmp_path / "env" / namespace / "slot-0"
+    assert any("older layout" in r.getMessage() and str(old.parent) in r.getMessage() for r in caplog.records)
+    assert old.is_dir()  # warned about, never deleted by threadlog
+    async with threadlog.open(bootstrap, namespace=namespace, state_dir=str(tmp_path / "flag")) as tl:
+        assert tl.runtime.slot.path == tmp_path / "flag" / namespace / "slot-0"
+
+
+async def test_rebuild_of_a_store_a_live_process_holds_says_so_in_one_line(bootstrap, namespace, tmp_path):
+    async with threadlog.open(bootstrap, namespace=namespace, partitions=1, state_dir=str(tmp_path)) as tl:
+        await within(tl.messages.save_thread("t", [{"role": "user", "content": "kept"}]))
+        store = tl.runtime.slot.path
+        before = sorted(p.name for p in store.iterdir())
+        proc = cli("rebuild", "--bootstrap", bootstrap, "--namespace", namespace, "--state-dir", str(tmp_path))
+        line = one_error_line(proc, "STORE_IN_USE")
+        assert proc.returncode == 2
+        assert str(store) in line and f"pid {os.getpid()}" in line, line
+        assert sorted(p.name for p in store.iterdir()) == before  # nothing touched
+        assert await within(tl.messages.load_thread("t")) == [{"role": "user", "content": "kept"}]
+    # Once the process is gone, the same rebuild runs.
+    proc = cli("rebuild", "--bootstrap", bootstrap, "--namespace", namespace, "--state-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1].startswith(f"rebuilt {store}: ")
+
+
+def test_serve_refuses_a_bad_token_file_or_limit_in_one_line(tmp_path):
+    proc = cli("serve", "--token-file", str(tmp_path / "missing"), "--bootstrap", "127.0.0.1:1")
+    assert "--token-file" in one_error_line(proc, "INVALID_ARGUMENT")
+    (tmp_path / "empty").write_text("# none yet\n")
+    proc = cli("serve", "--token-file", str(tmp_path / "empty"), "--bootstrap", "127.0.0.1:1")
+    assert "no token" in one_error_line(proc, "INVALID_ARGUMENT")
+    proc = cli("serve", "--max-streams", "0", "--bootstrap", "127.0.0.1:1")
+    assert "--max-streams" in one_error_line(proc, "INVALID_ARGUMENT")

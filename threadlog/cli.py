@@ -382,7 +382,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
     opts = Options(bootstrap_servers=args.bootstrap, namespace=args.namespace, state_dir=args.state_dir,
                    request_timeout_ms=args.request_timeout_ms, kafka=_kafka_props(args))
-    path = Path(args.store) if args.store else opts.state_root / opts.namespace / "slot-0"
+    path = Path(args.store) if args.store else opts.namespace_state / "slot-0"
     stats = rebuild(args.bootstrap, args.namespace, path, kafka=opts.kafka, request_timeout=opts.request_timeout)
     print(f"rebuilt {path}: {stats['offsets']} offsets in {stats['seconds']:.2f}s, "
           f"{stats['skipped']} undecodable events skipped")
@@ -406,6 +406,7 @@ def cmd_schemas(args: argparse.Namespace) -> int:
 async def _serve(args: argparse.Namespace) -> None:
     import threadlog
 
+    guard = _http_guard(args)  # a bad flag or token file fails before connecting
     # Opened here rather than in the app's lifespan: a failed open is then the
     # command's one error line (uvicorn would log a traceback), and serving a
     # namespace never creates it.
@@ -414,15 +415,34 @@ async def _serve(args: argparse.Namespace) -> None:
                               request_timeout_ms=args.request_timeout_ms, kafka=_kafka_props(args),
                               create_topics=False) as tl:
         _started()
-        await _serve_app(args, tl)
+        await _serve_app(args, tl, guard)
 
 
-async def _serve_app(args: argparse.Namespace, tl: Any) -> None:
+def _http_guard(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(authorize hook or None, Limits) of `serve`'s flags; INVALID_ARGUMENT if wrong."""
+    from threadlog.errors import invalid_argument
+    from threadlog.http import Limits, bearer_tokens
+
+    try:
+        limits = Limits(max_id_bytes=args.max_id_bytes, max_body_bytes=args.max_body_bytes,
+                        max_streams=args.max_streams)
+    except ValueError as exc:
+        raise invalid_argument(str(exc).replace("max_", "--max-").replace("_", "-")) from None
+    if args.token_file is None:
+        return None, limits
+    try:
+        return bearer_tokens(args.token_file), limits
+    except (OSError, ValueError) as exc:
+        raise invalid_argument(f"--token-file: {exc}") from None
+
+
+async def _serve_app(args: argparse.Namespace, tl: Any, guard: tuple[Any, Any] | None = None) -> None:
     from threadlog.http import create_app
 
     if not args.no_access_log:
         logging.getLogger("threadlog.access").setLevel(logging.INFO)
-    app = create_app(tl, namespace=args.namespace, path=args.path)
+    authorize, limits = guard or _http_guard(args)
+    app = create_app(tl, namespace=args.namespace, path=args.path, authorize=authorize, limits=limits)
     server = _uvicorn_server(app, args.host, args.port, args.verbose, graceful_s=args.drain_timeout)
     loop = asyncio.get_running_loop()
 
@@ -578,8 +598,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def _namespace_state(p: argparse.ArgumentParser) -> None:
     """The namespace a command reads and where its local state goes."""
-    p.add_argument("--namespace", default="threadlog")
-    p.add_argument("--state-dir", default=None)
+    p.add_argument("--namespace", default="threadlog", help="the namespace (its topics are <ns>.events ...)")
+    p.add_argument("--state-dir", default=None, help=STATE_DIR_HELP)
 
 
 def _connects(p: argparse.ArgumentParser, bootstrap: str | None = "default") -> None:
@@ -603,21 +623,44 @@ def _version() -> str:
         return __version__
 
 
+STATE_DIR_HELP = ("root of the local RocksDB state; stores go under <dir>/<namespace>/slot-N (default: "
+                  "$THREADLOG_STATE_DIR or ~/.local/state/threadlog/state)")
+
+
+class _Help(argparse.HelpFormatter):
+    """Every flag's help says its default, unless the help already does or there is none to say."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (not action.option_strings or "default" in text
+                or action.default in (None, False, argparse.SUPPRESS)):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="threadlog", description=__doc__)
+    ap = argparse.ArgumentParser(prog="threadlog", description=__doc__, formatter_class=_Help)
     ap.add_argument("-v", "--verbose", action="store_true", help="log more; print tracebacks of errors")
     ap.add_argument("--log-format", choices=["text", "json"], default="text",
                     help="stderr log lines: text, or one JSON object per line (ts, level, logger, message, "
                          "exception)")
     ap.add_argument("--version", action="version", version=f"threadlog {_version()}")
     sub = ap.add_subparsers(dest="command", required=True)
+    sub_parser = sub.add_parser
+
+    def add_parser(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        return sub_parser(name, formatter_class=_Help, **kwargs)
+
+    sub.add_parser = add_parser  # type: ignore[method-assign]
 
     b = sub.add_parser("broker", help="local Kafka (KRaft) from Maven Central, no Docker")
-    b.add_argument("action", choices=["start", "stop", "status"])
+    b.add_argument("action", choices=["start", "stop", "status"], help="start, stop or describe the local broker")
     b.add_argument("--port", type=int, default=None,
                    help="client port (default 9092); the controller takes the next one. With --nodes N, "
                         "the base: node i gets port+2(i-1) and the one after it")
-    b.add_argument("--data-dir", default=None)
+    b.add_argument("--data-dir", default=None,
+                   help="where the broker keeps its data and log (default: $THREADLOG_BROKER_DIR or "
+                        "~/.local/state/threadlog/broker)")
     b.add_argument("--nodes", type=int, default=None,
                    help="start: run an N-node KRaft cluster (default: what the data dir holds, else 1); "
                         "stop and status find the count in the data dir")
@@ -628,43 +671,53 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("worker", help="judge a namespace and serve its state to thin clients")
     _connects(w)
-    w.add_argument("--namespace", default="threadlog")
-    w.add_argument("--partitions", type=int, default=4)
-    w.add_argument("--state-dir", default=None)
-    w.add_argument("--lease-duration-ms", type=int, default=120_000)
-    w.add_argument("--renew-after-ms", type=int, default=45_000)
+    w.add_argument("--namespace", default="threadlog", help="the namespace to judge and serve")
+    w.add_argument("--partitions", type=int, default=4, help="partition count of topics this creates")
+    w.add_argument("--state-dir", default=None, help=STATE_DIR_HELP)
+    w.add_argument("--lease-duration-ms", type=int, default=120_000, help="length of the leases this worker takes")
+    w.add_argument("--renew-after-ms", type=int, default=45_000, help="renew a lease this long after taking it")
     w.add_argument("--listen", default="127.0.0.1:0",
                    help="HOST:PORT of the query service for thin clients (port 0: a free one, printed)")
     w.add_argument("--http", default=None, metavar="HOST:PORT",
                    help="serve /metrics (Prometheus), /healthz and /readyz over HTTP here (default: off; "
                         "port 0: a free one, printed)")
     w.add_argument("--drain-timeout", type=float, default=10.0, metavar="SECONDS",
-                   help="on SIGTERM, how long to wait for requests in flight before leaving (default 10)")
+                   help="on SIGTERM, how long to wait for requests in flight before leaving")
     w.add_argument("--snapshot-every", type=int, default=50_000, metavar="RECORDS",
-                   help="snapshot a partition's state after this many records judged (default 50000)")
+                   help="snapshot a partition's state after this many records judged")
     w.add_argument("--snapshot-interval", type=float, default=300.0, metavar="SECONDS",
-                   help="...or after this long, if anything was judged (default 300)")
+                   help="...or after this long, if anything was judged")
     w.set_defaults(fn=cmd_worker)
 
     sv = sub.add_parser("serve", help="HTTP: the TanStack durability route, SSE and REST for delivery logs")
     _connects(sv)
-    sv.add_argument("--namespace", default="threadlog")
-    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--namespace", default="threadlog", help="the namespace to serve")
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on")
     sv.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed)")
     sv.add_argument("--path", default="/api/chat", help="path of the durability route")
     sv.add_argument("--processors", choices=["external", "embedded"], default="embedded",
                     help="'external': a thin client served by a `threadlog worker`; "
                          "'embedded': judge every partition in this process")
-    sv.add_argument("--state-dir", default=None)
-    sv.add_argument("--first-chunk-wait-ms", type=int, default=5000)
+    sv.add_argument("--state-dir", default=None, help=STATE_DIR_HELP)
+    sv.add_argument("--first-chunk-wait-ms", type=int, default=5000,
+                    help="how long a join of a run with no chunk yet waits before RUN_NOT_FOUND")
     sv.add_argument("--drain-timeout", type=float, default=2.0, metavar="SECONDS",
-                    help="on SIGTERM, how long requests in flight (and SSE streams) may go on (default 2)")
+                    help="on SIGTERM, how long requests in flight (and SSE streams) may go on")
     sv.add_argument("--no-access-log", action="store_true",
                     help="no access log lines (method, path, status, duration; logger threadlog.access)")
+    sv.add_argument("--token-file", default=None, metavar="FILE",
+                    help="require Authorization: Bearer <token>, a token of FILE (one per line, # comments); "
+                         "default: no authorization")
+    sv.add_argument("--max-streams", type=int, default=1000, metavar="N",
+                    help="SSE streams open at once, server-wide; beyond: 503 TOO_MANY_STREAMS")
+    sv.add_argument("--max-body-bytes", type=int, default=64 * 1024, metavar="BYTES",
+                    help="largest request body; beyond: 413 PAYLOAD_TOO_LARGE")
+    sv.add_argument("--max-id-bytes", type=int, default=1024, metavar="BYTES",
+                    help="longest thread or run id (UTF-8); beyond: 400 INVALID_ARGUMENT")
     sv.set_defaults(fn=cmd_serve)
 
     rp = sub.add_parser("replay", help="print a run's delivery chunks as JSON lines with their offsets")
-    rp.add_argument("run_id")
+    rp.add_argument("run_id", help="the run")
     rp.add_argument("--after", default="-1", help="offset to start strictly after (default: from the start)")
     rp.add_argument("--follow", action="store_true", help="keep waiting for chunks until the log is closed")
     rp.add_argument("--records", action="store_true",
@@ -708,9 +761,9 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="start the local broker and round-trip a transcript")
     _connects(d, bootstrap=None)
     d.add_argument("--keep", action="store_true", help="keep the demo's namespace (topics, local state)")
-    d.add_argument("--port", type=int, default=9092)
-    d.add_argument("--namespace", default=None)
-    d.add_argument("--state-dir", default=None)
+    d.add_argument("--port", type=int, default=9092, help="port of the broker it starts (without --bootstrap)")
+    d.add_argument("--namespace", default=None, help="namespace to use (default: a new demo-<random>)")
+    d.add_argument("--state-dir", default=None, help=STATE_DIR_HELP)
     d.set_defaults(fn=cmd_demo)
 
     r = sub.add_parser("rebuild", help="drop a projection store and fold the events again")
@@ -720,14 +773,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_rebuild)
 
     ns = sub.add_parser("namespaces", help="list the namespaces on the cluster, or delete one")
-    ns.add_argument("action", choices=["list", "delete"])
+    ns.add_argument("action", choices=["list", "delete"], help="list the namespaces, or delete one")
     ns.add_argument("namespace", nargs="?", help="the namespace to delete")
     ns.add_argument("--yes", action="store_true", help="confirm a delete (it cannot be undone)")
     _connects(ns)
     ns.set_defaults(fn=cmd_namespaces)
 
     s = sub.add_parser("schemas", help="check or freeze Avro schema versions")
-    s.add_argument("action", choices=["check", "freeze"])
+    s.add_argument("action", choices=["check", "freeze"],
+                   help="check: the schemas are compatible with the frozen versions; freeze: record them")
     s.set_defaults(fn=cmd_schemas)
     for command in sub.choices.values():
         # Also after the command (`threadlog worker -v`); SUPPRESS keeps a flag
@@ -735,7 +789,7 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                              help="log more; print tracebacks of errors")
         command.add_argument("--log-format", choices=["text", "json"], default=argparse.SUPPRESS,
-                             help="stderr log lines: text (default) or JSON lines")
+                             help="stderr log lines: text or JSON lines (default: text)")
     return ap
 
 

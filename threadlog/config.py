@@ -86,9 +86,16 @@ class Options:
 
     @property
     def state_root(self) -> Path:
-        if self.state_dir is not None:
-            return Path(self.state_dir)
-        return default_state_root() / self.namespace
+        """The root the namespace's directory goes under: `state_dir`, else
+        $THREADLOG_STATE_DIR, else ~/.local/state/threadlog/state. The one place
+        that picks it: every store path is `<root>/<namespace>/slot-N`, whichever
+        way the root was given (the default once added the namespace twice)."""
+        return Path(self.state_dir) if self.state_dir is not None else default_state_root()
+
+    @property
+    def namespace_state(self) -> Path:
+        """`<root>/<namespace>`: where this namespace's slots are."""
+        return self.state_root / self.namespace
 
     @property
     def request_timeout(self) -> float:

@@ -40,6 +40,10 @@ INVALID_MESSAGE = "INVALID_MESSAGE"
 # a record says (a "terminal" run gets its journal swept).
 CORRUPT_RECORD = "CORRUPT_RECORD"
 
+# A local store is held by another live process (its slot lock): `threadlog
+# rebuild` refuses instead of dropping state under a running judge.
+STORE_IN_USE = "STORE_IN_USE"
+
 CODES = frozenset(
     {
         STALE_HEAD,
@@ -65,6 +69,7 @@ CODES = frozenset(
         INTERNAL,
         INVALID_MESSAGE,
         CORRUPT_RECORD,
+        STORE_IN_USE,
     }
 )
 

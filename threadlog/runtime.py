@@ -103,7 +103,12 @@ class Runtime:
         except ThreadLogError as exc:
             raise trap.explain(exc, self.admin, kafka) from None
         self.timings["topics"] = time.monotonic() - t0
-        self.slot = claim_slot(self.opts.state_root / self.opts.namespace)
+        self.slot = claim_slot(self.opts.namespace_state)
+        stale = self.opts.namespace_state / self.opts.namespace
+        if self.opts.state_dir is None and (stale / "slot-0").is_dir():
+            # Earlier versions named the namespace twice under the default root. That state is
+            # derived (refolded, or restored from a snapshot), so it is not moved.
+            log.warning("state of an older layout at %s is no longer used; delete it", stale)
         if self.thin or self.worker:
             # Thin clients ask the workers; a worker asks the other workers
             # (cross-partition facts of partitions it does not own).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -21,50 +22,104 @@ log = logging.getLogger("threadlog.delivery")
 
 
 class ConsumerPool:
-    """Catch-up readers reuse consumers: creating one costs a bootstrap round trip."""
+    """Catch-up readers reuse consumers: creating one costs a bootstrap round trip.
+
+    At most `max_open` consumers exist at once; a reader beyond that waits for
+    one to come back (up to its request timeout, then UNAVAILABLE). Why a bound:
+    a consumer is ~4 librdkafka threads and a dozen fds, and every reader that
+    catches up holds one -- unbounded, 500 concurrent SSE joins made 2,040
+    threads and 4,500 fds and stalled every other call for seconds.
+    """
 
     def __init__(self, bootstrap: str, client_id: str, max_idle: int = 8,
-                 kafka: kafka_config.Props | None = None) -> None:
+                 kafka: kafka_config.Props | None = None, max_open: int = 16) -> None:
         self._bootstrap = bootstrap
         self._kafka = kafka
         self._client_id = client_id
         self._max_idle = max_idle
+        self.max_open = max_open
         self._idle: list[Consumer] = []
         self._lock = threading.Lock()
         self._n = 0
+        self.open = 0  # consumers in existence: idle + taken
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
         self._closed = False
 
-    def take(self) -> Consumer:
-        with self._lock:
-            if self._closed:
-                raise unavailable("this ThreadLog is closed")
-            if self._idle:
-                return self._idle.pop()
-            self._n += 1
-            n = self._n
-        return Consumer(kafka_config.consumer(
-            self._bootstrap, f"{self._client_id}.dlvread{n}", self._kafka,
-            **{"enable.partition.eof": True, "fetch.wait.max.ms": kafka_config.TXN_READER_WAIT_MS},
-        ))
+    async def take(self, timeout: float) -> Consumer:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise unavailable("this ThreadLog is closed")
+                if self._idle:
+                    return self._idle.pop()
+                if self.open < self.max_open:
+                    self.open += 1
+                    self._n += 1
+                    n = self._n
+                    break
+                fut = loop.create_future()
+                self._waiters.append((loop, fut))
+            left = deadline - loop.time()
+            if left <= 0:
+                raise unavailable(f"all {self.max_open} delivery read consumers stayed busy for {timeout}s")
+            # A wake-up can be lost to a waiter that timed out at the same moment:
+            # look again at least every half second.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(fut, min(left, 0.5))
+        try:
+            return Consumer(kafka_config.consumer(
+                self._bootstrap, f"{self._client_id}.dlvread{n}", self._kafka,
+                **{"enable.partition.eof": True, "fetch.wait.max.ms": kafka_config.TXN_READER_WAIT_MS},
+            ))
+        except BaseException:
+            self._gone()
+            raise
 
     def give(self, consumer: Consumer) -> None:
+        """Back from a reader (any thread)."""
         try:
             consumer.unassign()
         except Exception:
             _close(consumer)
+            self._gone()
             return
         with self._lock:
             if not self._closed and len(self._idle) < self._max_idle:
                 self._idle.append(consumer)
+                self._wake_one()
                 return
         _close(consumer)
+        self._gone()
+
+    def _gone(self) -> None:
+        with self._lock:
+            self.open -= 1
+            self._wake_one()
+
+    def _wake_one(self) -> None:
+        # Called with the lock held.
+        while self._waiters:
+            loop, fut = self._waiters.pop(0)
+            if fut.done():
+                continue
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits there
+                loop.call_soon_threadsafe(_resolve, fut)
+                return
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
+            self.open -= len(idle)
         for c in idle:
             _close(c)
+
+
+def _resolve(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def _close(consumer: Consumer) -> None:
@@ -92,7 +147,7 @@ class Fetcher:
             if self.position >= stop_at:
                 return []
             if self._consumer is None:
-                self._consumer = self.svc.pool.take()
+                self._consumer = await self.svc.pool.take(self.svc.timeout)
                 start = self.position if self.position > 0 else OFFSET_BEGINNING
                 self._consumer.assign([TopicPartition(self.svc.topic, self.partition, start)])
         consumer = self._consumer

@@ -32,8 +32,19 @@ from ..client import ThreadLog
 from ..client import open as open_threadlog
 from ..errors import INVALID_ARGUMENT, ThreadLogError
 from ..metrics import AccessLog, Readiness, attach, attached, ops_routes
-from ..validation import is_valid_id
-from .sse import EventStreamResponse, stream_run
+from .guard import (
+    Authorize,
+    BodyLimit,
+    Denied,
+    Limits,
+    StreamSlots,
+    bearer_tokens,
+    check,
+    id_problem,
+    path_problem,
+    strict_query,
+)
+from .sse import HEADERS, EventStreamResponse, run_error, stream_run
 
 NO_STORE = {"Cache-Control": "no-store"}
 
@@ -65,19 +76,29 @@ async def thread_state(tl: ThreadLog, thread_id: str) -> dict:
     return {"messages": messages, "activeRun": active, "interrupts": interrupts}
 
 
-def _resume_offset(request: Request) -> str:
+def _resume_offset(request: Request, query: dict[str, str]) -> str:
     # An empty Last-Event-ID is the SSE way of saying "no id": fall back to the query.
     last = request.headers.get("last-event-id")
     if last:
         return last
-    return request.query_params.get("offset") or "-1"
+    return query.get("offset") or "-1"
 
 
-def routes(get_tl: Callable[[], ThreadLog], path: str = "/api/chat") -> list[Route]:
-    """The durability route at `path` plus the REST routes, reading through `get_tl()`."""
+def routes(get_tl: Callable[[], ThreadLog], path: str = "/api/chat", *,
+           authorize: Authorize | None = None, limits: Limits | None = None,
+           streams: StreamSlots | None = None) -> list[Route]:
+    """The durability route at `path` plus the REST routes, reading through `get_tl()`.
+
+    `authorize(request, thread_id=..., run_id=...)` is asked before every read
+    (threadlog/http/guard.py); `limits` bound ids and (with `streams`, shared
+    by every route set of one server) open SSE streams."""
+    limits = limits or Limits()
+    streams = streams or StreamSlots(limits.max_streams)
 
     async def durability(request: Request) -> Response:
-        q = request.query_params
+        q = strict_query(request)
+        if isinstance(q, str):
+            return _bad_request(q)
         thread_id = q.get("threadId")
         run_id = q.get("runId")
         if run_id is None and thread_id is None:
@@ -85,16 +106,53 @@ def routes(get_tl: Callable[[], ThreadLog], path: str = "/api/chat") -> list[Rou
         if run_id is not None and thread_id is not None:
             return _bad_request("give either threadId (hydrate) or runId (join a run), not both")
         if thread_id is not None:
-            return await _thread(get_tl(), thread_id)
+            return await _thread(get_tl(), thread_id, request)
         if run_id is not None:
-            return _stream(get_tl(), run_id, request)
+            return await _stream(get_tl(), run_id, request, q)
         return _bad_request("query must name a threadId (hydrate) or a runId (join a run's stream)")
 
     async def run_stream(request: Request) -> Response:
-        return _stream(get_tl(), request.path_params["run_id"], request)
+        q = strict_query(request)
+        if isinstance(q, str):
+            return _bad_request(q)
+        problem = path_problem(request)
+        if problem:
+            return _bad_request(problem)
+        return await _stream(get_tl(), request.path_params["run_id"], request, q)
 
     async def thread(request: Request) -> Response:
-        return await _thread(get_tl(), request.path_params["thread_id"])
+        problem = path_problem(request)
+        if problem:
+            return _bad_request(problem)
+        return await _thread(get_tl(), request.path_params["thread_id"], request)
+
+    async def _thread(tl: ThreadLog, thread_id: str, request: Request) -> Response:
+        problem = id_problem(thread_id, "threadId", limits)
+        if problem:
+            return _bad_request(problem)
+        denied = await check(authorize, request, thread_id=thread_id)
+        if denied is not None:
+            return _denied_json(denied)
+        try:
+            body = await thread_state(tl, thread_id)
+        except ThreadLogError as exc:
+            status = 400 if exc.code == INVALID_ARGUMENT else 503
+            return JSONResponse({"error": {"code": exc.code, "message": exc.message}}, status_code=status,
+                                headers=NO_STORE)
+        return JSONResponse(body, headers=NO_STORE)
+
+    async def _stream(tl: ThreadLog, run_id: str, request: Request, query: dict[str, str]) -> Response:
+        problem = id_problem(run_id, "runId", limits)
+        if problem:
+            return _bad_request(problem)
+        denied = await check(authorize, request, run_id=run_id)
+        if denied is not None:
+            # An event stream all the same: SSE clients read the RUN_ERROR's code.
+            return Response(run_error(run_id, denied.code, denied.message), status_code=denied.status,
+                            media_type="text/event-stream; charset=utf-8", headers={**HEADERS, **denied.headers})
+        # From here on every outcome is an event stream: errors are RUN_ERROR events.
+        return EventStreamResponse(stream_run(tl.delivery(run_id), _resume_offset(request, query)),
+                                   attached(tl), streams)
 
     return [
         Route(path, durability, methods=["GET"]),
@@ -103,23 +161,9 @@ def routes(get_tl: Callable[[], ThreadLog], path: str = "/api/chat") -> list[Rou
     ]
 
 
-async def _thread(tl: ThreadLog, thread_id: str) -> Response:
-    if not is_valid_id(thread_id):
-        return _bad_request(f"threadId must be a non-empty id, got {thread_id!r}")
-    try:
-        body = await thread_state(tl, thread_id)
-    except ThreadLogError as exc:
-        status = 400 if exc.code == INVALID_ARGUMENT else 503
-        return JSONResponse({"error": {"code": exc.code, "message": exc.message}}, status_code=status,
-                            headers=NO_STORE)
-    return JSONResponse(body, headers=NO_STORE)
-
-
-def _stream(tl: ThreadLog, run_id: str, request: Request) -> Response:
-    if not is_valid_id(run_id):
-        return _bad_request(f"runId must be a non-empty id, got {run_id!r}")
-    # From here on every outcome is an event stream: errors are RUN_ERROR events.
-    return EventStreamResponse(stream_run(tl.delivery(run_id), _resume_offset(request)), attached(tl))
+def _denied_json(denied: Denied) -> JSONResponse:
+    return JSONResponse({"error": {"code": denied.code, "message": denied.message}}, status_code=denied.status,
+                        headers={**NO_STORE, **denied.headers})
 
 
 async def _json_error(request: Request, exc: Exception) -> Response:
@@ -135,6 +179,9 @@ def create_app(
     bootstrap_servers: str | None = None,
     namespace: str = "threadlog",
     path: str = "/api/chat",
+    authorize: Authorize | None = None,
+    token_file: str | None = None,
+    limits: Limits | None = None,
     **open_options: Any,
 ) -> Starlette:
     """An ASGI app serving the routes. Pass an open `tl`, or connection options
@@ -142,9 +189,18 @@ def create_app(
 
     Also `/metrics` (Prometheus text, the client's own registry: threadlog/metrics.py),
     `/healthz` and `/readyz`, and one access log line per request
-    (logger `threadlog.access`, INFO)."""
+    (logger `threadlog.access`, INFO).
+
+    `authorize`: the hook asked before every read (threadlog/http/guard.py);
+    `token_file`: bearer-token mode instead (one token per line). `limits`:
+    id length, body size and open SSE streams (`Limits()` defaults)."""
     if tl is None and bootstrap_servers is None:
         raise ValueError("create_app needs an open ThreadLog or bootstrap_servers")
+    if authorize is not None and token_file is not None:
+        raise ValueError("give authorize or token_file, not both")
+    if token_file is not None:
+        authorize = bearer_tokens(token_file)
+    limits = limits or Limits()
     holder: dict[str, Any] = {}
 
     def instrument(client: ThreadLog) -> None:
@@ -172,9 +228,13 @@ def create_app(
         return holder["tl"]
 
     ops = ops_routes(lambda: holder.get("metrics"), lambda: holder.get("ready"))
-    app = Starlette(routes=[*ops, *routes(get_tl, path)], lifespan=lifespan,
+    streams = StreamSlots(limits.max_streams)
+    app = Starlette(routes=[*ops, *routes(get_tl, path, authorize=authorize, limits=limits, streams=streams)],
+                    lifespan=lifespan,
                     exception_handlers={HTTPException: _json_error, Exception: _json_error})
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     app.add_middleware(AccessLog, metrics_of=lambda: holder.get("metrics"))
+    app.state.streams = streams  # .open: SSE streams open now
     app.state.ops = holder  # "metrics", "ready": threadlog serve marks readiness draining on SIGTERM
     if tl is not None:
         app.state.threadlog = tl

@@ -19,12 +19,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
-from starlette.responses import StreamingResponse
+from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..delivery import DeliveryLog
 from ..errors import ThreadLogError
 from ..metrics import Metrics
+from .guard import TOO_MANY_STREAMS, StreamSlots
 
 TERMINAL = frozenset({"RUN_FINISHED", "RUN_ERROR"})
 INCOMPLETE = "RUN_INCOMPLETE"  # code of the synthetic error: closed without a terminal chunk
@@ -108,16 +109,31 @@ class EventStreamResponse(StreamingResponse):
 
     media_type = "text/event-stream"
 
-    def __init__(self, content: AsyncIterator[bytes], metrics: Metrics | None = None) -> None:
+    def __init__(self, content: AsyncIterator[bytes], metrics: Metrics | None = None,
+                 slots: StreamSlots | None = None) -> None:
         super().__init__(content, media_type="text/event-stream; charset=utf-8", headers=HEADERS)
         self.metrics = metrics
+        self.slots = slots
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.metrics is None:
-            await self._serve(receive, send)
+        # The stream's slot is taken and given back here, around the whole
+        # stream: whatever ends it (the log, a disconnect, an error) frees it.
+        if self.slots is not None and not self.slots.take():
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]  # never started: nothing read
+            busy = JSONResponse({"error": {"code": TOO_MANY_STREAMS,
+                                           "message": f"{self.slots.limit} event streams are open; retry later"}},
+                                status_code=503, headers={"Cache-Control": "no-store", "Retry-After": "1"})
+            await busy(scope, receive, send)
             return
-        with self.metrics.sse_stream():
-            await self._serve(receive, send)
+        try:
+            if self.metrics is None:
+                await self._serve(receive, send)
+                return
+            with self.metrics.sse_stream():
+                await self._serve(receive, send)
+        finally:
+            if self.slots is not None:
+                self.slots.give()
 
     async def _serve(self, receive: Receive, send: Send) -> None:
         async with anyio.create_task_group() as tg:

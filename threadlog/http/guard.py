@@ -1,0 +1,246 @@
+"""Who may read what, and how much one server takes: the HTTP routes' gatekeeping.
+
+Authorization. `authorize(request, thread_id=..., run_id=...)` (sync or async;
+one of the ids is None) is asked before every hydration, SSE join and REST
+read, after the ids were checked:
+- `True` allows;
+- `False` denies: 403 `PERMISSION_DENIED`;
+- `raise Denied(...)` denies with its status and code (`unauthenticated()`:
+  401 `UNAUTHENTICATED`, with `WWW-Authenticate: Bearer`);
+- anything else it raises is a 500 `INTERNAL` (fail closed, never allowed).
+A denied hydration is a JSON error; a denied SSE join is an event stream with
+one `RUN_ERROR` event carrying the code, under the same 401/403 status.
+
+`bearer_tokens(path)` is the ready-made hook of `threadlog serve --token-file`.
+
+Limits (`Limits`): ids at most `max_id_bytes` UTF-8 bytes, request bodies at
+most `max_body_bytes`, at most `max_streams` SSE streams open server-wide.
+"""
+
+from __future__ import annotations
+
+import hmac
+import inspect
+import threading
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+
+# Stable codes of the HTTP layer (README "HTTP", docs/reference.md).
+UNAUTHENTICATED = "UNAUTHENTICATED"      # 401: no or unknown credentials
+PERMISSION_DENIED = "PERMISSION_DENIED"  # 403: known caller, not this thread/run
+TOO_MANY_STREAMS = "TOO_MANY_STREAMS"    # 503: max_streams SSE streams already open
+PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"  # 413: a body over max_body_bytes
+
+Authorize = Callable[..., "bool | Awaitable[bool]"]
+SHOWN = 64  # characters of a rejected id quoted back in a message
+
+
+class Denied(Exception):
+    """Raised by an authorize hook to deny with a given status and code."""
+
+    def __init__(self, message: str = "forbidden", *, status: int = 403,
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.code = code or (UNAUTHENTICATED if status == 401 else PERMISSION_DENIED)
+        self.headers = headers or {}
+
+
+def unauthenticated(message: str = "missing or invalid bearer token") -> Denied:
+    return Denied(message, status=401, headers={"WWW-Authenticate": "Bearer"})
+
+
+async def check(authorize: Authorize | None, request: Request, *, thread_id: str | None = None,
+                run_id: str | None = None) -> Denied | None:
+    """None if allowed, else why not. A hook's own bug propagates (500)."""
+    if authorize is None:
+        return None
+    try:
+        verdict = authorize(request, thread_id=thread_id, run_id=run_id)
+        if inspect.isawaitable(verdict):
+            verdict = await verdict
+    except Denied as exc:
+        return exc
+    if verdict is True:
+        return None
+    if verdict is False:
+        return Denied("not allowed to read this " + ("thread" if thread_id is not None else "run"))
+    raise TypeError(f"authorize must return True or False, got {type(verdict).__name__}")
+
+
+def read_tokens(path: str | Path) -> list[bytes]:
+    """Tokens of a token file: one per line; blank lines and `#` comments skipped."""
+    tokens = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            tokens.append(line.encode("utf-8"))
+    if not tokens:
+        raise ValueError(f"token file {path} holds no token")
+    return tokens
+
+
+def bearer_tokens(path: str | Path) -> Authorize:
+    """An authorize hook: `Authorization: Bearer <token>` must be one of the file's
+    tokens (read once, here). Any valid token reads every thread and run.
+    Compared in constant time against every token; a token is never logged."""
+    tokens = read_tokens(path)
+
+    def authorize(request: Request, *, thread_id: str | None = None, run_id: str | None = None) -> bool:
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            raise unauthenticated("an Authorization: Bearer <token> header is required")
+        candidate = given.strip().encode("utf-8", "surrogateescape")
+        ok = False
+        for token in tokens:  # no early exit: the time does not say which token was close
+            ok |= hmac.compare_digest(candidate, token)
+        if not ok:
+            raise unauthenticated("invalid bearer token")
+        return True
+
+    return authorize
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_id_bytes: int = 1024
+    max_body_bytes: int = 64 * 1024
+    max_streams: int = 1000
+
+    def __post_init__(self) -> None:
+        for name in ("max_id_bytes", "max_body_bytes", "max_streams"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def shown(value: str) -> str:
+    """An id as quoted in an error message: never more than SHOWN characters."""
+    return repr(value if len(value) <= SHOWN else value[:SHOWN] + "...")
+
+
+def id_problem(value: str | None, label: str, limits: Limits) -> str | None:
+    """Why `value` is not an acceptable id here (None if it is)."""
+    if value is None:
+        return None
+    if not value:
+        return f"{label} must be a non-empty id"
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        return f"{label} must be well-formed Unicode, got {shown(value)}"
+    if size > limits.max_id_bytes:
+        return f"{label} is {size} bytes, more than the {limits.max_id_bytes} allowed: {shown(value)}"
+    return None
+
+
+def strict_query(request: Request) -> dict[str, str] | str:
+    """The query parameters decoded strictly as UTF-8 (the first of a repeated
+    name wins), or why not: Starlette turns invalid percent-encodings into U+FFFD,
+    so two different ids could read the same state."""
+    try:
+        pairs = urllib.parse.parse_qsl(request.scope.get("query_string", b"").decode("latin-1"),
+                                       keep_blank_values=True, encoding="utf-8", errors="strict")
+    except UnicodeDecodeError:
+        return "the query string has a percent-encoding that is not UTF-8"
+    out: dict[str, str] = {}
+    for name, value in pairs:
+        out.setdefault(name, value)
+    return out
+
+
+def path_problem(request: Request) -> str | None:
+    """Why the raw path is not strict UTF-8 once percent-decoded (None if it is)."""
+    raw = request.scope.get("raw_path")
+    if raw is None:
+        return None
+    try:
+        urllib.parse.unquote_to_bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        return "the path has a percent-encoding that is not UTF-8"
+    return None
+
+
+class StreamSlots:
+    """At most `limit` SSE streams open at once (server-wide; thread-safe)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            if self.open >= self.limit:
+                return False
+            self.open += 1
+            return True
+
+    def give(self) -> None:
+        with self._lock:
+            self.open -= 1
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `max_bytes` is a 413 JSON, by its
+    Content-Length before anything runs, or (chunked) once it grows past it."""
+
+    def __init__(self, app: Callable, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            await _too_large(send, self.max_bytes)
+            return
+        seen = 0
+        started = False
+
+        async def counting() -> Any:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooLarge
+            return message
+
+        async def sending(message: dict) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counting, sending)
+        except _TooLarge:
+            if not started:
+                await _too_large(send, self.max_bytes)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _too_large(send: Callable, max_bytes: int) -> None:
+    from starlette.responses import JSONResponse
+
+    response = JSONResponse({"error": {"code": PAYLOAD_TOO_LARGE,
+                                       "message": f"request body over {max_bytes} bytes"}},
+                            status_code=413, headers={"Cache-Control": "no-store", "Connection": "close"})
+    await response({"type": "http"}, _no_receive, send)
+
+
+async def _no_receive() -> dict:
+    return {"type": "http.disconnect"}
+
