@@ -564,7 +564,8 @@ def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: di
             raise _Blocked(*missing)
         return sorted(found)
 
-    ctx = Context(now=now, key=env["key"], command_id=env["proposalId"], partition=p, view=child, holders=holders)
+    ctx = Context(now=now, key=env["key"], command_id=env["proposalId"], partition=p, view=child, holders=holders,
+                  partitions=partitions)
     try:
         decision = handler(ctx, payload)
         effects = _fold_effects(ctx, p, offset, decision)

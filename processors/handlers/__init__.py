@@ -73,6 +73,9 @@ class Context:
     # the proposal names (projections/global_ids.py). The only way a handler
     # may learn anything about another partition.
     holders: Callable[[str, str], list[str]]
+    # How many partitions `<ns>.events` has: rules about "this partition's own
+    # share" of an index (blob GC fences) filter by it.
+    partitions: int = 0
 
 
 Handler = Callable[[Context, dict], Decision]
