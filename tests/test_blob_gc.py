@@ -186,6 +186,44 @@ async def test_a_collect_needs_its_claim_and_a_fence_on_every_partition(tl):
     assert await within(tl.blobs.head(key)) is None
 
 
+async def test_an_append_the_collect_cannot_see_is_refused_by_the_fence(tl):
+    # The interleaving that breaks a naive sweep, made deterministic: the
+    # collect names positions taken BEFORE an append that references the blob
+    # (a slow proposer does exactly that), so it cannot see that reference.
+    # The fence on the append's own partition is what refuses the append.
+    n = tl.runtime.layout.events
+    key, sweep = file_key("7"), "s-race"
+    rec = await within(tl.blobs.put(key, b"seven"))
+    await within(tl.send("threadlog.cmd.ClaimBlobForGc", blob_state.partition_key(key),
+                         {"key": key, "sweepId": sweep, "version": rec["etag"], "graceMs": 0}))
+    for q in range(n):
+        await within(tl.send("threadlog.cmd.FenceBlobsForGc", gc.fence_key(sweep, q, n),
+                             {"sweepId": sweep, "keys": [key], "held": True}))
+    positions = await events_end(tl)  # what the collect will name
+    lease = await within(tl.checkpoints.acquire_writer("late"))
+    appended = None
+    try:
+        appended = await within(tl.checkpoints.append(checkpoint=cp_with("late-1", "late", None, [key]),
+                                                      expected_head_id=None, writer=lease))
+    except ThreadLogError as exc:
+        assert exc.code == "BLOB_BEING_COLLECTED", exc
+    fresh = tl.bus.end_offsets
+
+    async def stale() -> dict[int, int]:
+        return positions
+
+    tl.bus.end_offsets = stale
+    try:
+        verdict = await within(tl.send("threadlog.cmd.CollectBlob", blob_state.partition_key(key),
+                                       {"key": key, "sweepId": sweep, "version": rec["etag"]}))
+    finally:
+        tl.bus.end_offsets = fresh
+    assert verdict == {"deleted": True, "size": 5}  # nothing it can see references the blob
+    # The invariant: a stored checkpoint never references a deleted blob.
+    assert appended is None and await within(tl.checkpoints.get("late-1")) is None
+    assert await within(tl.checkpoints.list_blob_references()) == []
+
+
 async def test_race_appends_referencing_blobs_while_sweeps_run_never_lose_a_referenced_blob(open_client):
     tl = await open_client()
     n = tl.runtime.layout.events
