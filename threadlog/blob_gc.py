@@ -27,14 +27,14 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from . import kafka_config
-from .errors import ThreadLogError, invalid_argument
+from .errors import invalid_argument, unavailable
 from .processors.handlers.blob_gc import MAX_FENCE_KEYS
 from .producers.blob_chunks import CHUNK_TYPE, is_version
 from .projections.folds import blob_gc as gc
@@ -100,9 +100,10 @@ class _Sweep:
         clock = self.tl.opts.clock
         return clock() if clock is not None else time.time() * 1000.0
 
-    async def _bounded(self, make: Callable[[], Awaitable[_T]]) -> _T:
+    async def _bounded(self, call: Awaitable[_T]) -> _T:
+        """Await `call` (a coroutine not started yet) once one of the sweep's slots is free."""
         async with self._sem:
-            return await make()
+            return await call
 
     async def run(self) -> GcReport:
         r = self.report
@@ -143,7 +144,7 @@ class _Sweep:
         if not leftovers:
             return
         keys = sorted({k for f in leftovers for k in f["keys"]})
-        await asyncio.gather(*(self._bounded(lambda k=k: self._claim(k, self.id, None)) for k in keys))
+        await asyncio.gather(*(self._bounded(self._claim(k, self.id, None)) for k in keys))
         by_sweep: dict[str, list[str]] = {}
         for f in leftovers:
             by_sweep.setdefault(f["sweepId"], []).append(f["fenceKey"])
@@ -154,7 +155,7 @@ class _Sweep:
 
     async def _collect(self, versions: dict[str, str]) -> None:
         r = self.report
-        claimed = await asyncio.gather(*(self._bounded(lambda k=k, v=v: self._claim(k, self.id, v))
+        claimed = await asyncio.gather(*(self._bounded(self._claim(k, self.id, v))
                                          for k, v in versions.items()))
         collectible = [k for k, ok in zip(versions, claimed, strict=True) if ok]
         if len(collectible) < len(versions):
@@ -163,7 +164,7 @@ class _Sweep:
             return
         await self._fence(self.id, collectible, True)
         # Proposed only now: each collect's `seen` lies past every fence.
-        results = await asyncio.gather(*(self._bounded(lambda k=k: self.tl.send(
+        results = await asyncio.gather(*(self._bounded(self.tl.send(
             "threadlog.cmd.CollectBlob", blob_state.partition_key(k),
             {"key": k, "sweepId": self.id, "version": versions[k]})) for k in collectible), return_exceptions=True)
         unsettled = []
@@ -207,7 +208,7 @@ class _Sweep:
                 r.abandoned_reclaimed += 1
                 r.abandoned_bytes += info["bytes"]
 
-        await asyncio.gather(*(self._bounded(lambda o=o: abandon(*o)) for o in orphans))
+        await asyncio.gather(*(self._bounded(abandon(*o)) for o in orphans))
 
 
 def _layouts(state: Any) -> list[tuple[str, dict]]:
@@ -245,13 +246,16 @@ def _scan_chunks(tl: ThreadLog) -> dict[tuple[str, str], dict]:
         pending = dict(ends)
         while pending:
             if time.monotonic() > deadline:
-                raise ThreadLogError("UNAVAILABLE", f"reading {topic} for abandoned chunks timed out")
+                raise unavailable(f"reading {topic} for abandoned chunks timed out")
             for msg in consumer.consume(500, 1.0):
-                p = msg.partition()
-                if msg.error() is not None:
-                    eof = msg.error().code() == KafkaError._PARTITION_EOF
-                    if eof and p in pending and msg.offset() >= pending[p]:
-                        del pending[p]
+                part = msg.partition()
+                offset = msg.offset()
+                err = msg.error()
+                if part is None or offset is None:
+                    continue
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF and part in pending and offset >= pending[part]:
+                        del pending[part]
                     continue
                 k = msg.key()
                 if k is not None:
@@ -261,9 +265,8 @@ def _scan_chunks(tl: ThreadLog) -> dict[tuple[str, str], dict]:
                         live.pop(ck, None)
                     else:
                         live[ck] = (_content_bytes(rt.codec, value), msg.timestamp()[1])
-                assert p is not None
-                if p in pending and msg.offset() + 1 >= pending[p]:
-                    del pending[p]
+                if part in pending and offset + 1 >= pending[part]:
+                    del pending[part]
     finally:
         consumer.close()
     found: dict[tuple[str, str], dict] = {}
