@@ -66,7 +66,8 @@ Others = Callable[[int, str, str, int], "list[str] | None"]
 
 # The judging rules this code implements (Proposal.rules). A proposal naming a
 # newer version is not guessed at: its partition stops until judges are upgraded.
-RULES = 2
+# 3: blob garbage collection (processors/handlers/blob_gc.py).
+RULES = 3
 
 # How far a proposal's own time may run ahead of the broker's clock (its
 # LogAppendTime). Time only ever moves forward per partition, so a proposer

@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, Message, Producer
-from threadlog.processors.handlers import reads_other_partitions
+from threadlog.processors.handlers import reads_other_partitions, rules_of
 from threadlog.schemas import Codec
 
 from threadlog import kafka_config
@@ -125,7 +125,7 @@ class ProposalBus:
             "key": key,
             "type": type_name,
             "at": float(self.clock()),
-            "rules": 2,
+            "rules": rules_of(type_name),
             "seen": seen,
             "payload": payload,
         }

@@ -83,18 +83,31 @@ HANDLERS: dict[str, Handler] = {}
 # Proposal types whose rules ask `ctx.holders` (ids held on other partitions):
 # their proposers attach the positions those answers are judged at.
 GLOBAL_READS: set[str] = set()
+# Proposal types a judge older than these rules cannot judge (processors/judge.py
+# RULES): their proposals name that version, so an old judge stops the partition
+# until it is upgraded instead of refusing them (which an upgraded judge would
+# not): verdicts never depend on which judge decided.
+NEWER_RULES: dict[str, int] = {}
+BASE_RULES = 2
 
 
-def handles(type_name: str, *, global_ids: bool = False) -> Callable[[Handler], Handler]:
+def handles(type_name: str, *, global_ids: bool = False, rules: int = BASE_RULES) -> Callable[[Handler], Handler]:
     def register(fn: Handler) -> Handler:
         if type_name in HANDLERS:
             raise RuntimeError(f"two handlers for {type_name}")
         HANDLERS[type_name] = fn
         if global_ids:
             GLOBAL_READS.add(type_name)
+        if rules > BASE_RULES:
+            NEWER_RULES[type_name] = rules
         return fn
 
     return register
+
+
+def rules_of(type_name: str) -> int:
+    """The judging rules a proposal of this type needs (Proposal.rules)."""
+    return NEWER_RULES.get(type_name, BASE_RULES)
 
 
 def reads_other_partitions(type_name: str) -> bool:

@@ -72,7 +72,7 @@ def require_unfenced(ctx: Context, blob_keys: list[str]) -> None:
                                  "window): put it again, then retry")
 
 
-@handles("threadlog.cmd.ClaimBlobForGc")
+@handles("threadlog.cmd.ClaimBlobForGc", rules=3)
 def claim(ctx: Context, cmd: dict) -> Decision:
     key = _blob_key(ctx, cmd)
     sweep = _sweep_id(cmd)
@@ -89,7 +89,7 @@ def claim(ctx: Context, cmd: dict) -> Decision:
     return Decision(events=[("threadlog.evt.BlobGcClaimed", ev)], result={"collectible": collectible})
 
 
-@handles("threadlog.cmd.FenceBlobsForGc")
+@handles("threadlog.cmd.FenceBlobsForGc", rules=3)
 def fence(ctx: Context, cmd: dict) -> Decision:
     sweep = _sweep_id(cmd)
     if ctx.partitions <= 0 or ctx.key != gc.fence_key(sweep, ctx.partition, ctx.partitions):
@@ -113,7 +113,7 @@ def fence(ctx: Context, cmd: dict) -> Decision:
     return Decision(events=[("threadlog.evt.BlobGcFenced", ev)], result={"held": cmd["held"]})
 
 
-@handles("threadlog.cmd.CollectBlob", global_ids=True)
+@handles("threadlog.cmd.CollectBlob", global_ids=True, rules=3)
 def collect(ctx: Context, cmd: dict) -> Decision:
     key = _blob_key(ctx, cmd)
     sweep = _sweep_id(cmd)
