@@ -83,7 +83,11 @@ def claim(ctx: Context, cmd: dict) -> Decision:
     if grace < 0:
         raise invalid_argument(f"graceMs must be >= 0, got {grace}")
     current = state.current_layout(ctx.view, key)
-    collectible = (current is not None and version is not None and current["version"] == version
+    if current is None:
+        # Nothing to collect, nothing to seal: any collect of the key is refused
+        # ("replaced") until a put, whose new version no earlier sweep names.
+        return Decision(result={"collectible": False})
+    collectible = (version is not None and current["version"] == version
                    and math.floor(ctx.now) - current["record"]["updatedAt"] >= grace)
     ev = {"key": key, "sweepId": sweep, "version": version if collectible else None}
     return Decision(events=[("threadlog.evt.BlobGcClaimed", ev)], result={"collectible": collectible})

@@ -16,6 +16,7 @@ from typing import Any
 from ..fold import EventMeta, folds
 from ..keys import enc_str, key
 from ..view import View
+from . import blob_gc
 
 # The NUL after "blob" keeps these tags from prefixing any other domain's keys
 # (key(b"blob", s) escapes a NUL in s), and a prefix scan of RECORD from
@@ -79,3 +80,5 @@ def blob_put(view: View, meta: EventMeta, ev: dict) -> None:
 def blob_deleted(view: View, meta: EventMeta, ev: dict) -> None:
     view.delete(record_key(ev["key"]))
     view.delete(layout_key(ev["key"]))
+    # A GC claim only matters while its blob exists (folds/blob_gc.py).
+    view.delete(blob_gc.claim_key(ev["key"]))
