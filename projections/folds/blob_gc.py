@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 
+from threadlog.partitioning import partition_for
+
 from .. import global_ids
 from ..fold import EventMeta, folds
 from ..keys import key
@@ -35,8 +37,6 @@ def fence_key(sweep_id: str, partition: int, partitions: int) -> str:
     judge of a collect recomputes every fence key from the sweep id alone and
     a forged payload cannot name fewer partitions than exist.
     """
-    from threadlog.partitioning import partition_for  # no cycle at import time
-
     n = 0
     while True:
         candidate = f"blob-gc:{sweep_id}:{n}"
