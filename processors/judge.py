@@ -566,7 +566,7 @@ def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: di
         return sorted(found)
 
     ctx = Context(now=now, key=env["key"], command_id=env["proposalId"], partition=p, view=child, holders=holders,
-                  partitions=partitions)
+                  partitions=partitions, offset=offset, seen=list(seen) if len(seen) == partitions else [])
     try:
         decision = handler(ctx, payload)
         effects = _fold_effects(ctx, p, offset, decision)

@@ -47,6 +47,8 @@ GENERATION_RUN = "gen"
 # and the GC fences (keyed by fence key) standing on a blob key.
 BLOB_REF = "bref"
 BLOB_GC_FENCE = "bgcf"
+# Whether a blob key exists (held by its partition key `blob:<key>`), by offset.
+BLOB_EXISTS = "bex"
 
 
 def _prefix(kind: str, ident: str) -> bytes:

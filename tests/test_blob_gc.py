@@ -226,6 +226,42 @@ async def test_an_append_the_collect_cannot_see_is_refused_by_the_fence(tl):
     assert await within(tl.checkpoints.list_blob_references()) == []
 
 
+async def test_after_the_fences_come_down_a_collected_key_needs_a_put_the_append_has_seen(tl):
+    # A proposer that read its positions before the collect (a slow one) still
+    # sees the deleted version as existing: the marker the fence left refuses
+    # it, until it names positions past the collect at which the key exists.
+    key = file_key("8")
+    await within(tl.blobs.put(key, b"eight"))
+    before = await events_end(tl)
+    assert (await within(tl.blobs.gc(grace_ms=0))).deleted_keys == [key]
+    assert gc.standing_fences(tl.state) == []
+    n = tl.runtime.layout.events
+    # On another partition than the blob's (on the same one, the log orders the put and the append).
+    thread = next(f"slow{i}" for i in range(1000)
+                  if partition_for(f"slow{i}", n) != partition_for(blob_state.partition_key(key), n))
+    lease = await within(tl.checkpoints.acquire_writer(thread))
+
+    def append():
+        return tl.checkpoints.append(checkpoint=cp_with("slow-1", thread, None, [key]), expected_head_id=None,
+                                     writer=lease)
+
+    err = await refused(append(), "BLOB_BEING_COLLECTED")  # gone, and not put again
+    assert "garbage-collected" in err.message
+    await within(tl.blobs.put(key, b"eight again"))
+    fresh = tl.bus.end_offsets
+
+    async def stale() -> dict[int, int]:
+        return before
+
+    tl.bus.end_offsets = stale
+    try:
+        await refused(append(), "BLOB_BEING_COLLECTED")  # its positions predate the collect
+    finally:
+        tl.bus.end_offsets = fresh
+    assert await within(append()) == "slow-1"
+    assert (await within(tl.blobs.get(key)))["body"] == b"eight again"
+
+
 async def test_race_appends_referencing_blobs_while_sweeps_run_never_lose_a_referenced_blob(open_client):
     tl = await open_client()
     n = tl.runtime.layout.events

@@ -134,9 +134,20 @@ class _Sweep:
         return bool(result["collectible"])
 
     async def _fence(self, sweep: str, keys: list[str], held: bool, fence_keys: list[str] | None = None) -> None:
+        """Raise the fence on `keys` on every partition, or lower it (leaving, for
+        each key a collect ever deleted, a marker of where: handlers/blob_gc.py)."""
         where = fence_keys or [gc.fence_key(sweep, q, self.partitions) for q in range(self.partitions)]
+        collected: dict[str, int] = {}
+        if not held:
+            # Read after every collect of these keys was settled (judged, or sealed).
+            await self.tl.read_barrier([blob_state.partition_key(k) for k in keys] or None)
+            for k in keys:
+                offset = gc.collected_at(self.tl.state, k)
+                if offset is not None:
+                    collected[k] = offset
         await asyncio.gather(*(self.tl.send("threadlog.cmd.FenceBlobsForGc", k,
-                                            {"sweepId": sweep, "keys": keys if held else [], "held": held})
+                                            {"sweepId": sweep, "keys": keys if held else [], "held": held,
+                                             "collected": collected})
                                for k in where))
 
     async def _recover(self, leftovers: list[dict]) -> None:
@@ -149,7 +160,8 @@ class _Sweep:
         for f in leftovers:
             by_sweep.setdefault(f["sweepId"], []).append(f["fenceKey"])
         for sweep, fence_keys in by_sweep.items():
-            await self._fence(sweep, [], False, fence_keys)
+            swept = sorted({k for f in leftovers if f["sweepId"] == sweep for k in f["keys"]})
+            await self._fence(sweep, swept, False, fence_keys)
         self.report.fences_recovered = len(leftovers)
         log.info("blob gc %s: lowered %d fence(s) left by earlier sweeps", self.id, len(leftovers))
 
@@ -189,7 +201,7 @@ class _Sweep:
                 log.warning("blob gc %s: %d collect(s) could not be settled; fences stay until the next sweep",
                             self.id, len(failed))
                 return
-        await self._fence(self.id, [], False)
+        await self._fence(self.id, collectible, False)
 
     async def _abandoned(self, current: dict[str, str]) -> None:
         r = self.report

@@ -18,13 +18,19 @@ delete is judged in three steps, each in log order:
    partition as of s_q, and no thread on any partition references B as of
    s_q (the reference history of the global id index).
 
+4. The fence comes down (only once every collect of the sweep is settled:
+   judged, or sealed by a later claim), leaving on q, for each key a collect
+   deleted at offset c of B's partition, a marker: from then on a checkpoint
+   of q naming B is accepted only if the positions it names lie past c and B
+   exists again as of them (a put after the collect).
+
 Why no referenced blob is deleted: take any checkpoint referencing B judged
 on q at offset a. If a < s_q, the collect sees its reference (unless that
 checkpoint was deleted before s_q: then B is not referenced). If a >= s_q,
-then a > f_q, so the fence stood on q when a was judged -- the sweep lowers
-fences only after every collect of its sweep is settled, a later sweep only
-after sealing B with its own claim -- and the checkpoint was refused. Every
-step is a verdict over fixed log positions, the same for every judge.
+then a > f_q: while the fence stands the checkpoint is refused; after it came
+down the collect is settled, and if it deleted B the marker admits the
+checkpoint only if it saw a put of B after the delete. Every step is a
+verdict over fixed log positions, the same for every judge.
 """
 
 from __future__ import annotations
@@ -70,6 +76,23 @@ def require_unfenced(ctx: Context, blob_keys: list[str]) -> None:
             raise ThreadLogError(BLOB_BEING_COLLECTED,
                                  f"blob {blob!r} is being garbage-collected (unreferenced and older than the grace "
                                  "window): put it again, then retry")
+        collected = gc.marker(ctx.view, blob, ctx.partition)
+        if collected is not None and not _exists_after(ctx, blob, collected):
+            raise ThreadLogError(BLOB_BEING_COLLECTED,
+                                 f"blob {blob!r} was garbage-collected: put it again, then retry")
+
+
+def _exists_after(ctx: Context, blob: str, collected: int) -> bool:
+    """Does `blob` exist again, as of positions the proposal names past the collect at `collected`?
+
+    The positions must lie past the collect: a proposer that read them before
+    it (a slow one) would see the deleted version as existing. Its own
+    partition is read as of now, which is past the collect.
+    """
+    home = partition_for(state.partition_key(blob), ctx.partitions) if ctx.partitions > 0 else -1
+    if home != ctx.partition and not (len(ctx.seen) > home >= 0 and ctx.seen[home] > collected):
+        return False
+    return bool(ctx.holders(gid.BLOB_EXISTS, blob))
 
 
 @handles("threadlog.cmd.ClaimBlobForGc", rules=3)
@@ -113,7 +136,12 @@ def fence(ctx: Context, cmd: dict) -> Decision:
         if standing is None:
             return Decision(result={"held": False})  # nothing stands: silent
         keys = standing["keys"]  # lowers exactly what stands
-    ev = {"sweepId": sweep, "fenceKey": ctx.key, "keys": sorted(set(keys)), "held": cmd["held"]}
+    collected = {} if cmd["held"] else dict(cmd.get("collected") or {})
+    for k, offset in collected.items():
+        if k not in keys or offset < 0:
+            raise invalid_argument(f"a lowered fence may mark only its own keys, at an offset >= 0: {k!r}: {offset}")
+    ev = {"sweepId": sweep, "fenceKey": ctx.key, "keys": sorted(set(keys)), "held": cmd["held"],
+          "collected": collected}
     return Decision(events=[("threadlog.evt.BlobGcFenced", ev)], result={"held": cmd["held"]})
 
 
@@ -135,7 +163,8 @@ def collect(ctx: Context, cmd: dict) -> Decision:
     if ctx.holders(gid.BLOB_REF, key):
         return Decision(result={"deleted": False, "reason": "referenced"})
     return Decision(
-        events=[("threadlog.evt.BlobDeleted", {"key": key, "version": version})],
+        events=[("threadlog.evt.BlobDeleted", {"key": key, "version": version}),
+                ("threadlog.evt.BlobGcCollected", {"key": key, "sweepId": sweep})],
         records=tombstones(key, current),
         result={"deleted": True, "size": current["record"]["size"]},
     )

@@ -9,6 +9,13 @@
   offset, is in the global id index (kind BLOB_GC_FENCE, "thread" = the fence
   key), so a collect decided on another partition reads it as of fixed
   positions.
+- COLLECTED (blob partition): `blob key -> offset` of the last collect that
+  deleted it; MARKER (each events partition): `(blob key, partition) ->` that
+  offset, left when the sweep lowers its fence. A checkpoint naming a marked
+  key is accepted only if it names positions past the collect and the key
+  exists again as of them (a put after the collect): the fence comes down,
+  but a slow proposer holding positions from before the delete never gets
+  a reference to a deleted blob through.
 - ABANDONED (blob partition): `(blob key, version)` of versions whose chunks
   were tombstoned without a commit; a late PutBlob naming one is refused.
 """
@@ -28,6 +35,8 @@ from ..view import View
 CLAIM = b"bgc\x00c"
 FENCE = b"bgc\x00f"
 ABANDONED = b"bgc\x00a"
+COLLECTED = b"bgc\x00d"
+MARKER = b"bgc\x00m"
 
 
 def fence_key(sweep_id: str, partition: int, partitions: int) -> str:
@@ -51,6 +60,26 @@ def claim_key(blob_key: str) -> bytes:
 
 def fence_record_key(fence: str) -> bytes:
     return key(FENCE, fence)
+
+
+def collected_key(blob_key: str) -> bytes:
+    return key(COLLECTED, blob_key)
+
+
+def marker_key(blob_key: str, partition: int) -> bytes:
+    return key(MARKER, blob_key, float(partition))
+
+
+def collected_at(view: StateReader, blob_key: str) -> int | None:
+    """The offset (on the blob's partition) of the last collect that deleted `blob_key`."""
+    raw = view.get(collected_key(blob_key))
+    return None if raw is None else int(raw)
+
+
+def marker(view: StateReader, blob_key: str, partition: int) -> int | None:
+    """The collect offset left on events partition `partition` for `blob_key`, if any."""
+    raw = view.get(marker_key(blob_key, partition))
+    return None if raw is None else int(raw)
 
 
 def abandoned_key(blob_key: str, version: str) -> bytes:
@@ -84,6 +113,15 @@ def fenced(view: View, meta: EventMeta, ev: dict) -> None:
         view.put_json(fence_record_key(fence), {"fenceKey": fence, "sweepId": ev["sweepId"], "keys": ev["keys"]})
     else:
         view.delete(fence_record_key(fence))
+        for blob, offset in (ev.get("collected") or {}).items():
+            k = marker_key(blob, meta.partition)
+            old = view.get(k)
+            view.put(k, str(max(offset, 0 if old is None else int(old))).encode())
+
+
+@folds("threadlog.evt.BlobGcCollected")
+def collected(view: View, meta: EventMeta, ev: dict) -> None:
+    view.put(collected_key(ev["key"]), str(meta.offset).encode())
 
 
 @folds("threadlog.evt.BlobVersionAbandoned")
