@@ -20,8 +20,9 @@ RUN_CLAIM_LOST = "RUN_CLAIM_LOST"
 RUN_LOG_CLOSED = "RUN_LOG_CLOSED"
 INVALID_OFFSET = "INVALID_OFFSET"
 # A checkpoint named a blob a garbage-collection sweep is deciding about right
-# now (threadlog/blob_gc.py): refused so the sweep can never delete a blob a
-# stored checkpoint references. Put the blob again and retry.
+# now, or one a sweep deleted that was not put again before the append began
+# (processors/handlers/blob_gc.py): refused so a stored checkpoint never names
+# a blob the sweep deleted. Put the blob again and retry.
 BLOB_BEING_COLLECTED = "BLOB_BEING_COLLECTED"
 UNAVAILABLE = "UNAVAILABLE"
 # A write reached (or may have reached) the log, but its verdict could not be
