@@ -271,14 +271,16 @@ async def test_race_appends_referencing_blobs_while_sweeps_run_never_lose_a_refe
     bodies = {k: k.encode() for k in keys}
     for k in keys:  # old and unreferenced: every one a candidate of every sweep
         await within(tl.blobs.put(k, bodies[k]))
-    rounds = 6
+    rounds, min_sweeps = 6, 8
     stats = {"refused": 0, "appended": 0, "deleted": 0, "sweeps": 0, "kept_referenced": 0}
     done = asyncio.Event()
 
     async def appender(thread: str, seed: int) -> None:
         rnd = random.Random(seed)
         head = None
-        for i in range(rounds):
+        i = 0
+        while i < rounds or stats["sweeps"] < min_sweeps:  # keep racing until the sweeps did too
+            i += 1
             chosen = rnd.sample(keys, 3)
             cid = f"{thread}-{i}"
             while True:
@@ -327,7 +329,7 @@ async def test_race_appends_referencing_blobs_while_sweeps_run_never_lose_a_refe
         assert got is not None and got["body"] == bodies[k], f"referenced blob {k} was deleted"
     refs = {r["key"] for r in await within(tl.checkpoints.list_blob_references())}
     assert refs == referenced
-    assert stats["sweeps"] >= 2 and stats["appended"] == rounds * len(threads)
+    assert stats["sweeps"] >= min_sweeps and stats["appended"] >= rounds * len(threads)
     assert stats["deleted"] > 0, stats  # the sweeps did collect while the appends ran
     print("race stats:", stats)
 
