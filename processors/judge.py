@@ -66,7 +66,8 @@ Others = Callable[[int, str, str, int], "list[str] | None"]
 
 # The judging rules this code implements (Proposal.rules). A proposal naming a
 # newer version is not guessed at: its partition stops until judges are upgraded.
-# 3: run heartbeats (threadlog.cmd.HeartbeatRun; claims set heartbeatAt).
+# 3: run heartbeats (threadlog.cmd.HeartbeatRun; claims set heartbeatAt) and blob
+#    garbage collection (processors/handlers/blob_gc.py).
 RULES = 3
 
 # How far a proposal's own time may run ahead of the broker's clock (its
@@ -565,7 +566,8 @@ def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: di
             raise _Blocked(*missing)
         return sorted(found)
 
-    ctx = Context(now=now, key=env["key"], command_id=env["proposalId"], partition=p, view=child, holders=holders)
+    ctx = Context(now=now, key=env["key"], command_id=env["proposalId"], partition=p, view=child, holders=holders,
+                  partitions=partitions, offset=offset, seen=list(seen) if len(seen) == partitions else [])
     try:
         decision = handler(ctx, payload)
         effects = _fold_effects(ctx, p, offset, decision)

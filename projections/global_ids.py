@@ -42,6 +42,13 @@ RUN = "run"
 INTERRUPT = "int"
 ARTIFACT = "art"
 GENERATION_RUN = "gen"
+# Not ids but the same question "who holds it, as of these positions", asked
+# by blob garbage collection: threads whose checkpoints reference a blob key,
+# and the GC fences (keyed by fence key) standing on a blob key.
+BLOB_REF = "bref"
+BLOB_GC_FENCE = "bgcf"
+# Whether a blob key exists (held by its partition key `blob:<key>`), by offset.
+BLOB_EXISTS = "bex"
 
 
 def _prefix(kind: str, ident: str) -> bytes:

@@ -1,5 +1,6 @@
 """threadlog: durable state for AI agent threads, event-sourced on Apache Kafka."""
 
+from .blob_gc import GcReport
 from .client import ThreadLog, open
 from .errors import ThreadLogError
 from .stores.checkpoints import Writer, WriterLease
@@ -61,6 +62,7 @@ __all__ = [
     "DeliveryOffset",
     "DeliveryPosition",
     "FileEntry",
+    "GcReport",
     "GenerationRun",
     "GenerationRunPatch",
     "Interrupt",

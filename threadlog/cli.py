@@ -1,9 +1,10 @@
-"""The `threadlog` command: broker, worker, serve, replay, reclaim, inspect, demo, rebuild, namespaces, schemas."""
+"""The `threadlog` command: broker, worker, serve, replay, reclaim, gc, inspect, demo, rebuild, namespaces, schemas."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import shutil
@@ -526,6 +527,39 @@ def cmd_reclaim(args: argparse.Namespace) -> int:
     return asyncio.run(_reclaim(args))
 
 
+async def _gc(args: argparse.Namespace) -> int:
+    import threadlog
+
+    # Embedded, like reclaim: it needs no worker; it never creates the namespace.
+    async with threadlog.open(args.bootstrap, namespace=args.namespace, processors="embedded",
+                              state_dir=args.state_dir, request_timeout_ms=args.request_timeout_ms,
+                              kafka=_kafka_props(args), create_topics=False) as tl:
+        report = await tl.blobs.gc(grace_ms=args.grace_ms, dry_run=args.dry_run)
+    if args.json:
+        print(json.dumps(report.as_dict(), sort_keys=True), flush=True)
+        return 0
+    verb = "would be examined" if report.dry_run else "examined"
+    print(f"blob gc{' (dry run: nothing written)' if report.dry_run else ''}, grace {report.grace_ms} ms")
+    print(f"  blobs scanned:              {report.scanned} ({verb})")
+    print(f"  unreferenced:               {report.unreferenced}")
+    print(f"  older than grace:           {report.candidates}")
+    print(f"  deleted:                    {report.deleted}")
+    print(f"  bytes reclaimed:            {report.bytes_reclaimed}")
+    for reason, n in sorted(report.kept.items()):
+        print(f"  kept ({reason}): {n}")
+    print(f"  abandoned puts found:       {report.abandoned_found}")
+    print(f"  abandoned puts reclaimed:   {report.abandoned_reclaimed} ({report.abandoned_bytes} bytes)")
+    if report.fences_recovered:
+        print(f"  fences of earlier sweeps lowered: {report.fences_recovered}")
+    if report.unsettled:
+        print(f"  collects left unsettled (the next sweep recovers them): {report.unsettled}")
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    return asyncio.run(_gc(args))
+
+
 def _at_time(text: str) -> Any:
     from datetime import UTC, datetime
 
@@ -737,6 +771,16 @@ def build_parser() -> argparse.ArgumentParser:
     _connects(rc)
     _namespace_state(rc)
     rc.set_defaults(fn=cmd_reclaim)
+
+    g = sub.add_parser("gc", help="blob garbage collection: delete blobs no checkpoint references (older than "
+                                  "--grace-ms) and reclaim the chunks of abandoned puts")
+    g.add_argument("--grace-ms", type=int, default=3_600_000,
+                   help="only blobs (and abandoned chunks) last written at least this long ago (default: 1 hour)")
+    g.add_argument("--dry-run", action="store_true", help="report what would be collected; write nothing")
+    g.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    _connects(g)
+    _namespace_state(g)
+    g.set_defaults(fn=cmd_gc)
 
     ins = sub.add_parser("inspect", help="time travel: a thread's state at an offset or time (inspect thread T), "
                                          "or its proposals with offsets and verdicts (inspect events --thread T)")

@@ -19,6 +19,11 @@ RUN_TERMINAL = "RUN_TERMINAL"
 RUN_CLAIM_LOST = "RUN_CLAIM_LOST"
 RUN_LOG_CLOSED = "RUN_LOG_CLOSED"
 INVALID_OFFSET = "INVALID_OFFSET"
+# A checkpoint named a blob a garbage-collection sweep is deciding about right
+# now, or one a sweep deleted that was not put again before the append began
+# (processors/handlers/blob_gc.py): refused so a stored checkpoint never names
+# a blob the sweep deleted. Put the blob again and retry.
+BLOB_BEING_COLLECTED = "BLOB_BEING_COLLECTED"
 UNAVAILABLE = "UNAVAILABLE"
 # A write reached (or may have reached) the log, but its verdict could not be
 # learned in time: it may still apply. Distinct from a refusal (which changed
@@ -63,6 +68,7 @@ CODES = frozenset(
         RUN_CLAIM_LOST,
         RUN_LOG_CLOSED,
         INVALID_OFFSET,
+        BLOB_BEING_COLLECTED,
         UNAVAILABLE,
         OUTCOME_UNKNOWN,
         NAMESPACE_NOT_FOUND,

@@ -29,6 +29,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .blob_gc import DEFAULT_GRACE_MS, GcReport
 from .errors import ThreadLogError, unavailable
 from .types import (
     Artifact,
@@ -794,6 +795,12 @@ class SyncBlobStore(_SyncStore):
              limit: int | None = None) -> BlobListPage:
         async def call() -> BlobListPage:
             return await self._tl().blobs.list(prefix=prefix, cursor=cursor, limit=limit)
+
+        return self._run(call())
+
+    def gc(self, *, grace_ms: int = DEFAULT_GRACE_MS, dry_run: bool = False) -> GcReport:
+        async def call() -> GcReport:
+            return await self._tl().blobs.gc(grace_ms=grace_ms, dry_run=dry_run)
 
         return self._run(call())
 

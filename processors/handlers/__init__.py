@@ -73,6 +73,13 @@ class Context:
     # the proposal names (projections/global_ids.py). The only way a handler
     # may learn anything about another partition.
     holders: Callable[[str, str], list[str]]
+    # How many partitions `<ns>.events` has: rules about "this partition's own
+    # share" of an index (blob GC fences) filter by it.
+    partitions: int = 0
+    # Where the proposal is judged (its offset on `partition`), and the end
+    # offsets of every events partition it names (`seen`; [] if it names none).
+    offset: int = -1
+    seen: list[int] = field(default_factory=list)
 
 
 Handler = Callable[[Context, dict], Decision]

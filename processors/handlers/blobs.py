@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from threadlog.producers.blob_chunks import MAX_CHUNK, chunk_key, is_version
+from threadlog.projections.folds import blob_gc as gc
 from threadlog.projections.folds import blobs as state
 
 from threadlog.errors import invalid_argument
@@ -69,6 +70,10 @@ def put_blob(ctx: Context, cmd: dict) -> Decision:
         # Already the committed version (a replayed command): deciding it again
         # would tombstone its own chunks.
         return Decision(result=current["record"])
+    if gc.is_abandoned(ctx.view, key, version):
+        # Its chunks were tombstoned (a GC sweep or the put's own abandon, both
+        # judged before this on this partition): a manifest would name nothing.
+        raise invalid_argument(f"blob {key!r} version {version} was abandoned and its chunks reclaimed; put it again")
     # Integer epoch ms, like Date.now(); updatedAt never precedes createdAt even
     # if another host's decider clock ran ahead.
     now = math.floor(ctx.now)
@@ -119,4 +124,8 @@ def abandon_blob_version(ctx: Context, cmd: dict) -> Decision:
     if current is not None and current["version"] == version:
         return Decision(result=False)  # it is the committed version: keep it
     records = [OutRecord("blobs", chunk_key(key, version, i), None, None) for i in range(count)]
-    return Decision(result=True, records=records)
+    # Remembered, so a PutBlob of this version judged later (a put slower than
+    # a GC sweep's grace window) is refused instead of naming reclaimed chunks.
+    events = [] if gc.is_abandoned(ctx.view, key, version) else [
+        ("threadlog.evt.BlobVersionAbandoned", {"key": key, "version": version})]
+    return Decision(result=True, events=events, records=records)

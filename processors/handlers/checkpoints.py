@@ -24,6 +24,7 @@ from threadlog.projections.folds import checkpoints as state
 from threadlog.projections.folds import presence
 
 from threadlog.checkpoint_rules import (
+    blob_keys,
     check_checkpoint_body,
     check_checkpoint_ids,
     from_wire,
@@ -48,6 +49,7 @@ from threadlog.errors import (
 )
 
 from . import Context, Decision, FollowUp, handles
+from .blob_gc import require_unfenced
 
 
 # -- leases ----------------------------------------------------------------------------
@@ -177,6 +179,8 @@ def append(ctx: Context, cmd: dict) -> Decision:
     if cp["parentCheckpointId"] != expected:
         raise ThreadLogError(PARENT_MISMATCH, f"checkpoint {cp['id']!r} has parent {cp['parentCheckpointId']!r}, "
                                               f"not the expected head {expected!r}")
+    # 8. no blob it names is being garbage-collected here (blob_gc.py)
+    require_unfenced(ctx, blob_keys(cp))
     # The record as it arrived is what was validated; it travels on unchanged.
     ev = {"checkpoint": cmd["checkpoint"], "fence": writer["fence"]}
     return Decision(events=[("threadlog.evt.CheckpointAppended", ev)], result=cp["id"])
@@ -267,6 +271,7 @@ def fork_destination_step(ctx: Context, cmd: dict) -> Decision:
         "artifacts": source["artifacts"],
     }
     check_checkpoint_body(root)  # the copy is re-validated: step 2 may be forged
+    require_unfenced(ctx, blob_keys(root))
     ev = {"checkpoint": to_wire(root), "sourceThreadId": source["threadId"],
           "sourceCheckpointId": source["id"], "fence": writer["fence"]}
     return Decision(events=[("threadlog.evt.CheckpointForked", ev)], result=root)

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import global_ids
 from ..fold import EventMeta, folds
 from ..keys import enc_str, key
 from ..view import View
+from . import blob_gc
 
 # The NUL after "blob" keeps these tags from prefixing any other domain's keys
 # (key(b"blob", s) escapes a NUL in s), and a prefix scan of RECORD from
@@ -66,6 +68,10 @@ def current_layout(view: View, blob_key: str) -> dict | None:
 
 @folds("threadlog.evt.BlobPut")
 def blob_put(view: View, meta: EventMeta, ev: dict) -> None:
+    if view.get(layout_key(ev["key"])) is None:
+        # Existence history: a checkpoint naming a garbage-collected key asks it
+        # as of its own positions (processors/handlers/blob_gc.py).
+        global_ids.mark(view, meta, global_ids.BLOB_EXISTS, ev["key"], partition_key(ev["key"]), True)
     rec = record_of(ev)
     view.put_json(record_key(ev["key"]), rec)
     view.put_json(layout_key(ev["key"]), {
@@ -79,3 +85,6 @@ def blob_put(view: View, meta: EventMeta, ev: dict) -> None:
 def blob_deleted(view: View, meta: EventMeta, ev: dict) -> None:
     view.delete(record_key(ev["key"]))
     view.delete(layout_key(ev["key"]))
+    # A GC claim only matters while its blob exists (folds/blob_gc.py).
+    view.delete(blob_gc.claim_key(ev["key"]))
+    global_ids.mark(view, meta, global_ids.BLOB_EXISTS, ev["key"], partition_key(ev["key"]), False)

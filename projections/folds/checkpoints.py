@@ -122,18 +122,24 @@ def _store(view: View, meta: EventMeta, wire: dict) -> None:
     global_ids.mark(view, meta, global_ids.CHECKPOINT, cid, thread, True)
     view.put(head_key(thread), cid.encode("utf-8"))
     for blob in blob_keys(wire):
-        _add_ref(view, blob, thread, 1)
+        _add_ref(view, meta, blob, thread, 1)
     presence.add(view, thread, presence.CHECKPOINT, 1)
 
 
-def _add_ref(view: View, blob: str, thread: str, delta: int) -> None:
+def _add_ref(view: View, meta: EventMeta, blob: str, thread: str, delta: int) -> None:
     k = refs_key(blob, thread)
     raw = view.get(k)
-    n = (0 if raw is None else int(raw)) + delta
+    before = 0 if raw is None else int(raw)
+    n = before + delta
     if n > 0:
         view.put(k, str(n).encode())
     else:
         view.delete(k)
+    # The count is what reads sum; the history (referenced / not, by offset)
+    # is what a blob GC decision on another partition reads as of fixed
+    # positions (processors/handlers/blob_gc.py): only the transitions matter.
+    if (before > 0) != (n > 0):
+        global_ids.mark(view, meta, global_ids.BLOB_REF, blob, thread, n > 0)
 
 
 @folds("threadlog.evt.CheckpointWriterAcquired")
@@ -179,7 +185,7 @@ def checkpoint_head_deleted(view: View, meta: EventMeta, ev: dict) -> None:
     else:
         view.delete(head_key(thread))
     for blob in blob_keys(cp):
-        _add_ref(view, blob, thread, -1)
+        _add_ref(view, meta, blob, thread, -1)
     presence.add(view, thread, presence.CHECKPOINT, -1)
 
 

@@ -17,6 +17,7 @@ import logging
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
+from ..blob_gc import DEFAULT_GRACE_MS, GcReport, collect_garbage
 from ..errors import UNAVAILABLE, ThreadLogError, invalid_argument, unavailable
 from ..producers.blob_chunks import ChunkGone, ChunkReader, ChunkRef, ChunkSink, ChunkWriter, new_version
 from ..projections.folds import blobs as state
@@ -141,6 +142,14 @@ class BlobStore(StoreFacade):
     async def delete(self, key: str) -> None:
         require_id(key, "blob key")
         await self._send("threadlog.cmd.DeleteBlob", state.partition_key(key), {"key": key})
+
+    async def gc(self, *, grace_ms: int = DEFAULT_GRACE_MS, dry_run: bool = False) -> GcReport:
+        """One garbage-collection sweep (threadlog/blob_gc.py): delete every blob no
+        stored checkpoint references whose last put is at least `grace_ms` old, and
+        reclaim the chunks of puts that never committed (as old). Every deletion is
+        judged against the reference counts in log order: a blob a checkpoint
+        references is never deleted. `dry_run`: only count, write nothing."""
+        return await collect_garbage(self._tl, grace_ms=grace_ms, dry_run=dry_run)
 
     # -- reads ---------------------------------------------------------------------
     async def head(self, key: str) -> BlobInfo | None:

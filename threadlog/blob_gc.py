@@ -1,0 +1,304 @@
+"""Blob garbage collection: `tl.blobs.gc(...)` and `threadlog gc`.
+
+A sweep, in order:
+
+1. Recover: fences left standing by a sweep that died are lowered, each of
+   their blob keys first sealed by a claim of this sweep (so the dead sweep's
+   pending collects are refused whenever they are judged).
+2. Find candidates: blobs no stored checkpoint references (the reference
+   counts) whose last put is older than the grace window.
+3. Claim, fence, collect, lower (processors/handlers/blob_gc.py says why this
+   order makes deleting a referenced blob impossible): every decision is a
+   judged proposal; this module only proposes. A collect whose outcome is
+   unknown is sealed by a second claim before the fences are lowered; if even
+   that is unanswered the fences stay for the next sweep to recover.
+4. Abandoned puts: chunks on `<ns>.blobs` of a version that is not any blob's
+   current one and whose newest chunk is older than the grace window are
+   reclaimed with the judged `AbandonBlobVersion` (kept if that version did
+   commit; a late commit of it is refused from then on).
+
+`dry_run` stops after finding (steps 2 and 4's scan): nothing is proposed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from . import kafka_config
+from .errors import invalid_argument, unavailable
+from .processors.handlers.blob_gc import MAX_FENCE_KEYS
+from .producers.blob_chunks import CHUNK_TYPE, is_version
+from .projections.folds import blob_gc as gc
+from .projections.folds import blobs as blob_state
+from .projections.keys import split
+from .schemas import CodecError
+from .validation import is_int
+
+if TYPE_CHECKING:
+    from .client import ThreadLog
+
+log = logging.getLogger("threadlog.blob_gc")
+
+DEFAULT_GRACE_MS = 60 * 60 * 1000  # one hour
+# Proposals of one sweep in flight at once.
+_CONCURRENCY = 64
+_T = TypeVar("_T")
+
+
+@dataclass
+class GcReport:
+    """What one sweep found and did. Sizes are blob sizes (content bytes);
+    abandoned bytes are the chunk records' content bytes."""
+
+    dry_run: bool
+    grace_ms: int
+    scanned: int = 0  # blobs examined
+    unreferenced: int = 0  # of those, referenced by no stored checkpoint
+    candidates: int = 0  # unreferenced and older than the grace window
+    deleted: int = 0
+    bytes_reclaimed: int = 0
+    kept: dict[str, int] = field(default_factory=dict)  # candidate kept -> why (referenced, replaced, ...)
+    abandoned_found: int = 0  # versions with live chunks and no commit, older than the grace window
+    abandoned_reclaimed: int = 0
+    abandoned_bytes: int = 0
+    fences_recovered: int = 0  # fences of an earlier sweep lowered
+    unsettled: int = 0  # collects whose outcome stayed unknown (their fences stay for the next sweep)
+    deleted_keys: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def collect_garbage(tl: ThreadLog, *, grace_ms: int = DEFAULT_GRACE_MS, dry_run: bool = False) -> GcReport:
+    if not is_int(grace_ms) or grace_ms < 0:
+        raise invalid_argument(f"grace_ms must be an int >= 0, got {grace_ms!r}")
+    if not isinstance(dry_run, bool):
+        raise invalid_argument(f"dry_run must be a bool, got {dry_run!r}")
+    tl._check_open()
+    return await _Sweep(tl, grace_ms, dry_run).run()
+
+
+class _Sweep:
+    def __init__(self, tl: ThreadLog, grace_ms: int, dry_run: bool) -> None:
+        self.tl = tl
+        self.report = GcReport(dry_run=dry_run, grace_ms=grace_ms)
+        self.id = uuid.uuid4().hex
+        assert tl.runtime.layout is not None
+        self.partitions = tl.runtime.layout.events
+        self._sem = asyncio.Semaphore(_CONCURRENCY)
+
+    def _now(self) -> float:
+        clock = self.tl.opts.clock
+        return clock() if clock is not None else time.time() * 1000.0
+
+    async def _bounded(self, call: Awaitable[_T]) -> _T:
+        """Await `call` (a coroutine not started yet) once one of the sweep's slots is free."""
+        async with self._sem:
+            return await call
+
+    async def run(self) -> GcReport:
+        r = self.report
+        await self.tl.read_barrier(None)
+        state = self.tl.state
+        layouts = {k: v for k, v in _layouts(state)}
+        references = {ref["key"] for ref in await self.tl.checkpoints.list_blob_references()}
+        horizon = self._now() - r.grace_ms
+        r.scanned = len(layouts)
+        unreferenced = [k for k in layouts if k not in references]
+        r.unreferenced = len(unreferenced)
+        # The judge decides age by its own decision time; this only skips the obviously young.
+        candidates = [k for k in unreferenced if layouts[k]["record"]["updatedAt"] <= horizon]
+        r.candidates = len(candidates)
+        leftovers = [f for f in gc.standing_fences(state) if f["sweepId"] != self.id]
+        if not r.dry_run:
+            await self._recover(leftovers)
+            for start in range(0, len(candidates), MAX_FENCE_KEYS):
+                await self._collect({k: layouts[k]["version"] for k in candidates[start:start + MAX_FENCE_KEYS]})
+        await self._abandoned({k: v["version"] for k, v in layouts.items()})
+        return r
+
+    # -- steps ---------------------------------------------------------------------------
+    async def _claim(self, key: str, sweep: str, version: str | None) -> bool:
+        result = await self.tl.send("threadlog.cmd.ClaimBlobForGc", blob_state.partition_key(key),
+                                    {"key": key, "sweepId": sweep, "version": version,
+                                     "graceMs": self.report.grace_ms})
+        return bool(result["collectible"])
+
+    async def _fence(self, sweep: str, keys: list[str], held: bool, fence_keys: list[str] | None = None) -> None:
+        """Raise the fence on `keys` on every partition, or lower it (leaving, for
+        each key a collect ever deleted, a marker of where: handlers/blob_gc.py)."""
+        where = fence_keys or [gc.fence_key(sweep, q, self.partitions) for q in range(self.partitions)]
+        collected: dict[str, int] = {}
+        if not held:
+            # Read after every collect of these keys was settled (judged, or sealed).
+            await self.tl.read_barrier([blob_state.partition_key(k) for k in keys] or None)
+            for k in keys:
+                offset = gc.collected_at(self.tl.state, k)
+                if offset is not None:
+                    collected[k] = offset
+        await asyncio.gather(*(self.tl.send("threadlog.cmd.FenceBlobsForGc", k,
+                                            {"sweepId": sweep, "keys": keys if held else [], "held": held,
+                                             "collected": collected})
+                               for k in where))
+
+    async def _recover(self, leftovers: list[dict]) -> None:
+        """Seal the blob keys of fences an earlier sweep left, then lower those fences."""
+        if not leftovers:
+            return
+        keys = sorted({k for f in leftovers for k in f["keys"]})
+        await asyncio.gather(*(self._bounded(self._claim(k, self.id, None)) for k in keys))
+        by_sweep: dict[str, list[str]] = {}
+        for f in leftovers:
+            by_sweep.setdefault(f["sweepId"], []).append(f["fenceKey"])
+        for sweep, fence_keys in by_sweep.items():
+            swept = sorted({k for f in leftovers if f["sweepId"] == sweep for k in f["keys"]})
+            await self._fence(sweep, swept, False, fence_keys)
+        self.report.fences_recovered = len(leftovers)
+        log.info("blob gc %s: lowered %d fence(s) left by earlier sweeps", self.id, len(leftovers))
+
+    async def _collect(self, versions: dict[str, str]) -> None:
+        r = self.report
+        claimed = await asyncio.gather(*(self._bounded(self._claim(k, self.id, v))
+                                         for k, v in versions.items()))
+        collectible = [k for k, ok in zip(versions, claimed, strict=True) if ok]
+        if len(collectible) < len(versions):
+            r.kept["young or replaced"] = r.kept.get("young or replaced", 0) + len(versions) - len(collectible)
+        if not collectible:
+            return
+        await self._fence(self.id, collectible, True)
+        # Proposed only now: each collect's `seen` lies past every fence.
+        results = await asyncio.gather(*(self._bounded(self.tl.send(
+            "threadlog.cmd.CollectBlob", blob_state.partition_key(k),
+            {"key": k, "sweepId": self.id, "version": versions[k]})) for k in collectible), return_exceptions=True)
+        unsettled = []
+        for k, res in zip(collectible, results, strict=True):
+            if isinstance(res, BaseException):
+                log.warning("blob gc %s: collect of %r has no verdict (%s); sealing it", self.id, k, res)
+                unsettled.append(k)
+            elif res["deleted"]:
+                r.deleted += 1
+                r.bytes_reclaimed += res["size"]
+                r.deleted_keys.append(k)
+            else:
+                r.kept[res["reason"]] = r.kept.get(res["reason"], 0) + 1
+        if unsettled:
+            # A second claim orders after any collect this producer wrote: once it
+            # is judged, those collects are settled (judged, or refused when judged).
+            seals = await asyncio.gather(*(self._claim(k, f"{self.id}.seal", None) for k in unsettled),
+                                         return_exceptions=True)
+            failed = [k for k, s in zip(unsettled, seals, strict=True) if isinstance(s, BaseException)]
+            if failed:
+                r.unsettled += len(failed)
+                log.warning("blob gc %s: %d collect(s) could not be settled; fences stay until the next sweep",
+                            self.id, len(failed))
+                return
+        await self._fence(self.id, collectible, False)
+
+    async def _abandoned(self, current: dict[str, str]) -> None:
+        r = self.report
+        horizon = self._now() - r.grace_ms
+        found = await asyncio.to_thread(_scan_chunks, self.tl)
+        orphans = [(key, version, info) for (key, version), info in found.items()
+                   if current.get(key) != version and info["newest_ms"] <= horizon]
+        r.abandoned_found = len(orphans)
+        if r.dry_run or not orphans:
+            return
+
+        async def abandon(key: str, version: str, info: dict) -> None:
+            done = await self.tl.send("threadlog.cmd.AbandonBlobVersion", blob_state.partition_key(key),
+                                      {"key": key, "version": version, "chunkCount": info["count"]})
+            if done:
+                r.abandoned_reclaimed += 1
+                r.abandoned_bytes += info["bytes"]
+
+        await asyncio.gather(*(self._bounded(abandon(*o)) for o in orphans))
+
+
+def _layouts(state: Any) -> list[tuple[str, dict]]:
+    """Every blob's current manifest (the state read after a barrier)."""
+    out = []
+    for k, raw in state.scan(blob_state.LAYOUT):
+        (key,) = split(blob_state.LAYOUT, k, "s")
+        out.append((key, json.loads(raw)))
+    return out
+
+
+def _scan_chunks(tl: ThreadLog) -> dict[tuple[str, str], dict]:
+    """Every blob version with a live (not tombstoned) chunk on `<ns>.blobs`:
+    `(blob key, version) -> {"count": highest index + 1, "bytes", "newest_ms"}`.
+
+    Reads the topic from its start to its end as of the call (blocking: run it
+    in a thread). A chunk key lands on one partition, so that partition's
+    order says which of its records is the latest.
+    """
+    rt = tl.runtime
+    assert rt.layout is not None
+    topic = rt.topics.blobs
+    consumer = Consumer(kafka_config.consumer(
+        tl.opts.bootstrap_servers, f"{rt.client_id}.blob-gc", tl.opts.kafka,
+        **{"isolation.level": "read_uncommitted", "enable.partition.eof": True}))
+    live: dict[str, tuple[int, int]] = {}  # chunk key -> (content bytes, timestamp ms)
+    try:
+        ends = {}
+        for p in range(rt.layout.blobs):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=tl.opts.request_timeout)
+            if high > low:
+                ends[p] = high
+        consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+        deadline = time.monotonic() + max(60.0, tl.opts.request_timeout * 4)
+        pending = dict(ends)
+        while pending:
+            if time.monotonic() > deadline:
+                raise unavailable(f"reading {topic} for abandoned chunks timed out")
+            for msg in consumer.consume(500, 1.0):
+                part = msg.partition()
+                offset = msg.offset()
+                err = msg.error()
+                if part is None or offset is None:
+                    continue
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF and part in pending and offset >= pending[part]:
+                        del pending[part]
+                    continue
+                k = msg.key()
+                if k is not None:
+                    ck = k.decode("utf-8", "replace")
+                    value = msg.value()
+                    if value is None:
+                        live.pop(ck, None)
+                    else:
+                        live[ck] = (_content_bytes(rt.codec, value), msg.timestamp()[1])
+                if part in pending and offset + 1 >= pending[part]:
+                    del pending[part]
+    finally:
+        consumer.close()
+    found: dict[tuple[str, str], dict] = {}
+    for ck, (size, ts) in live.items():
+        parts = ck.rsplit("/", 2)
+        if len(parts) != 3 or not is_version(parts[1]) or not parts[2].isdigit():
+            continue  # not a chunk key of ours
+        info = found.setdefault((parts[0], parts[1]), {"count": 0, "bytes": 0, "newest_ms": 0})
+        info["count"] = max(info["count"], int(parts[2]) + 1)
+        info["bytes"] += size
+        info["newest_ms"] = max(info["newest_ms"], ts)
+    return found
+
+
+def _content_bytes(codec: Any, value: bytes) -> int:
+    try:
+        _, chunk = codec.decode(value, expect=CHUNK_TYPE)
+    except CodecError:
+        return 0  # not a chunk record: nothing of ours to count
+    return len(chunk["data"])
+
+
+__all__ = ["DEFAULT_GRACE_MS", "GcReport", "collect_garbage"]
