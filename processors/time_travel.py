@@ -307,16 +307,16 @@ def _cleanup(reader: PartitionReader, store: Store | None, tmp: Path) -> None:
 
 # -- reading the thread back, with the stores' own code ------------------------------------------
 class _Frozen:
-    """What the store facades need of a client, over a replayed store: reads
-    only, no barrier (the store does not move), no writes."""
+    """What the store facades need of a session (threadlog/session.py), over a
+    replayed store: reads only, no barrier (the store does not move), no writes."""
 
     def __init__(self, tl: ThreadLog, store: Store) -> None:
         self.opts = tl.opts
         self.state = store
-        self._closed = False
-        self._delivery = None
+        self.closed = False
+        self.delivery = None
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         pass
 
     async def read_barrier(self, keys: Any) -> None:

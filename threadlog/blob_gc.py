@@ -27,7 +27,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -44,7 +44,8 @@ from .schemas import CodecError
 from .validation import is_int
 
 if TYPE_CHECKING:
-    from .client import ThreadLog
+    from .session import Session
+    from .types import BlobReference
 
 log = logging.getLogger("threadlog.blob_gc")
 
@@ -78,18 +79,21 @@ class GcReport:
         return asdict(self)
 
 
-async def collect_garbage(tl: ThreadLog, *, grace_ms: int = DEFAULT_GRACE_MS, dry_run: bool = False) -> GcReport:
+async def collect_garbage(tl: Session, references: Callable[[], Awaitable[list[BlobReference]]], *,
+                          grace_ms: int = DEFAULT_GRACE_MS, dry_run: bool = False) -> GcReport:
     if not is_int(grace_ms) or grace_ms < 0:
         raise invalid_argument(f"grace_ms must be an int >= 0, got {grace_ms!r}")
     if not isinstance(dry_run, bool):
         raise invalid_argument(f"dry_run must be a bool, got {dry_run!r}")
-    tl._check_open()
-    return await _Sweep(tl, grace_ms, dry_run).run()
+    tl.check_open()
+    return await _Sweep(tl, references, grace_ms, dry_run).run()
 
 
 class _Sweep:
-    def __init__(self, tl: ThreadLog, grace_ms: int, dry_run: bool) -> None:
+    def __init__(self, tl: Session, references: Callable[[], Awaitable[list[BlobReference]]], grace_ms: int,
+                 dry_run: bool) -> None:
         self.tl = tl
+        self.references = references
         self.report = GcReport(dry_run=dry_run, grace_ms=grace_ms)
         self.id = uuid.uuid4().hex
         assert tl.runtime.layout is not None
@@ -110,7 +114,7 @@ class _Sweep:
         await self.tl.read_barrier(None)
         state = self.tl.state
         layouts = {k: v for k, v in _layouts(state)}
-        references = {ref["key"] for ref in await self.tl.checkpoints.list_blob_references()}
+        references = {ref["key"] for ref in await self.references()}
         horizon = self._now() - r.grace_ms
         r.scanned = len(layouts)
         unreferenced = [k for k in layouts if k not in references]
@@ -232,7 +236,7 @@ def _layouts(state: Any) -> list[tuple[str, dict]]:
     return out
 
 
-def _scan_chunks(tl: ThreadLog) -> dict[tuple[str, str], dict]:
+def _scan_chunks(tl: Session) -> dict[tuple[str, str], dict]:
     """Every blob version with a live (not tombstoned) chunk on `<ns>.blobs`:
     `(blob key, version) -> {"count": highest index + 1, "bytes", "newest_ms"}`.
 

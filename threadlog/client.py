@@ -16,6 +16,7 @@ from .projections.partition_stores import PartitionStores
 from .projections.store import Store
 from .remote import RemoteStore, RemoteVerdicts
 from .runtime import Runtime
+from .session import Session
 from .stores.artifacts import ArtifactStore
 from .stores.blobs import BlobStore
 from .stores.checkpoints import CheckpointStore
@@ -34,18 +35,16 @@ class ThreadLog:
     def __init__(self, opts: Options) -> None:
         self.opts = opts
         self.runtime = Runtime(opts)
-        self.bus: ProposalBus | None = None
-        self.messages = MessageStore(self)
-        self.runs = RunStore(self)
-        self.interrupts = InterruptStore(self)
-        self.generation_runs = GenerationRunStore(self)
-        self.metadata = MetadataStore(self)
-        self.artifacts = ArtifactStore(self)
-        self.checkpoints = CheckpointStore(self)
-        self.blobs = BlobStore(self)
-        self._delivery: DeliveryService | None = None
-        self._state: Store | PartitionStores | RemoteStore | None = None
-        self._closed = False
+        # What the stores get of this client (threadlog/session.py), not the client.
+        self.session = session = Session(opts, self.runtime)
+        self.messages = MessageStore(session)
+        self.runs = RunStore(session)
+        self.interrupts = InterruptStore(session)
+        self.generation_runs = GenerationRunStore(session)
+        self.metadata = MetadataStore(session)
+        self.artifacts = ArtifactStore(session)
+        self.checkpoints = CheckpointStore(session)
+        self.blobs = BlobStore(session, references=self.checkpoints.list_blob_references)
 
     # -- lifecycle ---------------------------------------------------------------
     async def start(self) -> ThreadLog:
@@ -66,13 +65,13 @@ class ThreadLog:
         if self.runtime.query is not None:  # thin: a worker judges
             verdicts = RemoteVerdicts(self.runtime.query)
             end_offsets = self.runtime.query.end_offsets
-            self._state = RemoteStore(self.runtime.query)
+            self.session.reads = RemoteStore(self.runtime.query)
         else:
             assert self.runtime.judge is not None and self.runtime.barrier is not None
             verdicts = self.runtime.judge
             end_offsets = self.runtime.barrier.end_offsets
-            self._state = self.runtime.store
-        self.bus = ProposalBus(
+            self.session.reads = self.runtime.store
+        self.session.bus = ProposalBus(
             bootstrap=self.opts.bootstrap_servers,
             topics=self.runtime.topics,
             layout=self.runtime.layout,
@@ -84,8 +83,8 @@ class ThreadLog:
             timeout=self.opts.request_timeout,
             kafka=self.opts.kafka,
         )
-        self._delivery = DeliveryService(self)
-        self._delivery.start()
+        self.session.delivery = delivery = DeliveryService(self.session)
+        delivery.start()
 
     def _stop_sync(self) -> None:
         if self._delivery is not None:
@@ -96,9 +95,9 @@ class ThreadLog:
         self.runtime.stop()
 
     async def close(self) -> None:
-        if self._closed:
+        if self.session.closed:
             return
-        self._closed = True
+        self.session.closed = True
         self.checkpoints._stop_renewals()  # background lease renewals end with the client
         self.runs._stop_heartbeats()  # and so do run drivers' heartbeats
         await asyncio.to_thread(self._stop_sync)
@@ -112,7 +111,7 @@ class ThreadLog:
     # -- delivery logs (SPEC 11) ------------------------------------------------------
     def delivery(self, run_id: str, epoch: int | None = None) -> DeliveryLog:
         """The delivery log of `run_id`, written as driver `epoch` (None counts as 0)."""
-        return DeliveryLog(self, run_id, epoch)
+        return DeliveryLog(self.session, run_id, epoch)
 
     # -- time travel (processors/time_travel.py) --------------------------------------
     async def history(self, thread_id: str) -> list[dict[str, Any]]:
@@ -137,34 +136,32 @@ class ThreadLog:
 
         return await time_travel.state_at(self, thread_id, at)
 
-    # -- plumbing shared by the stores ---------------------------------------------
+    # -- what the session holds, for callers of the client ------------------------------
+    @property
+    def bus(self) -> ProposalBus | None:
+        return self.session.bus
+
+    @property
+    def _delivery(self) -> DeliveryService | None:
+        return self.session.delivery
+
+    @property
+    def _closed(self) -> bool:
+        return self.session.closed
+
     def _check_open(self) -> None:
-        if self._closed:
-            raise unavailable("this ThreadLog is closed")
+        self.session.check_open()
 
     async def send(self, type_name: str, key: str, payload: dict) -> Any:
-        self._check_open()
-        assert self.bus is not None
-        return await self.bus.send(type_name, key, payload)
+        return await self.session.send(type_name, key, payload)
 
     @property
     def state(self) -> Store | PartitionStores | RemoteStore:
         """What the stores read after a barrier: this process's store (embedded), or a worker's (thin)."""
-        if self._state is None:
-            raise unavailable("the threadlog client is not started")
-        return self._state
+        return self.session.state
 
     async def read_barrier(self, keys: Iterable[str] | None) -> None:
-        self._check_open()
-        partitions = None if keys is None else sorted({self.runtime.partition_of(k) for k in keys})
-        if self.runtime.query is not None:
-            # The worker asks the broker for end offsets after our request arrived
-            # and answers once its judge passed them (processors/query_server.py).
-            await self.runtime.query.barrier(partitions)
-            return
-        barrier = self.runtime.barrier
-        assert barrier is not None
-        await barrier.wait(partitions)
+        await self.session.read_barrier(keys)
 
 
 class _Opener:

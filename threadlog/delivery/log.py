@@ -26,7 +26,7 @@ from .reader import Fetcher
 from .service import DeliveryService
 
 if TYPE_CHECKING:
-    from ..client import ThreadLog
+    from ..session import Session
 
 log = logging.getLogger("threadlog.delivery")
 
@@ -34,13 +34,13 @@ log = logging.getLogger("threadlog.delivery")
 class DeliveryLog:
     """One run's delivery log, written as driver `epoch` (SPEC 11)."""
 
-    def __init__(self, tl: ThreadLog, run_id: str, epoch: int | None = None) -> None:
+    def __init__(self, session: Session, run_id: str, epoch: int | None = None) -> None:
         require_id(run_id, "run_id")
         if epoch is None:
             epoch = 0
         if not is_int(epoch) or epoch < 0:
             raise invalid_argument(f"epoch must be an int >= 0 or None, got {epoch!r}")
-        self._tl = tl
+        self._session = session
         self.run_id = run_id
         self.epoch = epoch
         self._partition: int | None = None
@@ -49,8 +49,8 @@ class DeliveryLog:
     # -- plumbing -------------------------------------------------------------------
     @property
     def _svc(self) -> DeliveryService:
-        self._tl._check_open()
-        svc = self._tl._delivery
+        self._session.check_open()
+        svc = self._session.delivery
         assert svc is not None
         return svc
 
@@ -160,7 +160,7 @@ class DeliveryLog:
         iteration starts instead of waiting, and an unknown run yields nothing.
         """
         items = self._iterate(after, follow=follow)
-        svc = self._tl._delivery  # not _svc: a closed client fails when iterated, as before
+        svc = self._session.delivery  # not _svc: a closed client fails when iterated, as before
         metrics = svc.metrics if svc is not None else None
         return items if metrics is None else metrics.reading(items)
 

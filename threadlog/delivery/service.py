@@ -17,7 +17,7 @@ from ..run_access import runs_for
 from .reader import ConsumerPool
 
 if TYPE_CHECKING:
-    from ..client import ThreadLog
+    from ..session import Session
 
 
 class DeliveryService:
@@ -25,21 +25,21 @@ class DeliveryService:
 
     metrics = None  # threadlog.metrics.Metrics, when attached
 
-    def __init__(self, tl: ThreadLog) -> None:
-        rt = tl.runtime
+    def __init__(self, session: Session) -> None:
+        rt = session.runtime
         assert rt.layout is not None and rt.admin is not None
-        self.tl = tl
+        self.session = session
         self.topic = rt.topics.deliveries
         self.partitions = rt.layout.deliveries
         self.codec = rt.codec
         self.admin = rt.admin
-        self.timeout = tl.opts.request_timeout
-        self.first_chunk_wait = tl.opts.first_chunk_wait_ms / 1000.0
+        self.timeout = session.opts.request_timeout
+        self.first_chunk_wait = session.opts.first_chunk_wait_ms / 1000.0
         self.runs = runs_for(rt, rt.codec)  # the run index: folded here, or asked of its owners
-        self.writer = DeliveryWriter(bootstrap=tl.opts.bootstrap_servers, topic=self.topic,
+        self.writer = DeliveryWriter(bootstrap=session.opts.bootstrap_servers, topic=self.topic,
                                      partitions=self.partitions, codec=rt.codec, client_id=rt.client_id,
-                                     timeout=self.timeout, kafka=tl.opts.kafka)
-        self.pool = ConsumerPool(tl.opts.bootstrap_servers, rt.client_id, kafka=tl.opts.kafka)
+                                     timeout=self.timeout, kafka=session.opts.kafka)
+        self.pool = ConsumerPool(session.opts.bootstrap_servers, rt.client_id, kafka=session.opts.kafka)
         self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="delivery-read")
         self.closing = threading.Event()
 

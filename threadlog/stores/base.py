@@ -11,20 +11,20 @@ from ..projections.store import Store
 from ..remote import RemoteStore
 
 if TYPE_CHECKING:
-    from ..client import ThreadLog
+    from ..session import Session
 
 
 class StoreFacade:
-    def __init__(self, tl: ThreadLog) -> None:
-        self._tl = tl
+    def __init__(self, session: Session) -> None:
+        self._session = session  # the client's narrow side (threadlog/session.py), not the client
 
     @property
     def _store(self) -> Store | PartitionStores | RemoteStore:
         # Embedded: this process's RocksDB; thin: the same reads served by a worker.
-        return self._tl.state
+        return self._session.state
 
     async def _send(self, type_name: str, key: str, payload: dict) -> Any:
-        return await self._tl.send(type_name, key, payload)
+        return await self._session.send(type_name, key, payload)
 
     async def _resolve_elsewhere(self, result: Any, get: Callable[[str], Awaitable[Any]], ident: str) -> Any:
         """A create-or-resume of an id that lives on another thread's partition is
@@ -40,4 +40,4 @@ class StoreFacade:
     async def _read_barrier(self, *keys: str) -> None:
         """Wait for every acknowledged write to the partitions of `keys`
         (all partitions when no key is given)."""
-        await self._tl.read_barrier(keys or None)
+        await self._session.read_barrier(keys or None)

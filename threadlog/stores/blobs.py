@@ -14,7 +14,7 @@ import base64
 import binascii
 import json
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from ..blob_gc import DEFAULT_GRACE_MS, GcReport, collect_garbage
@@ -26,7 +26,8 @@ from ..validation import is_int, is_valid_id, require_id
 from .base import StoreFacade
 
 if TYPE_CHECKING:
-    from ..client import ThreadLog
+    from ..session import Session
+    from ..types import BlobReference
 
 log = logging.getLogger("threadlog.blobs")
 
@@ -41,26 +42,27 @@ _ABANDON_TIMEOUT = 5.0
 
 
 class BlobStore(StoreFacade):
-    def __init__(self, tl: ThreadLog) -> None:
-        super().__init__(tl)
+    def __init__(self, session: Session, references: Callable[[], Awaitable[list[BlobReference]]]) -> None:
+        super().__init__(session)
+        self._references = references  # the checkpoint store's reference counts (the sweep's input)
         self._sink: ChunkSink | None = None
         self._reader: ChunkReader | None = None
 
     # -- plumbing ------------------------------------------------------------------
     def _chunk_sink(self) -> ChunkSink:
         if self._sink is None:
-            rt = self._tl.runtime
+            rt = self._session.runtime
             assert rt.layout is not None
-            self._sink = ChunkSink(self._tl.opts.bootstrap_servers, rt.topics.blobs, rt.layout.blobs, rt.codec,
-                                   rt.client_id, self._tl.opts.request_timeout, kafka=self._tl.opts.kafka)
+            self._sink = ChunkSink(self._session.opts.bootstrap_servers, rt.topics.blobs, rt.layout.blobs, rt.codec,
+                                   rt.client_id, self._session.opts.request_timeout, kafka=self._session.opts.kafka)
         return self._sink
 
     def _chunk_reader(self) -> ChunkReader:
         if self._reader is None:
-            rt = self._tl.runtime
+            rt = self._session.runtime
             assert rt.layout is not None
-            self._reader = ChunkReader(self._tl.opts.bootstrap_servers, rt.topics.blobs, rt.layout.blobs, rt.codec,
-                                       rt.client_id, self._tl.opts.request_timeout, kafka=self._tl.opts.kafka)
+            self._reader = ChunkReader(self._session.opts.bootstrap_servers, rt.topics.blobs, rt.layout.blobs, rt.codec,
+                                       rt.client_id, self._session.opts.request_timeout, kafka=self._session.opts.kafka)
         return self._reader
 
     def close(self) -> None:
@@ -89,7 +91,7 @@ class BlobStore(StoreFacade):
         if expected_length is not None and (not is_int(expected_length) or expected_length < 0):
             raise invalid_argument(f"expected_length must be an int >= 0 or None, got {expected_length!r}")
         pieces = _pieces(body)  # refuses an unsupported body before anything is written
-        self._tl._check_open()
+        self._session.check_open()
 
         version = new_version()
         writer = ChunkWriter(self._chunk_sink(), key, version)
@@ -131,8 +133,8 @@ class BlobStore(StoreFacade):
         by a manifest, so never served, but not reclaimed (README, Blobs).
         """
         try:
-            assert self._tl.bus is not None
-            await self._tl.bus.send("threadlog.cmd.AbandonBlobVersion", state.partition_key(key),
+            assert self._session.bus is not None
+            await self._session.bus.send("threadlog.cmd.AbandonBlobVersion", state.partition_key(key),
                                     {"key": key, "version": version, "chunkCount": count},
                                     timeout=_ABANDON_TIMEOUT)
         except Exception as exc:
@@ -149,7 +151,7 @@ class BlobStore(StoreFacade):
         reclaim the chunks of puts that never committed (as old). Every deletion is
         judged against the reference counts in log order: a blob a checkpoint
         references is never deleted. `dry_run`: only count, write nothing."""
-        return await collect_garbage(self._tl, grace_ms=grace_ms, dry_run=dry_run)
+        return await collect_garbage(self._session, self._references, grace_ms=grace_ms, dry_run=dry_run)
 
     # -- reads ---------------------------------------------------------------------
     async def head(self, key: str) -> BlobInfo | None:
@@ -171,7 +173,7 @@ class BlobStore(StoreFacade):
                 return None
             if layout["version"] == gone_version:
                 raise unavailable(f"blob {key!r} version {gone_version}: a chunk is missing from "
-                                  f"{self._tl.runtime.topics.blobs} (the log lost data)")
+                                  f"{self._session.runtime.topics.blobs} (the log lost data)")
             record = layout["record"]
             size = record["size"]
             if wanted_range is None:

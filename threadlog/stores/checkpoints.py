@@ -43,7 +43,7 @@ from ..types import BlobReference, Checkpoint, CheckpointInput, Timestamp, Write
 from .base import StoreFacade
 
 if TYPE_CHECKING:
-    from ..client import ThreadLog
+    from ..session import Session
 
 log = logging.getLogger("threadlog.checkpoints")
 
@@ -109,7 +109,7 @@ class WriterLease:
         try:
             result = await self._store._send("threadlog.cmd.RenewCheckpointWriter", self.thread_id,
                                              {"writer": writer_record(self),
-                                              "leaseDurationMs": self._store._tl.opts.lease_duration_ms})
+                                              "leaseDurationMs": self._store._session.opts.lease_duration_ms})
         except ThreadLogError as exc:
             if exc.code == WRITER_LOST:
                 self._lose(f"a renewal was refused: {exc.message}")
@@ -131,7 +131,7 @@ class WriterLease:
     # -- background renewal ---------------------------------------------------------
     def _now(self) -> float:
         # The proposer's clock: what the judge is told the time is (client.py's bus clock).
-        clock = self._store._tl.opts.clock
+        clock = self._store._session.opts.clock
         return clock() if clock is not None else time.time() * 1000.0
 
     def _lose(self, reason: str) -> None:
@@ -177,7 +177,7 @@ class WriterLease:
                 if exc.code not in (UNAVAILABLE, OUTCOME_UNKNOWN):
                     self._lose(f"a renewal was refused: {exc.code}: {exc.message}")
                     return
-                if self._store._tl._closed:
+                if self._store._session.closed:
                     self._stop_renewing()
                     return
                 log.info("renewal of the writer lease of thread %r (fence %d) unavailable, retrying: %s",
@@ -208,8 +208,8 @@ def _require_not_lost(writer: dict, given: object) -> None:
 
 
 class CheckpointStore(StoreFacade):
-    def __init__(self, tl: ThreadLog) -> None:
-        super().__init__(tl)
+    def __init__(self, session: Session) -> None:
+        super().__init__(session)
         self._renewals: set[asyncio.Task[None]] = set()
 
     async def acquire_writer(self, thread_id: str, *, auto_renew: bool = True, steal: bool = False) -> WriterLease:
@@ -220,7 +220,7 @@ class CheckpointStore(StoreFacade):
         require_id(thread_id, "thread_id")
         if not isinstance(auto_renew, bool) or not isinstance(steal, bool):
             raise invalid_argument(f"auto_renew and steal must be bool, got {auto_renew!r} and {steal!r}")
-        opts = self._tl.opts
+        opts = self._session.opts
         # The proposer draws the owner token (a capability: 128 random bits);
         # the judge only checks it, so every judge grants the same lease.
         grant = await self._send("threadlog.cmd.AcquireCheckpointWriter", thread_id, {

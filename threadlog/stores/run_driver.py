@@ -20,10 +20,10 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
+from ..delivery import DeliveryLog
 from ..errors import OUTCOME_UNKNOWN, RUN_CLAIM_LOST, RUN_TERMINAL, UNAVAILABLE, ThreadLogError
 
 if TYPE_CHECKING:
-    from ..delivery import DeliveryLog
     from .runs import RunStore
 
 log = logging.getLogger("threadlog.runs")
@@ -47,7 +47,7 @@ class RunDriver:
         self.epoch = epoch
         self.heartbeat_ms = heartbeat_ms
         self.heartbeat_at = heartbeat_at
-        self.log: DeliveryLog = store._tl.delivery(run_id, epoch=epoch)
+        self.log: DeliveryLog = DeliveryLog(store._session, run_id, epoch=epoch)
         self._lost_reason: str | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -147,7 +147,7 @@ class RunDriver:
                         return
                     if exc.code not in (UNAVAILABLE, OUTCOME_UNKNOWN):
                         raise
-                    if self._store._tl._closed:
+                    if self._store._session.closed:
                         return
                     # A missed heartbeat only ages the run toward the TTL; the next one catches up.
                     log.info("heartbeat of run %r (epoch %d) unavailable, retrying: %s",

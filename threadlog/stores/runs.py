@@ -30,7 +30,7 @@ from .base import StoreFacade
 from .run_driver import RunDriver
 
 if TYPE_CHECKING:
-    from ..client import ThreadLog
+    from ..session import Session
 
 # A driver's heartbeat period: a few per reclaim TTL (a TTL of 30 s misses no live driver).
 DEFAULT_HEARTBEAT_MS = 5_000
@@ -76,8 +76,8 @@ async def send_run_patch(store: RunFacade, command: str, run_id: str, patch: Map
 
 
 class RunStore(StoreFacade):
-    def __init__(self, tl: ThreadLog) -> None:
-        super().__init__(tl)
+    def __init__(self, session: Session) -> None:
+        super().__init__(session)
         self._heartbeats: set[asyncio.Task[None]] = set()
 
     async def create_or_resume(self, *, run_id: str, thread_id: str, started_at: Timestamp,
@@ -183,7 +183,7 @@ class RunStore(StoreFacade):
         # had (`update` may have raised or cleared driverEpoch: the floor).
         current = record.get("driverEpoch", 0)
         floor = max(state.max_epoch(self._store, thread_id, run_id), current if isinstance(current, int) else 0)
-        delivery = self._tl._delivery
+        delivery = self._session.delivery
         assert delivery is not None
         epoch = await delivery.claim(run_id, floor)
         # Then the run record shows it (a mirror: a claim that loses a race to a
