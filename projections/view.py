@@ -12,11 +12,13 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from threadlog.validation import dumps
+
 from .store import Store
 
 
 def _dump(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    return dumps(value).encode()  # the one canonical JSON (threadlog/validation.py)
 
 
 def overlay_scan(base: Iterator[tuple[bytes, bytes]], layers: list[dict[bytes, bytes | None]],

@@ -17,13 +17,13 @@ carried as an Avro long; converting it to a double would silently change it).
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
+from . import validation
 from .errors import INVALID_ENTRY, INVALID_ID, WRITER_LOST, ThreadLogError
-from .validation import dumps, is_int, is_number, is_safe_size, is_text, is_valid_id, json_problem, loads
+from .validation import dumps, is_int, is_safe_size, is_text, is_timestamp, is_valid_id, json_problem, loads
 
 REASONS = ("automatic", "named", "fork-root")
 CHECKPOINT_KEYS = frozenset({"id", "threadId", "parentCheckpointId", "createdAt", "reason", "label",
@@ -52,26 +52,17 @@ def writer_lost(message: str) -> ThreadLogError:
 
 
 def require_id(value: Any, label: str) -> str:
-    if not is_valid_id(value):
-        raise invalid_id(f"{label} must be a non-empty well-formed Unicode string, got {value!r}")
-    return value
+    """An id of the checkpoint contract: refused with `INVALID_ID` (SPEC 4)."""
+    return validation.require_id(value, label, INVALID_ID)
 
 
 def require_optional_id(value: Any, label: str) -> str | None:
     return None if value is None else require_id(value, label)
 
 
-def is_timestamp(value: Any) -> bool:
-    """A finite int or float (never bool); an int must fit the Avro long it travels as."""
-    if not is_number(value) or not math.isfinite(value):
-        return False
-    return not is_int(value) or _LONG_MIN <= value <= _LONG_MAX
-
-
 def require_timestamp(value: Any, label: str) -> float | int:
-    if not is_timestamp(value):
-        raise invalid_entry(f"{label} must be a finite number (int within 64 bits, or float), got {value!r}")
-    return value
+    """A timestamp of the checkpoint contract: refused with `INVALID_ENTRY` (SPEC 4)."""
+    return validation.require_timestamp(value, label, INVALID_ENTRY)
 
 
 # -- writers --------------------------------------------------------------------

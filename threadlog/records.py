@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import CORRUPT_RECORD, ThreadLogError, invalid_argument
-from .validation import is_finite, is_int, is_valid_id, json_problem, require_id
+from .validation import is_int, is_valid_id, json_problem, require_id, require_timestamp
 
 RUN_STATUSES = ("running", "interrupted", "completed", "failed", "aborted")
 TERMINAL_STATUSES = frozenset({"completed", "failed", "aborted"})
@@ -26,16 +26,6 @@ MAX_SAFE_INT = 2**53 - 1
 
 
 # -- scalar fields ---------------------------------------------------------------
-def require_timestamp(value: Any, label: str) -> int | float:
-    """Epoch ms: a finite int or float, never bool. Ints must fit a signed 64-bit
-    long (they travel as Avro `long` and are ordered as doubles in keys)."""
-    if not is_finite(value):
-        raise invalid_argument(f"{label} must be a finite number of epoch ms, got {value!r}")
-    if is_int(value) and not INT64_MIN <= value <= INT64_MAX:
-        raise invalid_argument(f"{label} {value!r} is outside the 64-bit range of timestamps")
-    return value
-
-
 def require_epoch(value: Any, label: str) -> int:
     if not is_int(value) or not 0 <= value <= MAX_SAFE_INT:
         raise invalid_argument(f"{label} must be an int in 0..2**53-1, got {value!r}")

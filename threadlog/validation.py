@@ -31,6 +31,22 @@ def require_id(value: Any, label: str, code: str = INVALID_ARGUMENT) -> str:
     return value
 
 
+def is_timestamp(value: Any) -> bool:
+    """Epoch ms: a finite int or float (never bool); an int must fit the signed
+    64-bit long it travels as (Avro `long`; keys order it as a double)."""
+    if not is_finite(value):
+        return False
+    return not is_int(value) or -(2**63) <= value <= 2**63 - 1
+
+
+def require_timestamp(value: Any, label: str, code: str = INVALID_ARGUMENT) -> int | float:
+    """`value` if `is_timestamp`, else `code` (the caller's contract picks it)."""
+    if not is_timestamp(value):
+        raise ThreadLogError(code, f"{label} must be a finite number of epoch ms (an int within 64 bits, "
+                                   f"or a float), got {value!r}")
+    return value
+
+
 def is_number(value: Any) -> bool:
     """int or float, never bool."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
