@@ -631,7 +631,7 @@ def _warm_up(bootstrap: str, deadline: float, replication: int = 1) -> None:
     their coordinators then load for seconds ("Coordinator load in progress"):
     one transaction that also commits consumer offsets triggers both here.
     """
-    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
 
     topic = "__threadlog_warmup"
@@ -644,7 +644,16 @@ def _warm_up(bootstrap: str, deadline: float, replication: int = 1) -> None:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "threadlog-warmup", "log_level": 0})
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": "threadlog-warmup", "log_level": 0})
     try:
-        producer.init_transactions(max(1.0, deadline - time.monotonic()))
+        while True:
+            try:
+                producer.init_transactions(max(1.0, deadline - time.monotonic()))
+                break
+            except KafkaException as exc:
+                # A transaction coordinator still loading its partition answers
+                # COORDINATOR_LOAD_IN_PROGRESS, retriable: seen on a 3-node start on busy cores.
+                if not exc.args[0].retriable() or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.5)
         producer.begin_transaction()
         producer.produce(topic, b"warm-up", partition=0)
         producer.send_offsets_to_transaction([TopicPartition(topic, 0, 0)], consumer.consumer_group_metadata(),

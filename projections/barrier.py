@@ -48,6 +48,7 @@ class ReadBarrier:
         self._inflight: asyncio.Future | None = None
         self._next: asyncio.Future | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._refreshing: asyncio.Task | None = None
 
     def _request(self) -> dict:
         req = {TopicPartition(self.topic, p): OffsetSpec.latest() for p in range(self.follower.partitions)}
@@ -98,10 +99,12 @@ class ReadBarrier:
                 out = {tp.partition: f.result().offset for tp, f in futures.items()}
                 if _complete(out):
                     return out
+                self._refresh_later()  # a partition without a known leader: ask who leads now
                 if time.monotonic() > deadline:
                     raise unavailable(f"end offsets of {self.topic} unknown (no leader?): {out}")
             except KafkaException as exc:
                 if not _retriable(exc) or time.monotonic() > deadline:
+                    self._refresh_later()
                     raise unavailable(f"cannot read end offsets of {self.topic}: {exc}") from None
                 if _stale_leader(exc):
                     left = deadline - time.monotonic()
@@ -110,8 +113,21 @@ class ReadBarrier:
                     except TimeoutError:
                         pass  # the deadline check above ends the next failing round
             except TimeoutError:
+                self._refresh_later()
                 raise unavailable(f"end offsets of {self.topic} not answered in {self.timeout}s") from None
             await asyncio.sleep(0.05)
+
+    def _refresh_later(self) -> None:
+        """Refresh the leaders in the background after a round that failed or was not answered.
+
+        When a broker of a cluster dies, another replica leads its partitions
+        within seconds, but the admin client keeps sending ListOffsets to the
+        dead one until its metadata is refreshed (5 min by itself): every read
+        failed UNAVAILABLE long after the cluster had failed over
+        (tests/test_cluster_failover.py). Not awaited: the failing call keeps
+        its deadline; the next round asks the new leaders. One at a time."""
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.get_running_loop().create_task(asyncio.to_thread(self._refresh_metadata))
 
     async def end_offsets(self) -> dict[int, int]:
         """End offsets of every partition, asked after this call began (shared rounds)."""
