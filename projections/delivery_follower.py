@@ -100,6 +100,43 @@ class Subscription:
         return True
 
 
+class Subscribers:
+    """Live readers by run, and the lock a feed hands records over under.
+
+    The hand-off has no gap only if a reader's `live_from` is read, and the
+    reader registered, under the same lock the feed holds while it hands a
+    batch out and moves its dispatched position: callers of `add` and `of`
+    hold `lock` (it also guards their positions)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._by_run: dict[str, set[Subscription]] = {}
+
+    def add(self, sub: Subscription) -> None:
+        self._by_run.setdefault(sub.run_id, set()).add(sub)
+
+    def of(self, run_id: str) -> set[Subscription] | tuple[()]:
+        return self._by_run.get(run_id, ())
+
+    def __bool__(self) -> bool:
+        return bool(self._by_run)
+
+    def remove(self, sub: Subscription) -> None:
+        with self.lock:
+            subs = self._by_run.get(sub.run_id)
+            if subs is not None:
+                subs.discard(sub)
+                if not subs:
+                    del self._by_run[sub.run_id]
+
+    def fail_all(self, error: ThreadLogError) -> None:
+        with self.lock:
+            subs = [s for group in self._by_run.values() for s in group]
+            self._by_run.clear()
+        for sub in subs:
+            sub.fail(error)
+
+
 class DeliveryIndex(Follower):
     def __init__(
         self,
@@ -122,8 +159,7 @@ class DeliveryIndex(Follower):
         super().__init__(bootstrap, topic, partitions, store, codec, f"{client_id}.deliveries", kafka=kafka)
         self.max_queued = max_queued
         self._folded: list[Item] = []
-        self._subs_lock = threading.Lock()
-        self._subs: dict[str, set[Subscription]] = {}
+        self._subs = Subscribers()
         # Every record below this was handed to the subscribers of its run.
         self._dispatched = {p: self.applied(p) for p in range(partitions)}
         self._stopped = False
@@ -157,7 +193,7 @@ class DeliveryIndex(Follower):
                 self._applied[p] = self.store.offset(self.topic, p)
             self.owned = want
             self._drop_waiters(gone)
-        with self._subs_lock:
+        with self._subs.lock:
             for p in want:
                 self._dispatched[p] = self._applied[p]
         self._assign()
@@ -165,29 +201,21 @@ class DeliveryIndex(Follower):
     # -- live feed ---------------------------------------------------------------
     def subscribe(self, run_id: str, partition: int) -> Subscription:
         sub = Subscription(asyncio.get_running_loop(), run_id, partition, self.max_queued)
-        with self._subs_lock:
+        with self._subs.lock:
             if self._stopped:
                 raise unavailable("the delivery index is stopped")
             sub.live_from = self._dispatched[partition]
-            self._subs.setdefault(run_id, set()).add(sub)
+            self._subs.add(sub)
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
-        with self._subs_lock:
-            subs = self._subs.get(sub.run_id)
-            if subs is not None:
-                subs.discard(sub)
-                if not subs:
-                    del self._subs[sub.run_id]
+        self._subs.remove(sub)
 
     def stop(self) -> None:
         super().stop()
-        with self._subs_lock:
+        with self._subs.lock:
             self._stopped = True
-            subs = [s for group in self._subs.values() for s in group]
-            self._subs.clear()
-        for sub in subs:
-            sub.fail(unavailable("the client was closed"))
+        self._subs.fail_all(unavailable("the client was closed"))
 
     # -- folding -------------------------------------------------------------------
     def _fold(self, view: View, partition: int, msg: Consumed) -> None:
@@ -230,9 +258,9 @@ class DeliveryIndex(Follower):
                 continue
             reached[msg.partition()] = max(reached.get(msg.partition(), 0), nxt)
         per_sub: dict[Subscription, list[Item]] = {}
-        with self._subs_lock:
+        with self._subs.lock:
             for item in self._folded:
-                for sub in self._subs.get(item.record["runId"], ()):
+                for sub in self._subs.of(item.record["runId"]):
                     if item.offset >= sub.live_from:
                         per_sub.setdefault(sub, []).append(item)
             for p, nxt in reached.items():

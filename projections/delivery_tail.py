@@ -26,7 +26,7 @@ from threadlog.schemas import Codec, CodecError
 from threadlog import kafka_config
 from threadlog.errors import unavailable
 
-from .delivery_follower import Item, Subscription
+from .delivery_follower import Item, Subscribers, Subscription
 
 log = logging.getLogger("threadlog.deliveries.tail")
 
@@ -42,10 +42,10 @@ class DeliveryTail:
             bootstrap, f"{client_id}.dlvtail", kafka,
             **{"enable.partition.eof": True, "fetch.wait.max.ms": kafka_config.TXN_READER_WAIT_MS},
         ))
-        self._lock = threading.Lock()
+        self._subs = Subscribers()
+        self._lock = self._subs.lock  # also guards _dispatched and _joining (the hand-off)
         self._joining: list[tuple[int, CFuture]] = []  # partitions readers wait to have tailed
         self._wake = threading.Event()
-        self._subs: dict[str, set[Subscription]] = {}
         self._dispatched: dict[int, int] = {}  # partitions tailed -> every record below went out
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"dlvtail:{topic}", daemon=True)
@@ -89,26 +89,17 @@ class DeliveryTail:
         sub = Subscription(asyncio.get_running_loop(), run_id, partition, self.max_queued)
         with self._lock:
             sub.live_from = self._dispatched[partition]
-            self._subs.setdefault(run_id, set()).add(sub)
+            self._subs.add(sub)
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
-        with self._lock:
-            subs = self._subs.get(sub.run_id)
-            if subs is not None:
-                subs.discard(sub)
-                if not subs:
-                    del self._subs[sub.run_id]
+        self._subs.remove(sub)
 
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=10)
-        with self._lock:
-            subs = [s for group in self._subs.values() for s in group]
-            self._subs.clear()
-        for sub in subs:
-            sub.fail(unavailable("the client was closed"))
+        self._subs.fail_all(unavailable("the client was closed"))
         try:
             self._consumer.close()
         except Exception:  # pragma: no cover
@@ -144,7 +135,7 @@ class DeliveryTail:
                         log.warning("delivery tail: %s", err)
                     continue
                 self._dispatched[p] = max(self._dispatched.get(p, 0), msg.offset() + 1)
-                subs = self._subs.get(msg.key().decode("utf-8", "replace")) if msg.key() else None
+                subs = self._subs.of(msg.key().decode("utf-8", "replace")) if msg.key() else None
                 if not subs:
                     continue
                 try:

@@ -318,7 +318,7 @@ async def test_abandoned_readers_release_their_resources(tl):
         reader = log.read("-1")
         await take(reader, 3)
         await reader.aclose()
-    assert svc.runs.index._subs == {}
+    assert not svc.runs.index._subs
     await within(log.close())
     got = await collect(log.read("-1"))
     assert [c["i"] for _, c in got] == list(range(200))
