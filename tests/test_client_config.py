@@ -37,7 +37,7 @@ async def test_properties_reach_every_client_threadlog_creates(open_client, monk
     import threadlog.producers.proposals as proposals
     import threadlog.projections.follower as follower
 
-    import threadlog.delivery as delivery
+    import threadlog.delivery.reader as delivery
     import threadlog.runtime as runtime
 
     rec = Recorder()
