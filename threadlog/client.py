@@ -83,8 +83,8 @@ class ThreadLog:
             timeout=self.opts.request_timeout,
             kafka=self.opts.kafka,
         )
-        self.session.delivery = delivery = DeliveryService(self.session)
-        delivery.start()
+        # The run index it reads (if folded here) is the runtime's, started with it.
+        self.session.delivery = DeliveryService(self.session)
 
     def _stop_sync(self) -> None:
         if self._delivery is not None:

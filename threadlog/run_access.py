@@ -21,7 +21,7 @@ how to judge each record it meets.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from .kafka_config import Consumed
 from .partitioning import owner_partition
@@ -36,33 +36,32 @@ from .schemas import Codec
 DEFAULT_STATE = {"fence": 0, "reps": 0}
 
 
-class Reading:
+class Reading(Protocol):
     """A reader's start: the run's `state` (None: no record yet) as of Kafka offset
     `at`, which covers every write acknowledged before the read began."""
 
-    def __init__(self, state: dict | None, at: int) -> None:
-        self.state = state
-        self.at = at
+    state: dict | None
+    at: int
 
     async def judge(self, msgs: list[Consumed], decode: Any) -> list[tuple[Consumed, dict | None]]:
         """Each of the run's messages (in offset order) with its verdict (None: not the run's)."""
-        raise NotImplementedError
+        ...
 
     def judge_item(self, item: Item) -> str | bool | None:
         """A live item's drop code (None: it stands); False: already covered by `state`."""
-        raise NotImplementedError
+        ...
 
-    def replacement(self, offset: int, index: int) -> str | None:
-        raise NotImplementedError
+    def replacement(self, offset: int, index: int) -> str | None: ...
 
     def has_reps(self) -> bool:
         """Whether any upsert of the run is known (else no replacement is looked up)."""
-        raise NotImplementedError
+        ...
 
 
-class _LocalReading(Reading):
+class _LocalReading:
     def __init__(self, store: Store, run_id: str, state: dict | None, at: int) -> None:
-        super().__init__(state, at)
+        self.state = state
+        self.at = at
         self.store = store
         self.run_id = run_id
 
@@ -130,9 +129,10 @@ def _as_verdict(rec: dict, dropped: str | None) -> dict:
     return {}  # a claim (its grant matters only to the claimer) or a newer kind
 
 
-class _RemoteReading(Reading):
+class _RemoteReading:
     def __init__(self, runs: RemoteRuns, run_id: str, partition: int, state: dict | None, at: int) -> None:
-        super().__init__(state, at)
+        self.state = state
+        self.at = at
         self.runs = runs
         self.run_id = run_id
         self.partition = partition

@@ -43,9 +43,6 @@ class DeliveryService:
         self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="delivery-read")
         self.closing = threading.Event()
 
-    def start(self) -> None:
-        """The run index (if folded here) is the runtime's, started with it."""
-
     def stop(self) -> None:
         self.closing.set()
         self.runs.stop()
