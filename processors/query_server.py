@@ -48,6 +48,7 @@ from typing import Any, TypeVar
 import orjson
 from threadlog.processors.judge import Judge
 from threadlog.processors.snapshotter import Snapshotter
+from threadlog.producers.pump import settle_threadsafe
 from threadlog.projections import run_index
 from threadlog.projections.barrier import ReadBarrier
 from threadlog.projections.delivery_follower import DeliveryIndex
@@ -264,7 +265,7 @@ class QueryServer:
         fut: asyncio.Future = loop.create_future()
 
         def judged(verdict: dict) -> None:  # on the judge's thread, or here at once
-            loop.call_soon_threadsafe(_settle, fut, verdict)
+            settle_threadsafe(loop, fut, None, verdict)
 
         self.judge.on_verdict(p, o, judged)
         try:
@@ -337,6 +338,3 @@ class QueryServer:
 _DELIVERY_OPS = frozenset({"dlv_verdict", "dlv_state", "dlv_verdicts"})
 
 
-def _settle(fut: asyncio.Future, value: Any) -> None:
-    if not fut.done():
-        fut.set_result(value)

@@ -21,7 +21,7 @@ from threadlog.errors import invalid_argument, unavailable
 from threadlog.partitioning import partition_for
 from threadlog.topics import MAX_MESSAGE_BYTES
 
-from .pump import ProducerPump, settle
+from .pump import ProducerPump, settle_threadsafe
 
 
 class DeliveryWriter:
@@ -63,9 +63,9 @@ class DeliveryWriter:
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
-                loop.call_soon_threadsafe(settle, fut, unavailable(f"delivery record not written: {err}"), None)
+                settle_threadsafe(loop, fut, unavailable(f"delivery record not written: {err}"), None)
             else:
-                loop.call_soon_threadsafe(settle, fut, None, msg.offset())
+                settle_threadsafe(loop, fut, None, msg.offset())
 
         deadline = time.monotonic() + self.timeout
         while True:

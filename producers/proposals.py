@@ -41,7 +41,7 @@ from threadlog.errors import OUTCOME_UNKNOWN, ThreadLogError, invalid_argument, 
 from threadlog.partitioning import partition_for
 from threadlog.topics import TopicLayout, Topics
 
-from .pump import ProducerPump, settle
+from .pump import ProducerPump, settle_threadsafe
 
 # A proposal's effects are about as large as the proposal: keep 1 MiB of
 # headroom under the topics' 16 MiB record limit.
@@ -163,7 +163,7 @@ class ProposalBus:
         where: list[int] = []
 
         def judged(verdict: dict) -> None:
-            loop.call_soon_threadsafe(settle, fut, None, verdict)
+            settle_threadsafe(loop, fut, None, verdict)
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
             # On the pump thread: hand the offset straight to the verdict source.
@@ -174,7 +174,7 @@ class ProposalBus:
                 exc = (ThreadLogError(OUTCOME_UNKNOWN, f"{type_name} may have been written ({err}): it may still "
                                                        "apply") if timed_out else unavailable(f"proposal not written: "
                                                                                               f"{err}"))
-                loop.call_soon_threadsafe(settle, fut, exc, None)
+                settle_threadsafe(loop, fut, exc, None)
                 return
             offset = msg.offset()
             assert offset is not None  # a delivered record has its offset
@@ -215,7 +215,7 @@ class ProposalBus:
             futures.append(fut)
 
             def done(err: KafkaError | None, _msg: Message, fut: asyncio.Future = fut) -> None:
-                loop.call_soon_threadsafe(settle, fut, None if err is None else unavailable(str(err)), None)
+                settle_threadsafe(loop, fut, None if err is None else unavailable(str(err)), None)
 
             k = eff["key"]
             self.producer.produce(self.topics.blobs, None, k.encode("utf-8"),

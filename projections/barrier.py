@@ -42,11 +42,17 @@ from .follower import Follower
 PROBE_S = 1.0
 
 
-class ReadBarrier:
-    def __init__(self, admin: AdminClient, follower: Follower, timeout: float = 30.0) -> None:
+class EndOffsets:
+    """The end offsets of a topic's partitions, read after the caller began, in shared rounds.
+
+    A proposal's `seen` needs only this; a thin client reads it from Kafka
+    itself (one hop) rather than through a worker (three).
+    """
+
+    def __init__(self, admin: AdminClient, topic: str, partitions: int, timeout: float = 30.0) -> None:
         self.admin = admin
-        self.follower = follower
-        self.topic = follower.topic
+        self.topic = topic
+        self.partitions = partitions
         self.timeout = timeout
         self._inflight: asyncio.Future | None = None
         self._next: asyncio.Future | None = None
@@ -54,7 +60,7 @@ class ReadBarrier:
         self._refreshing: asyncio.Task | None = None
 
     def _request(self) -> dict:
-        req = {TopicPartition(self.topic, p): OffsetSpec.latest() for p in range(self.follower.partitions)}
+        req = {TopicPartition(self.topic, p): OffsetSpec.latest() for p in range(self.partitions)}
         return self.admin.list_offsets(
             req, isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=self.timeout
         )
@@ -181,6 +187,15 @@ class ReadBarrier:
                 nxt, self._next = self._next, None
                 self._inflight = nxt
                 self._spawn(nxt)
+
+
+
+class ReadBarrier(EndOffsets):
+    """End offsets, then a wait until `follower` has folded past them."""
+
+    def __init__(self, admin: AdminClient, follower: Follower, timeout: float = 30.0) -> None:
+        super().__init__(admin, follower.topic, follower.partitions, timeout)
+        self.follower = follower
 
     async def wait(self, partitions: list[int] | None = None) -> None:
         """Return once every write acknowledged before this call is folded."""

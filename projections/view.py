@@ -9,6 +9,7 @@ the view decides when the buffer reaches the store (`Store.apply`), or drops it
 from __future__ import annotations
 
 import json
+from bisect import bisect_left, insort
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,25 +22,34 @@ def _dump(value: Any) -> bytes:
     return dumps(value).encode()  # the one canonical JSON (threadlog/validation.py)
 
 
-def overlay_scan(base: Iterator[tuple[bytes, bytes]], layers: list[dict[bytes, bytes | None]],
-                 prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-    """`base` under `prefix` with buffered writes applied, lowest layer first (None deletes)."""
+def overlay_scan(base: Iterator[tuple[bytes, bytes]], layers: list[list[tuple[bytes, bytes | None]]]
+                 ) -> Iterator[tuple[bytes, bytes]]:
+    """`base` with buffered writes applied, lowest layer first (None deletes).
+
+    Each layer holds only the buffered writes under the scanned prefix (see
+    `View._buffered`); with none, the base iterator is returned as it is.
+    """
+    if not any(layers):
+        return base
     merged = dict(base)
     for layer in layers:
-        for k, v in layer.items():
-            if k.startswith(prefix):
-                if v is None:
-                    merged.pop(k, None)
-                else:
-                    merged[k] = v
-    for k in sorted(merged):
-        yield k, merged[k]
+        for k, v in layer:
+            if v is None:
+                merged.pop(k, None)
+            else:
+                merged[k] = v
+    return iter([(k, merged[k]) for k in sorted(merged)])
 
 
 class View:
     def __init__(self, store: Store, buffer: dict[bytes, bytes | None] | None = None) -> None:
         self.store = store
         self.buffer: dict[bytes, bytes | None] = {} if buffer is None else buffer
+        # The buffered keys, ascending. Why: a judge's view buffers a whole
+        # fetched batch (thousands of keys) and a decision scans a few prefixes;
+        # filtering the whole buffer per scan made a batch quadratic. Only
+        # put/delete change the buffer, so they keep this list.
+        self._keys: list[bytes] = sorted(self.buffer)
 
     def get(self, k: bytes) -> bytes | None:
         if k in self.buffer:
@@ -50,18 +60,30 @@ class View:
         raw = self.get(k)
         return None if raw is None else json.loads(raw)
 
-    def put(self, k: bytes, v: bytes) -> None:
+    def put(self, k: bytes, v: bytes | None) -> None:
+        if k not in self.buffer:
+            insort(self._keys, k)
         self.buffer[k] = v
 
     def put_json(self, k: bytes, value: Any) -> None:
-        self.buffer[k] = _dump(value)
+        self.put(k, _dump(value))
 
     def delete(self, k: bytes) -> None:
-        self.buffer[k] = None
+        self.put(k, None)
+
+    def _buffered(self, prefix: bytes) -> list[tuple[bytes, bytes | None]]:
+        """The buffered writes under `prefix`, ascending."""
+        keys = self._keys
+        i = bisect_left(keys, prefix)
+        out = []
+        while i < len(keys) and keys[i].startswith(prefix):
+            out.append((keys[i], self.buffer[keys[i]]))
+            i += 1
+        return out
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Merged, ascending scan of buffer and store under `prefix`."""
-        return overlay_scan(self.store.scan(prefix), [self.buffer], prefix)
+        return overlay_scan(self.store.scan(prefix), [self._buffered(prefix)])
 
     def child(self) -> _ChildView:
         """A view whose writes stay separate until `merge` (one command's effects)."""
@@ -79,7 +101,8 @@ class _ChildView(View):
         return self.parent.get(k)
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        return overlay_scan(self.parent.scan(prefix), [self.buffer], prefix)
+        return overlay_scan(self.parent.scan(prefix), [self._buffered(prefix)])
 
     def merge(self) -> None:
-        self.parent.buffer.update(self.buffer)
+        for k, v in self.buffer.items():
+            self.parent.put(k, v)

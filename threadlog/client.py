@@ -12,6 +12,7 @@ from .config import Options
 from .delivery import DeliveryLog, DeliveryService
 from .errors import ThreadLogError, unavailable
 from .producers.proposals import ProposalBus, Verdicts
+from .projections.barrier import EndOffsets
 from .projections.partition_stores import PartitionStores
 from .projections.store import Store
 from .remote import RemoteStore, RemoteVerdicts
@@ -64,7 +65,10 @@ class ThreadLog:
         verdicts: Verdicts
         if self.runtime.query is not None:  # thin: a worker judges
             verdicts = RemoteVerdicts(self.runtime.query)
-            end_offsets = self.runtime.query.end_offsets
+            assert self.runtime.admin is not None
+            # `seen` straight from Kafka: asking a worker for it added two hops to every proposal.
+            end_offsets = EndOffsets(self.runtime.admin, self.runtime.topics.events, self.runtime.layout.events,
+                                     self.opts.request_timeout).end_offsets
             self.session.reads = RemoteStore(self.runtime.query)
         else:
             assert self.runtime.judge is not None and self.runtime.barrier is not None
