@@ -15,7 +15,8 @@ _ESC = b"\x00\xff"
 
 
 def enc_str(value: str) -> bytes:
-    return value.encode("utf-8").replace(b"\x00", _ESC) + _END
+    raw = value.encode("utf-8")
+    return (raw.replace(b"\x00", _ESC) if b"\x00" in raw else raw) + _END
 
 
 def dec_str(data: bytes, pos: int = 0) -> tuple[str, int]:
@@ -44,10 +45,16 @@ def dec_num(data: bytes, pos: int = 0) -> tuple[float, int]:
 
 
 def key(tag: bytes, *parts: str | float) -> bytes:
-    out = bytearray(tag)
+    # Hot (dozens of keys per judged proposal): one join, strings inline.
+    out = [tag]
     for part in parts:
-        out += enc_str(part) if isinstance(part, str) else enc_num(part)
-    return bytes(out)
+        if isinstance(part, str):
+            raw = part.encode("utf-8")
+            out.append(raw.replace(b"\x00", _ESC) if b"\x00" in raw else raw)
+            out.append(_END)
+        else:
+            out.append(enc_num(part))
+    return b"".join(out)
 
 
 def split(tag: bytes, data: bytes, kinds: str) -> list:
