@@ -2,7 +2,7 @@
 
 from .blob_gc import GcReport
 from .client import ThreadLog, open
-from .errors import ThreadLogError
+from .kernel.errors import ThreadLogError
 from .stores.checkpoints import Writer, WriterLease
 from .stores.run_driver import RunDriver
 from .sync import SyncThreadLog, connect
