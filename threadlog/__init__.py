@@ -1,5 +1,8 @@
 """threadlog: durable state for AI agent threads, event-sourced on Apache Kafka."""
 
+# `threadlog.errors` (the public path of `threadlog.kernel.errors`) stays an
+# attribute of the package after `import threadlog`, as before the kernel move.
+from . import errors as errors
 from .blob_gc import GcReport
 from .client import ThreadLog, open
 from .kernel.errors import ThreadLogError
