@@ -32,7 +32,7 @@ from common import (
 )
 
 import threadlog
-import threadlog.validation
+import threadlog.kernel.validation
 
 
 async def save_threads(tl, payload: list, total: int, concurrency: int, threads: int) -> Result:
@@ -52,7 +52,7 @@ async def main() -> None:
     bootstrap = bootstrap_or_local(args.bootstrap)
     text = "x" * max(1, args.size - 40)
     transcript = [{"role": "user", "content": text}]
-    payload = threadlog.validation.dumps(transcript).encode()
+    payload = threadlog.kernel.validation.dumps(transcript).encode()
 
     topic = temp_topic(bootstrap, args.partitions)
     ns = f"bench-{uuid.uuid4().hex[:6]}"

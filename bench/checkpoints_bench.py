@@ -40,7 +40,7 @@ from threadlog.schemas import default_codec
 from workers import Worker, split
 
 import threadlog
-from threadlog.checkpoint_rules import to_wire
+from threadlog.kernel.checkpoint_rules import to_wire
 
 
 def make_checkpoint(cid: str, thread: str, parent: str | None, n: int, files: int, conv_bytes: int) -> dict:

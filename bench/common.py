@@ -193,7 +193,7 @@ def raw_consume(bootstrap: str, topic: str, partitions: int = 1, expect: int | N
 
 def delete_namespace(bootstrap: str, namespace: str) -> None:
     """Drop the topics a benchmark's threadlog namespace created."""
-    from threadlog.topics import Topics, delete_topics
+    from threadlog.kernel.topics import Topics, delete_topics
 
     delete_topics(AdminClient({"bootstrap.servers": bootstrap}), Topics(namespace))
 

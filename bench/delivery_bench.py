@@ -48,8 +48,8 @@ from common import (
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 import threadlog
-from threadlog.delivery_records import chunks_record
-from threadlog.topics import Topics
+from threadlog.kernel.delivery_records import chunks_record
+from threadlog.kernel.topics import Topics
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_DIR = ROOT / "tests" / "node"

@@ -29,7 +29,7 @@ from thin_bench import PARTITIONS, THREADS, write_history
 from workers import Worker, split
 
 import threadlog
-from threadlog.partitioning import partition_for
+from threadlog.kernel.partitioning import partition_for
 
 
 def thread_on(p: int, n: int) -> str:

@@ -37,7 +37,7 @@ from common import (
 from threadlog.schemas import default_codec
 
 import threadlog
-from threadlog.validation import dumps
+from threadlog.kernel.validation import dumps
 
 
 def patch_for(i: int) -> dict:

@@ -29,8 +29,8 @@ from common import Result, bench_args, bootstrap_or_local, delete_namespace, rep
 from threadlog.schemas import default_codec
 
 import threadlog
-from threadlog.partitioning import partition_for
-from threadlog.topics import Topics
+from threadlog.kernel.partitioning import partition_for
+from threadlog.kernel.topics import Topics
 
 PARTITIONS = 4
 THREADS = 1000

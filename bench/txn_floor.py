@@ -27,7 +27,7 @@ Variants (rows of one table):
                  committed asynchronously: what transactions cost;
   eos-2-relays   two transactional relays in one group sharing the partitions.
 
-The client configs mirror threadlog/kafka_config.py (copied, not imported, so
+The client configs mirror threadlog/kernel/kafka_config.py (copied, not imported, so
 the floor is plain confluent-kafka). Every wait has a timeout; a relay that
 exits fails the run. `--debug-eos` turns on librdkafka's eos debug log in the
 relays to count CONCURRENT_TRANSACTIONS retries (costs relay CPU: not for figures).
@@ -73,7 +73,7 @@ VARIANTS = {  # name -> (relay mode, relays, row label)
 }
 
 
-# -- configs (as threadlog/kafka_config.py) -------------------------------------------
+# -- configs (as threadlog/kernel/kafka_config.py) -------------------------------------------
 def _base(bootstrap: str, client_id: str) -> dict:
     return {"bootstrap.servers": bootstrap, "client.id": client_id, "socket.nagle.disable": True,
             "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 2000}

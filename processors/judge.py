@@ -48,11 +48,11 @@ from threadlog.projections.store import Store
 from threadlog.projections.view import View
 from threadlog.schemas import Codec, CodecError
 
-from threadlog import kafka_config
-from threadlog.errors import INVALID_ARGUMENT, INVALID_MESSAGE, NOT_OWNER, UNAVAILABLE, ThreadLogError
-from threadlog.kafka_config import Consumed, Props
-from threadlog.partitioning import partition_for
-from threadlog.validation import dumps
+from threadlog.kernel import kafka_config
+from threadlog.kernel.errors import INVALID_ARGUMENT, INVALID_MESSAGE, NOT_OWNER, UNAVAILABLE, ThreadLogError
+from threadlog.kernel.kafka_config import Consumed, Props
+from threadlog.kernel.partitioning import partition_for
+from threadlog.kernel.validation import dumps
 
 from .handlers import HANDLERS, Context, Decision
 

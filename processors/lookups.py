@@ -22,7 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 
-from threadlog.errors import ThreadLogError
+from threadlog.kernel.errors import ThreadLogError
 from threadlog.remote import QueryClient
 
 log = logging.getLogger("threadlog.lookups")

@@ -55,7 +55,7 @@ from threadlog.projections.delivery_follower import DeliveryIndex
 from threadlog.projections.global_ids import holders_as_of
 from threadlog.projections.partition_stores import PartitionStores
 
-from threadlog.errors import BEHIND, INVALID_ARGUMENT, NOT_OWNER, UNAVAILABLE, ThreadLogError, not_owner
+from threadlog.kernel.errors import BEHIND, INVALID_ARGUMENT, NOT_OWNER, UNAVAILABLE, ThreadLogError, not_owner
 
 log = logging.getLogger("threadlog.query")
 _T = TypeVar("_T")

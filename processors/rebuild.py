@@ -17,9 +17,9 @@ from threadlog.projections.fold import load_all
 from threadlog.projections.partition_stores import PartitionStores, hold_slot, slot_holder
 from threadlog.schemas import default_codec
 
-from threadlog import kafka_config
-from threadlog.errors import STORE_IN_USE, ThreadLogError
-from threadlog.topics import Topics, require_topics
+from threadlog.kernel import kafka_config
+from threadlog.kernel.errors import STORE_IN_USE, ThreadLogError
+from threadlog.kernel.topics import Topics, require_topics
 
 from .handlers import load_all as load_handlers
 from .judge import Judge

@@ -50,9 +50,9 @@ from threadlog.projections.store import Store
 from threadlog.projections.view import View
 from threadlog.schemas import Codec
 
-from threadlog import kafka_config
-from threadlog.errors import invalid_argument, unavailable
-from threadlog.validation import require_id
+from threadlog.kernel import kafka_config
+from threadlog.kernel.errors import invalid_argument, unavailable
+from threadlog.kernel.validation import require_id
 
 from .judge import Others, Record, _Blocked, clock_key, judge_record
 

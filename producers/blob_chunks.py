@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, cast
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from threadlog.schemas import Codec, CodecError
 
-from threadlog import kafka_config
-from threadlog.errors import unavailable
-from threadlog.partitioning import partition_for
+from threadlog.kernel import kafka_config
+from threadlog.kernel.errors import unavailable
+from threadlog.kernel.partitioning import partition_for
 
 from .pump import ProducerPump
 

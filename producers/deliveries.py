@@ -15,11 +15,11 @@ import time
 from confluent_kafka import KafkaError, Message, Producer
 from threadlog.schemas import Codec
 
-from threadlog import delivery_records as records
-from threadlog import kafka_config
-from threadlog.errors import invalid_argument, unavailable
-from threadlog.partitioning import partition_for
-from threadlog.topics import MAX_MESSAGE_BYTES
+from threadlog.kernel import delivery_records as records
+from threadlog.kernel import kafka_config
+from threadlog.kernel.errors import invalid_argument, unavailable
+from threadlog.kernel.partitioning import partition_for
+from threadlog.kernel.topics import MAX_MESSAGE_BYTES
 
 from .pump import ProducerPump, settle_threadsafe
 

@@ -36,10 +36,10 @@ from confluent_kafka import KafkaError, Message, Producer
 from threadlog.processors.handlers import reads_other_partitions, rules_for
 from threadlog.schemas import Codec
 
-from threadlog import kafka_config
-from threadlog.errors import OUTCOME_UNKNOWN, ThreadLogError, invalid_argument, unavailable
-from threadlog.partitioning import partition_for
-from threadlog.topics import TopicLayout, Topics
+from threadlog.kernel import kafka_config
+from threadlog.kernel.errors import OUTCOME_UNKNOWN, ThreadLogError, invalid_argument, unavailable
+from threadlog.kernel.partitioning import partition_for
+from threadlog.kernel.topics import TopicLayout, Topics
 
 from .pump import ProducerPump, settle_threadsafe
 

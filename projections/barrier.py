@@ -34,7 +34,7 @@ import time
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from threadlog.errors import unavailable
+from threadlog.kernel.errors import unavailable
 
 from .follower import Follower
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 from threadlog.schemas import Codec, CodecError
 
-from threadlog.errors import ThreadLogError, unavailable
-from threadlog.kafka_config import Consumed, Props
+from threadlog.kernel.errors import ThreadLogError, unavailable
+from threadlog.kernel.kafka_config import Consumed, Props
 
 from .follower import Follower
 from .run_index import fold_record

@@ -23,8 +23,8 @@ from concurrent.futures import Future as CFuture
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from threadlog.schemas import Codec, CodecError
 
-from threadlog import kafka_config
-from threadlog.errors import unavailable
+from threadlog.kernel import kafka_config
+from threadlog.kernel.errors import unavailable
 
 from .delivery_follower import Item, Subscribers, Subscription
 

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 from threadlog.schemas import Codec, CodecError
 
-from threadlog import kafka_config
-from threadlog.errors import not_owner, unavailable
+from threadlog.kernel import kafka_config
+from threadlog.kernel.errors import not_owner, unavailable
 
 from .fold import EventMeta, apply_event
 from .store import Store

@@ -41,9 +41,9 @@ import json
 import struct
 from typing import Any
 
-from threadlog.delivery_records import CHUNKS, CLAIM, CLOSE, UPSERT, record_size
-from threadlog.errors import CORRUPT_RECORD, INVALID_OFFSET, RUN_CLAIM_LOST, RUN_LOG_CLOSED
-from threadlog.validation import dumps
+from threadlog.kernel.delivery_records import CHUNKS, CLAIM, CLOSE, UPSERT, record_size
+from threadlog.kernel.errors import CORRUPT_RECORD, INVALID_OFFSET, RUN_CLAIM_LOST, RUN_LOG_CLOSED
+from threadlog.kernel.validation import dumps
 
 from .keys import key
 from .reader import StateReader
@@ -88,7 +88,7 @@ def verdict(fence: int, closed_at: int | None, offset: int, epoch: int) -> str |
 
 
 def _dump(value: Any) -> bytes:
-    return dumps(value).encode()  # the one canonical JSON (threadlog/validation.py)
+    return dumps(value).encode()  # the one canonical JSON (threadlog/kernel/validation.py)
 
 
 def fold_record(view: View, offset: int, rec: dict) -> str | None:

@@ -46,8 +46,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from threadlog import kafka_config
-from threadlog.errors import invalid_argument, unavailable
+from threadlog.kernel import kafka_config
+from threadlog.kernel.errors import invalid_argument, unavailable
 
 from .store import Store, offset_key_parts
 

@@ -13,13 +13,13 @@ from bisect import bisect_left, insort
 from collections.abc import Iterator
 from typing import Any
 
-from threadlog.validation import dumps
+from threadlog.kernel.validation import dumps
 
 from .store import Store
 
 
 def _dump(value: Any) -> bytes:
-    return dumps(value).encode()  # the one canonical JSON (threadlog/validation.py)
+    return dumps(value).encode()  # the one canonical JSON (threadlog/kernel/validation.py)
 
 
 def overlay_scan(base: Iterator[tuple[bytes, bytes]], layers: list[list[tuple[bytes, bytes | None]]]

@@ -18,7 +18,7 @@ from typing import Any
 from fastavro import schemaless_reader, schemaless_writer
 from fastavro.schema import load_schema, parse_schema, to_parsing_canonical_form
 
-from threadlog.errors import INVALID_MESSAGE, ThreadLogError
+from threadlog.kernel.errors import INVALID_MESSAGE, ThreadLogError
 
 MARKER = b"\xc3\x01"
 HEADER_LEN = len(MARKER) + 8

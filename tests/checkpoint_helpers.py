@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import time
 
-from threadlog.partitioning import partition_for
+from threadlog.kernel.partitioning import partition_for
 
 
 def file_key(ch: str) -> str:

@@ -21,7 +21,7 @@ from confluent_kafka.admin import AdminClient
 from worker_support import WorkerProcess
 
 import threadlog
-from threadlog.topics import Topics, delete_topics
+from threadlog.kernel.topics import Topics, delete_topics
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -16,8 +16,8 @@ from confluent_kafka import Producer
 from threadlog.schemas import default_codec
 
 from threadlog import ThreadLog
-from threadlog import delivery_records as records
-from threadlog.partitioning import partition_for
+from threadlog.kernel import delivery_records as records
+from threadlog.kernel.partitioning import partition_for
 
 
 async def collect(aiter, seconds: float = 30.0) -> list:

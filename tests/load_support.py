@@ -17,7 +17,7 @@ from typing import Any
 from checkpoint_helpers import checkpoint
 
 import threadlog
-from threadlog.errors import STALE_HEAD, ThreadLogError
+from threadlog.kernel.errors import STALE_HEAD, ThreadLogError
 
 # A call that has not ended after this long is recorded as a hang (and not waited for).
 HANG_AFTER = 40.0

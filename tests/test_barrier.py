@@ -13,7 +13,7 @@ import uuid
 from confluent_kafka import Producer
 from support import within
 
-from threadlog.partitioning import partition_for
+from threadlog.kernel.partitioning import partition_for
 
 
 def _proposal(tl, messages: str) -> bytes:

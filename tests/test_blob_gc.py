@@ -25,7 +25,7 @@ from threadlog.projections.folds import blobs as blob_state
 from worker_support import WorkerProcess, owned_by
 
 from threadlog import ThreadLogError
-from threadlog.partitioning import partition_for
+from threadlog.kernel.partitioning import partition_for
 
 MINUTE = 60_000
 

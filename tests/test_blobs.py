@@ -18,14 +18,14 @@ from threadlog.producers.blob_chunks import CHUNK_SIZE
 from threadlog.projections.folds import blobs as state
 
 from threadlog import ThreadLogError
-from threadlog.topics import specs
+from threadlog.kernel.topics import specs
 
 MiB = 1024 * 1024
 RECORD_KEYS = {"key", "size", "etag", "contentType", "customMetadata", "createdAt", "updatedAt"}
 
 
 def blob_topic_max_message_bytes() -> int:
-    from threadlog.topics import Topics
+    from threadlog.kernel.topics import Topics
 
     (blobs,) = [t for t in specs(Topics("x"), 1, 1) if t.topic == "x.blobs"]
     return int(blobs.config["max.message.bytes"])

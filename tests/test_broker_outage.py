@@ -38,7 +38,7 @@ from worker_support import WorkerProcess
 
 import threadlog
 from threadlog import broker
-from threadlog.errors import OUTCOME_UNKNOWN, STALE_HEAD, UNAVAILABLE, ThreadLogError
+from threadlog.kernel.errors import OUTCOME_UNKNOWN, STALE_HEAD, UNAVAILABLE, ThreadLogError
 
 TIMEOUT_MS = 3000
 TIMEOUT = TIMEOUT_MS / 1000

@@ -10,7 +10,7 @@ from support import within
 
 import threadlog
 from threadlog import ThreadLogError
-from threadlog.partitioning import partition_for
+from threadlog.kernel.partitioning import partition_for
 
 
 async def outcomes(calls) -> tuple[list, list[ThreadLogError]]:

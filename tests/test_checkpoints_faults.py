@@ -30,7 +30,7 @@ from threadlog.projections.fold import current_seq
 from threadlog.projections.partition_stores import PartitionStores
 from worker_support import WorkerProcess
 
-from threadlog.checkpoint_rules import blob_keys, normalized
+from threadlog.kernel.checkpoint_rules import blob_keys, normalized
 
 HERE = Path(__file__).resolve().parent
 

@@ -24,7 +24,7 @@ from checkpoint_helpers import (
 from support import within
 
 import threadlog
-from threadlog.partitioning import partition_for
+from threadlog.kernel.partitioning import partition_for
 
 STALE_HEAD = "SANDBOX_SNAPSHOT_STALE_HEAD"
 PARENT_MISMATCH = "SANDBOX_SNAPSHOT_PARENT_MISMATCH"
@@ -256,8 +256,8 @@ async def test_append_checks_run_in_the_spec_order(tl):
 async def test_the_judge_rechecks_in_the_same_order_when_the_client_is_bypassed(tl):
     """A command on the topic may come from anyone: forged appends that skip the
     client's validation are refused by the handler with the same codes."""
-    from threadlog.checkpoint_rules import to_wire
-    from threadlog.validation import dumps
+    from threadlog.kernel.checkpoint_rules import to_wire
+    from threadlog.kernel.validation import dumps
 
     w = await within(tl.checkpoints.acquire_writer("t"))
     other = await within(tl.checkpoints.acquire_writer("u"))

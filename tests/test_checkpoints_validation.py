@@ -18,7 +18,7 @@ from support import state_of, within
 from threadlog.schemas import CodecError
 
 from threadlog import ThreadLogError
-from threadlog.checkpoint_rules import check_checkpoint, from_wire, to_wire
+from threadlog.kernel.checkpoint_rules import check_checkpoint, from_wire, to_wire
 
 INVALID_ENTRY = "SANDBOX_SNAPSHOT_INVALID_ENTRY"
 INVALID_ID = "SANDBOX_SNAPSHOT_INVALID_ID"

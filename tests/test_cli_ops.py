@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient
 from support import within
 
 import threadlog
-from threadlog.topics import Topics
+from threadlog.kernel.topics import Topics
 
 
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -94,7 +94,7 @@ async def test_namespaces_list_and_delete(bootstrap, namespace, tl):
 def test_an_unexpected_exception_is_internal_in_one_line(bootstrap, namespace, tmp_path):
     # A namespace that exists, and a store path that cannot be a directory: not a ThreadLogError.
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    from threadlog.topics import ensure_topics
+    from threadlog.kernel.topics import ensure_topics
 
     ensure_topics(admin, Topics(namespace), partitions=1, timeout=30)
     blocker = tmp_path / "file"

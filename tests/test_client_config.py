@@ -13,8 +13,9 @@ from confluent_kafka.admin import AdminClient
 from support import within
 
 import threadlog
-from threadlog import ThreadLogError, kafka_config
-from threadlog.topics import Topics
+from threadlog import ThreadLogError
+from threadlog.kernel import kafka_config
+from threadlog.kernel.topics import Topics
 
 
 class Recorder:

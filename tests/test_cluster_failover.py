@@ -52,8 +52,8 @@ from worker_support import WorkerProcess
 
 import threadlog
 from threadlog import broker
-from threadlog.errors import OUTCOME_UNKNOWN, RUN_CLAIM_LOST, STALE_HEAD, UNAVAILABLE
-from threadlog.partitioning import partition_for
+from threadlog.kernel.errors import OUTCOME_UNKNOWN, RUN_CLAIM_LOST, STALE_HEAD, UNAVAILABLE
+from threadlog.kernel.partitioning import partition_for
 
 NODES = 3
 PORTS = range(19500, 19561)  # this test's own range: a node takes a client and a controller port

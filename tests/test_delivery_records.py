@@ -17,7 +17,7 @@ from fastavro import schemaless_writer
 from support import read_topic, within
 from threadlog.schemas.codec import MARKER, load_history
 
-from threadlog.records import CORRUPT_RECORD
+from threadlog.kernel.records import CORRUPT_RECORD
 
 
 def _stored(bootstrap: str, tl) -> list[dict]:

@@ -16,8 +16,8 @@ from delivery_support import ClaimWriter, chunk, collect
 from support import within
 from worker_support import WorkerProcess
 
-from threadlog.errors import RUN_CLAIM_LOST, ThreadLogError
-from threadlog.partitioning import partition_for
+from threadlog.kernel.errors import RUN_CLAIM_LOST, ThreadLogError
+from threadlog.kernel.partitioning import partition_for
 
 
 async def test_a_thin_client_folds_no_delivery_partition_and_tails_only_what_it_reads(bootstrap, namespace,

@@ -23,7 +23,7 @@ import pytest
 
 import threadlog
 import threadlog.types
-from threadlog.errors import CODES
+from threadlog.kernel.errors import CODES
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "docs" / "reference.md"

@@ -14,8 +14,8 @@ from delivery_support import chunk
 from http_support import read_stream, serving, sse_events
 from support import within
 
-from threadlog.errors import UNAVAILABLE, ThreadLogError
 from threadlog.http import Limits, create_app, unauthenticated
+from threadlog.kernel.errors import UNAVAILABLE, ThreadLogError
 
 
 @pytest.fixture

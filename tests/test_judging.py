@@ -24,7 +24,7 @@ from support import state_of, within
 from threadlog.processors.judge import all_verdicts, decision_time
 from threadlog.projections.partition_stores import PartitionStores
 
-from threadlog.errors import (
+from threadlog.kernel.errors import (
     INVALID_ARGUMENT,
     INVALID_MESSAGE,
     RUN_CLAIM_LOST,
@@ -33,7 +33,7 @@ from threadlog.errors import (
     WRITER_LOST,
     ThreadLogError,
 )
-from threadlog.partitioning import partition_for
+from threadlog.kernel.partitioning import partition_for
 
 
 def _verdicts(store: PartitionStores, partitions: int) -> dict[int, list]:

@@ -58,7 +58,7 @@ async def test_namespaces_share_nothing(open_client, namespace):
         await b.close()
         from confluent_kafka.admin import AdminClient
 
-        from threadlog.topics import Topics, delete_topics
+        from threadlog.kernel.topics import Topics, delete_topics
 
         delete_topics(AdminClient({"bootstrap.servers": b.opts.bootstrap_servers}), Topics(b.opts.namespace))
 

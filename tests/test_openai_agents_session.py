@@ -14,8 +14,8 @@ from agents.memory.session import Session, SessionABC
 from openai.types.responses import ResponseOutputMessage, ResponseOutputText
 from threadlog.processors.handlers.agent_sessions import partition_key
 
-from threadlog.errors import ThreadLogError
 from threadlog.integrations.openai_agents import ThreadLogSession
+from threadlog.kernel.errors import ThreadLogError
 
 # Every wait is bounded: a verdict or barrier that never comes fails the test.
 WAIT = 30

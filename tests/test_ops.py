@@ -24,9 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from support import within
 from worker_support import WorkerProcess
 
-from threadlog.errors import ThreadLogError
+from threadlog.kernel.errors import ThreadLogError
+from threadlog.kernel.partitioning import partition_for
 from threadlog.metrics import attach
-from threadlog.partitioning import partition_for
 
 FINISHED = {"type": "RUN_FINISHED", "runId": "r", "threadId": "t"}
 

@@ -20,8 +20,8 @@ from checkpoint_helpers import checkpoint
 from support import within
 from worker_support import WorkerProcess, ask_worker, owned_by
 
-from threadlog.errors import DUPLICATE_ID, ThreadLogError
-from threadlog.partitioning import partition_for
+from threadlog.kernel.errors import DUPLICATE_ID, ThreadLogError
+from threadlog.kernel.partitioning import partition_for
 
 
 def thread_on(partitions: set[int] | list[int], total: int, prefix: str, skip: int = 0) -> str:

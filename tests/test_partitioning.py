@@ -5,7 +5,7 @@ from __future__ import annotations
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from threadlog.partitioning import partition_for
+from threadlog.kernel.partitioning import partition_for
 
 
 def test_partition_for_matches_kafkas_murmur2_partitioner(bootstrap, namespace):

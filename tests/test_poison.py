@@ -12,7 +12,7 @@ from support import within
 from threadlog.processors.judge import all_verdicts
 
 from threadlog import ThreadLogError
-from threadlog.partitioning import partition_for
+from threadlog.kernel.partitioning import partition_for
 
 GARBAGE = [
     b"",  # empty value

@@ -11,7 +11,7 @@ from support import read_topic, state_of, store_of, within
 from threadlog.projections.folds import runs as run_state
 
 from threadlog import ThreadLogError
-from threadlog.partitioning import partition_for
+from threadlog.kernel.partitioning import partition_for
 
 
 def _threads_on_distinct_partitions(tl, n: int = 2) -> list[str]:

@@ -25,9 +25,9 @@ from threadlog.projections.snapshots import (
 )
 from threadlog.projections.store import Store
 
-from threadlog import kafka_config
-from threadlog.errors import ThreadLogError
-from threadlog.topics import Topics, delete_topics, ensure_topics
+from threadlog.kernel import kafka_config
+from threadlog.kernel.errors import ThreadLogError
+from threadlog.kernel.topics import Topics, delete_topics, ensure_topics
 
 TIMEOUT = 30.0
 
@@ -305,7 +305,7 @@ def test_a_failed_write_leaves_nothing_behind(bootstrap, topics, writer, tmp_pat
 def test_the_snapshots_topic_follows_the_events_topic(bootstrap, namespace):
     from confluent_kafka.admin import NewTopic
 
-    from threadlog.topics import specs
+    from threadlog.kernel.topics import specs
 
     t = Topics(namespace)
     admin = AdminClient({"bootstrap.servers": bootstrap})

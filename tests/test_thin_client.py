@@ -18,7 +18,7 @@ from checkpoint_helpers import checkpoint
 from support import within
 from worker_support import WorkerProcess
 
-from threadlog.errors import STALE_HEAD, UNAVAILABLE, ThreadLogError
+from threadlog.kernel.errors import STALE_HEAD, UNAVAILABLE, ThreadLogError
 
 
 @pytest.fixture
@@ -113,7 +113,7 @@ async def test_failover_after_a_killed_worker_never_serves_stale_state(bootstrap
 
 
 async def test_a_write_whose_verdict_cannot_be_learned_says_outcome_unknown(worker, open_client):
-    from threadlog.errors import OUTCOME_UNKNOWN
+    from threadlog.kernel.errors import OUTCOME_UNKNOWN
 
     thin = await open_client(processors="external", own_worker=True, request_timeout_ms=2000)
     await within(thin.messages.save_thread("t", ["v1"]))

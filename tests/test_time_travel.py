@@ -20,7 +20,7 @@ from threadlog.processors import time_travel
 from threadlog.processors.judge import all_verdicts
 from threadlog.projections.store import Store
 
-from threadlog.errors import DUPLICATE_ID, STALE_HEAD, ThreadLogError
+from threadlog.kernel.errors import DUPLICATE_ID, STALE_HEAD, ThreadLogError
 
 FIELDS = ("head", "checkpoints", "runs", "interrupts", "transcript")
 

@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 import threadlog
 from threadlog import ThreadLogError
-from threadlog.topics import REQUIRED_CONFIG, Durability, Topics
+from threadlog.kernel.topics import REQUIRED_CONFIG, Durability, Topics
 
 
 def _configs(bootstrap: str, topic: str) -> dict[str, str]:

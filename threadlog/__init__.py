@@ -1,8 +1,11 @@
 """threadlog: durable state for AI agent threads, event-sourced on Apache Kafka."""
 
+# `threadlog.errors` (the public path of `threadlog.kernel.errors`) stays an
+# attribute of the package after `import threadlog`, as before the kernel move.
+from . import errors as errors
 from .blob_gc import GcReport
 from .client import ThreadLog, open
-from .errors import ThreadLogError
+from .kernel.errors import ThreadLogError
 from .stores.checkpoints import Writer, WriterLease
 from .stores.run_driver import RunDriver
 from .sync import SyncThreadLog, connect

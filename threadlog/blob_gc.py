@@ -33,15 +33,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from . import kafka_config
-from .errors import invalid_argument, unavailable
+from .kernel import kafka_config
+from .kernel.errors import invalid_argument, unavailable
+from .kernel.validation import is_int
 from .processors.handlers.blob_gc import MAX_FENCE_KEYS
 from .producers.blob_chunks import CHUNK_TYPE, is_version
 from .projections.folds import blob_gc as gc
 from .projections.folds import blobs as blob_state
 from .projections.keys import split
 from .schemas import CodecError
-from .validation import is_int
 
 if TYPE_CHECKING:
     from .session import Session

@@ -27,7 +27,7 @@ def _bootstrap_default() -> str:
 
 def _kafka_props(args: argparse.Namespace) -> dict[str, Any]:
     """librdkafka properties from --kafka-config, else THREADLOG_KAFKA_CONFIG (a path), else none."""
-    from threadlog import kafka_config
+    from threadlog.kernel import kafka_config
 
     path = getattr(args, "kafka_config", None) or os.environ.get("THREADLOG_KAFKA_CONFIG")
     props = kafka_config.load_properties(path) if path else {}
@@ -302,7 +302,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _admin(bootstrap: str, kafka: dict[str, Any], client_id: str) -> Any:
     from confluent_kafka.admin import AdminClient
 
-    from threadlog import kafka_config
+    from threadlog.kernel import kafka_config
 
     trap = kafka_config.ErrorTrap(kafka.get("error_cb"))
     return AdminClient(kafka_config.base(bootstrap, client_id, kafka, trap)), trap
@@ -312,8 +312,8 @@ def _namespaces(bootstrap: str, kafka: dict[str, Any], timeout: float) -> dict[s
     """Namespace -> which of its topics (events, deliveries, blobs) exist on the cluster."""
     from confluent_kafka import KafkaException
 
-    from threadlog import kafka_config
-    from threadlog.errors import unavailable
+    from threadlog.kernel import kafka_config
+    from threadlog.kernel.errors import unavailable
 
     admin, trap = _admin(bootstrap, kafka, "threadlog.cli.admin")
     kafka_config.reach(admin, trap, timeout, kafka)  # wrong credentials: fails at once, naming them
@@ -333,8 +333,8 @@ def _namespaces(bootstrap: str, kafka: dict[str, Any], timeout: float) -> dict[s
 def _delete_namespace(bootstrap: str, namespace: str, kafka: dict[str, Any], timeout: float) -> None:
     from confluent_kafka import KafkaError, KafkaException
 
-    from threadlog.errors import unavailable
-    from threadlog.topics import Topics
+    from threadlog.kernel.errors import unavailable
+    from threadlog.kernel.topics import Topics
 
     admin, trap = _admin(bootstrap, kafka, "threadlog.cli.admin")
     futures = admin.delete_topics(Topics(namespace).all(), operation_timeout=timeout, request_timeout=timeout)
@@ -354,7 +354,7 @@ def _delete_namespace(bootstrap: str, namespace: str, kafka: dict[str, Any], tim
 
 def cmd_namespaces(args: argparse.Namespace) -> int:
     from threadlog.config import NAMESPACE
-    from threadlog.errors import invalid_argument, namespace_not_found
+    from threadlog.kernel.errors import invalid_argument, namespace_not_found
 
     kafka = _kafka_props(args)
     timeout = args.request_timeout_ms / 1000.0
@@ -421,8 +421,8 @@ async def _serve(args: argparse.Namespace) -> None:
 
 def _http_guard(args: argparse.Namespace) -> tuple[Any, Any]:
     """(authorize hook or None, Limits) of `serve`'s flags; INVALID_ARGUMENT if wrong."""
-    from threadlog.errors import invalid_argument
     from threadlog.http import Limits, bearer_tokens
+    from threadlog.kernel.errors import invalid_argument
 
     try:
         limits = Limits(max_id_bytes=args.max_id_bytes, max_body_bytes=args.max_body_bytes,
@@ -494,14 +494,14 @@ async def _reclaim(args: argparse.Namespace) -> int:
     import threadlog
 
     if args.ttl_ms < 0:
-        from threadlog.errors import invalid_argument
+        from threadlog.kernel.errors import invalid_argument
 
         raise invalid_argument(f"--ttl-ms must be >= 0, got {args.ttl_ms}")
     # Embedded, like replay: it needs no worker; it never creates the namespace.
     async with threadlog.open(args.bootstrap, namespace=args.namespace, processors="embedded",
                               state_dir=args.state_dir, request_timeout_ms=args.request_timeout_ms,
                               kafka=_kafka_props(args), create_topics=False) as tl:
-        from threadlog.records import quiet_since
+        from threadlog.kernel.records import quiet_since
 
         runs = await tl.runs.list_reclaimable(now=time.time() * 1000.0, ttl_ms=args.ttl_ms)
         failed = 0
@@ -563,7 +563,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 def _at_time(text: str) -> Any:
     from datetime import UTC, datetime
 
-    from threadlog.errors import invalid_argument
+    from threadlog.kernel.errors import invalid_argument
 
     try:
         when = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
@@ -584,7 +584,7 @@ async def _inspect(args: argparse.Namespace) -> int:
     import json
 
     import threadlog
-    from threadlog.errors import invalid_argument
+    from threadlog.kernel.errors import invalid_argument
 
     thread = args.thread_id or args.thread
     if not thread:
@@ -846,8 +846,8 @@ def main(argv: list[str] | None = None) -> int:
         # librdkafka logs every failed connection attempt; while a command
         # starts, its error line says why instead (see _started()).
         logging.getLogger("threadlog.rdkafka").setLevel(logging.CRITICAL + 1)
-    from threadlog.errors import INTERNAL, ThreadLogError
-    from threadlog.kafka_config import scrub
+    from threadlog.kernel.errors import INTERNAL, ThreadLogError
+    from threadlog.kernel.kafka_config import scrub
 
     try:
         return int(args.fn(args) or 0)

@@ -10,7 +10,7 @@ from typing import Any
 
 from .config import Options
 from .delivery import DeliveryLog, DeliveryService
-from .errors import ThreadLogError, unavailable
+from .kernel.errors import ThreadLogError, unavailable
 from .producers.proposals import ProposalBus, Verdicts
 from .projections.barrier import EndOffsets
 from .projections.partition_stores import PartitionStores

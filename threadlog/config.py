@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import kafka_config
-from .errors import invalid_argument
-from .validation import is_int
+from .kernel import kafka_config
+from .kernel.errors import invalid_argument
+from .kernel.validation import is_int
 
 NAMESPACE = re.compile(r"^[A-Za-z0-9._-]+$")
 

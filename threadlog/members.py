@@ -30,8 +30,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
-from . import kafka_config
-from .errors import unavailable
+from .kernel import kafka_config
+from .kernel.errors import unavailable
 
 log = logging.getLogger("threadlog.members")
 

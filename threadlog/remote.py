@@ -47,7 +47,7 @@ from typing import Any
 
 import orjson
 
-from .errors import BEHIND, NOT_OWNER, OUTCOME_UNKNOWN, UNAVAILABLE, ThreadLogError, unavailable
+from .kernel.errors import BEHIND, NOT_OWNER, OUTCOME_UNKNOWN, UNAVAILABLE, ThreadLogError, unavailable
 from .members import MembersView
 
 log = logging.getLogger("threadlog.remote")

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from .kafka_config import Consumed
-from .partitioning import owner_partition
+from .kernel.kafka_config import Consumed
+from .kernel.partitioning import owner_partition
 from .projections import run_index
 from .projections.barrier import ReadBarrier
 from .projections.delivery_follower import DeliveryIndex, Item, Subscription

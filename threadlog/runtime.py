@@ -31,10 +31,11 @@ from collections.abc import Callable
 
 from confluent_kafka.admin import AdminClient
 
-from . import kafka_config
 from .config import Options
-from .errors import ThreadLogError
-from .partitioning import owner_partition, partition_for
+from .kernel import kafka_config
+from .kernel.errors import ThreadLogError
+from .kernel.partitioning import owner_partition, partition_for
+from .kernel.topics import TopicLayout, Topics, ensure_topics, require_topics
 from .processors.handlers import load_all as load_handlers
 from .processors.judge import Judge
 from .processors.lookups import Lookups
@@ -48,7 +49,6 @@ from .projections.snapshots import restore as restore_snapshot
 from .projections.store import Store
 from .remote import QueryClient
 from .schemas import Codec, default_codec
-from .topics import TopicLayout, Topics, ensure_topics, require_topics
 
 log = logging.getLogger("threadlog.runtime")
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .config import Options
-from .errors import unavailable
+from .kernel.errors import unavailable
 from .projections.partition_stores import PartitionStores
 from .projections.store import Store
 from .remote import RemoteStore

@@ -30,7 +30,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .blob_gc import DEFAULT_GRACE_MS, GcReport
-from .errors import ThreadLogError, unavailable
+from .kernel.errors import ThreadLogError, unavailable
 from .types import (
     Artifact,
     ArtifactInput,

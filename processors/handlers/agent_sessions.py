@@ -14,8 +14,8 @@ import json
 
 from threadlog.projections.folds import agent_sessions as state
 
-from threadlog.errors import invalid_argument
-from threadlog.validation import is_text, require_id
+from threadlog.kernel.errors import invalid_argument
+from threadlog.kernel.validation import is_text, require_id
 
 from . import Context, Decision, handles
 

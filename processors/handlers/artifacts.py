@@ -12,9 +12,9 @@ from __future__ import annotations
 from threadlog.projections import global_ids as gid
 from threadlog.projections.folds import artifacts as state
 
-from threadlog.errors import invalid_argument
-from threadlog.records import decode_artifact, new_artifact
-from threadlog.validation import require_id
+from threadlog.kernel.errors import invalid_argument
+from threadlog.kernel.records import decode_artifact, new_artifact
+from threadlog.kernel.validation import require_id
 
 from . import Context, Decision, handles
 from .global_ids import locate, own_thread

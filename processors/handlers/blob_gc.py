@@ -42,9 +42,9 @@ from threadlog.projections.folds import blob_gc as gc
 from threadlog.projections.folds import blobs as state
 from threadlog.projections.global_ids import holders_as_of
 
-from threadlog.errors import BLOB_BEING_COLLECTED, ThreadLogError, invalid_argument
-from threadlog.partitioning import partition_for
-from threadlog.validation import is_valid_id
+from threadlog.kernel.errors import BLOB_BEING_COLLECTED, ThreadLogError, invalid_argument
+from threadlog.kernel.partitioning import partition_for
+from threadlog.kernel.validation import is_valid_id
 
 from . import Context, Decision, handles
 from .blobs import _blob_key, _version, tombstones

@@ -17,8 +17,8 @@ from threadlog.producers.blob_chunks import MAX_CHUNK, chunk_key, is_version
 from threadlog.projections.folds import blob_gc as gc
 from threadlog.projections.folds import blobs as state
 
-from threadlog.errors import invalid_argument
-from threadlog.validation import is_valid_id
+from threadlog.kernel.errors import invalid_argument
+from threadlog.kernel.validation import is_valid_id
 
 from . import Context, Decision, OutRecord, handles
 

@@ -23,7 +23,7 @@ from threadlog.projections import global_ids as gid
 from threadlog.projections.folds import checkpoints as state
 from threadlog.projections.folds import presence
 
-from threadlog.checkpoint_rules import (
+from threadlog.kernel.checkpoint_rules import (
     blob_keys,
     check_checkpoint_body,
     check_checkpoint_ids,
@@ -35,7 +35,7 @@ from threadlog.checkpoint_rules import (
     to_wire,
     writer_lost,
 )
-from threadlog.errors import (
+from threadlog.kernel.errors import (
     DUPLICATE_ID,
     FORK_DESTINATION_NOT_EMPTY,
     FORK_SOURCE_NOT_FOUND,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from threadlog.projections import global_ids as gid
 from threadlog.projections.folds import generation_runs as state
 
-from threadlog.records import GENERATION_RUN_PATCH, decode_generation_run, new_generation_run, patch_from_command
-from threadlog.validation import dumps, require_id
+from threadlog.kernel.records import GENERATION_RUN_PATCH, decode_generation_run, new_generation_run, patch_from_command
+from threadlog.kernel.validation import dumps, require_id
 
 from . import Context, Decision, handles
 from .global_ids import elsewhere, locate, own_thread

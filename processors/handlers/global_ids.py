@@ -11,7 +11,7 @@ partition key, or it is forged.
 
 from __future__ import annotations
 
-from threadlog.errors import invalid_argument
+from threadlog.kernel.errors import invalid_argument
 
 from . import Context
 

@@ -11,9 +11,9 @@ import json
 from threadlog.projections import global_ids as gid
 from threadlog.projections.folds import interrupts as state
 
-from threadlog.errors import invalid_argument
-from threadlog.records import decode_interrupt, new_interrupt, require_json_value
-from threadlog.validation import dumps, require_id
+from threadlog.kernel.errors import invalid_argument
+from threadlog.kernel.records import decode_interrupt, new_interrupt, require_json_value
+from threadlog.kernel.validation import dumps, require_id
 
 from . import Context, Decision, handles
 from .global_ids import locate, own_thread

@@ -23,8 +23,8 @@ from collections import defaultdict
 from threadlog.projections.folds import langgraph as state
 from threadlog.projections.keys import key
 
-from threadlog.errors import invalid_argument
-from threadlog.validation import is_int, is_text, require_id
+from threadlog.kernel.errors import invalid_argument
+from threadlog.kernel.validation import is_int, is_text, require_id
 
 from . import Context, Decision, handles
 

@@ -6,8 +6,8 @@ import json
 
 from threadlog.projections.folds import metadata as state
 
-from threadlog.errors import invalid_argument
-from threadlog.validation import json_problem, require_id
+from threadlog.kernel.errors import invalid_argument
+from threadlog.kernel.validation import json_problem, require_id
 
 from . import Context, Decision, handles
 

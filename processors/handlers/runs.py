@@ -9,9 +9,9 @@ from __future__ import annotations
 from threadlog.projections import global_ids as gid
 from threadlog.projections.folds import runs as state
 
-from threadlog.errors import RUN_CLAIM_LOST, RUN_NOT_FOUND, RUN_TERMINAL, ThreadLogError, invalid_argument
-from threadlog.records import RUN_PATCH, decode_run, is_terminal, new_run, patch_from_command
-from threadlog.validation import dumps, require_id
+from threadlog.kernel.errors import RUN_CLAIM_LOST, RUN_NOT_FOUND, RUN_TERMINAL, ThreadLogError, invalid_argument
+from threadlog.kernel.records import RUN_PATCH, decode_run, is_terminal, new_run, patch_from_command
+from threadlog.kernel.validation import dumps, require_id
 
 from . import Context, Decision, handles
 from .global_ids import elsewhere, locate, own_thread

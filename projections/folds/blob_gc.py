@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 
-from threadlog.partitioning import partition_for
+from threadlog.kernel.partitioning import partition_for
 
 from .. import global_ids
 from ..fold import EventMeta, folds

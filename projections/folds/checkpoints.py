@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 
-from threadlog.checkpoint_rules import blob_keys, record_json
+from threadlog.kernel.checkpoint_rules import blob_keys, record_json
 
 from .. import global_ids
 from ..fold import EventMeta, folds

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from threadlog.records import apply_patch
+from threadlog.kernel.records import apply_patch
 
 from .. import global_ids
 from ..fold import EventMeta, folds

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 
-from threadlog.records import apply_patch, quiet_since
+from threadlog.kernel.records import apply_patch, quiet_since
 
 from .. import global_ids
 from ..fold import EventMeta, folds

@@ -8,8 +8,8 @@ import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .. import delivery_records as records
-from ..errors import (
+from ..kernel import delivery_records as records
+from ..kernel.errors import (
     INVALID_OFFSET,
     RUN_CLAIM_LOST,
     RUN_LOG_CLOSED,
@@ -18,9 +18,9 @@ from ..errors import (
     invalid_argument,
     unavailable,
 )
+from ..kernel.validation import is_int, require_id
 from ..projections.delivery_follower import Item, Subscription
 from ..run_access import Reading
-from ..validation import is_int, require_id
 from .offsets import LAST, Offset, encode_offset, parse_offset, run_tag
 from .reader import Fetcher
 from .service import DeliveryService

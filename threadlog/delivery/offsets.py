@@ -12,7 +12,7 @@ import hashlib
 import re
 from typing import Any
 
-from ..errors import INVALID_OFFSET, ThreadLogError
+from ..kernel.errors import INVALID_OFFSET, ThreadLogError
 
 Offset = str
 OFFSET_SHAPE = re.compile(r"^(0|[1-9][0-9]{0,9})\.(0|[1-9][0-9]{0,18})\.(0|[1-9][0-9]{0,9})\.([0-9a-f]{8})$")

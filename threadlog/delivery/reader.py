@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-from .. import kafka_config
-from ..errors import unavailable
+from ..kernel import kafka_config
+from ..kernel.errors import unavailable
 
 if TYPE_CHECKING:
     from .service import DeliveryService

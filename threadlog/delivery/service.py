@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 from confluent_kafka import IsolationLevel, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
-from .. import delivery_records as records
-from ..errors import unavailable
+from ..kernel import delivery_records as records
+from ..kernel.errors import unavailable
 from ..producers.deliveries import DeliveryWriter
 from ..run_access import runs_for
 from .reader import ConsumerPool

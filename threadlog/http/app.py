@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from ..client import ThreadLog
 from ..client import open as open_threadlog
-from ..errors import INVALID_ARGUMENT, ThreadLogError
+from ..kernel.errors import INVALID_ARGUMENT, ThreadLogError
 from ..metrics import AccessLog, Readiness, attach, attached, ops_routes
 from .guard import (
     Authorize,

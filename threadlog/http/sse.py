@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..delivery import DeliveryLog
-from ..errors import ThreadLogError
+from ..kernel.errors import ThreadLogError
 from ..metrics import Metrics
 from .guard import TOO_MANY_STREAMS, StreamSlots
 

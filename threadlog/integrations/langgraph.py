@@ -73,12 +73,12 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from .. import client as _client
-from ..errors import invalid_argument, unavailable
+from ..kernel.errors import invalid_argument, unavailable
+from ..kernel.validation import is_int, require_id
 from ..projections.folds import langgraph as state
 from ..projections.partition_stores import PartitionStores
 from ..projections.store import Store
 from ..remote import RemoteStore
-from ..validation import is_int, require_id
 
 __all__ = ["AsyncThreadLogSaver", "ThreadLogSaver"]
 

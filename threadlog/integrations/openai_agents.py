@@ -47,13 +47,13 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from .. import client as _client
-from ..errors import CORRUPT_RECORD, INVALID_ARGUMENT, ThreadLogError, invalid_argument, unavailable
+from ..kernel.errors import CORRUPT_RECORD, INVALID_ARGUMENT, ThreadLogError, invalid_argument, unavailable
+from ..kernel.validation import is_int, loads, require_id, require_json
 from ..processors.handlers.agent_sessions import partition_key
 from ..projections.folds import agent_sessions as state
 from ..projections.partition_stores import PartitionStores
 from ..projections.store import Store
 from ..remote import RemoteStore
-from ..validation import is_int, loads, require_id, require_json
 
 if TYPE_CHECKING:
     from agents.items import TResponseInputItem

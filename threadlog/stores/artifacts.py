@@ -13,10 +13,10 @@ import asyncio
 import builtins
 from typing import cast
 
+from ..kernel.records import decode_artifact, new_artifact
+from ..kernel.validation import require_id
 from ..projections.folds import artifacts as state
-from ..records import decode_artifact, new_artifact
 from ..types import Artifact, ArtifactInput
-from ..validation import require_id
 from .base import StoreFacade
 
 

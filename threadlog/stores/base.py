@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import unavailable
+from ..kernel.errors import unavailable
 from ..projections.partition_stores import PartitionStores
 from ..projections.store import Store
 from ..remote import RemoteStore

@@ -18,11 +18,11 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, I
 from typing import TYPE_CHECKING, Any, cast
 
 from ..blob_gc import DEFAULT_GRACE_MS, GcReport, collect_garbage
-from ..errors import UNAVAILABLE, ThreadLogError, invalid_argument, unavailable
+from ..kernel.errors import UNAVAILABLE, ThreadLogError, invalid_argument, unavailable
+from ..kernel.validation import is_int, is_valid_id, require_id
 from ..producers.blob_chunks import ChunkGone, ChunkReader, ChunkRef, ChunkSink, ChunkWriter, new_version
 from ..projections.folds import blobs as state
 from ..types import Blob, BlobInfo, BlobListPage, BlobRange
-from ..validation import is_int, is_valid_id, require_id
 from .base import StoreFacade
 
 if TYPE_CHECKING:

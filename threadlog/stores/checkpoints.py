@@ -3,7 +3,7 @@
 Writes are commands decided on the thread's partition (head compare-and-set,
 lease fence, validation); see processors/handlers/checkpoints.py. Input is
 validated here first with the same rules the handlers re-run
-(threadlog/checkpoint_rules.py), in the SPEC's order, so bad input is refused
+(threadlog/kernel/checkpoint_rules.py), in the SPEC's order, so bad input is refused
 before anything is sent. Reads go through a read barrier: the thread's
 partition for per-thread reads, every partition for lookups by checkpoint id
 and for blob references (both span threads).
@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from ..checkpoint_rules import (
+from ..kernel.checkpoint_rules import (
     check_checkpoint_body,
     check_checkpoint_ids,
     require_id,
@@ -30,7 +30,7 @@ from ..checkpoint_rules import (
     writer_lost,
     writer_record,
 )
-from ..errors import (
+from ..kernel.errors import (
     FORK_SOURCE_THREAD_MISMATCH,
     OUTCOME_UNKNOWN,
     UNAVAILABLE,

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import cast
 
+from ..kernel.records import GENERATION_RUN_PATCH, decode_generation_run, new_generation_run
+from ..kernel.validation import require_id
 from ..projections.folds import generation_runs as state
-from ..records import GENERATION_RUN_PATCH, decode_generation_run, new_generation_run
 from ..types import GenerationRun, GenerationRunPatch, RunStatus, Timestamp
-from ..validation import require_id
 from .base import StoreFacade
 from .runs import send_run_patch
 

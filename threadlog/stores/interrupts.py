@@ -10,10 +10,10 @@ from __future__ import annotations
 import builtins
 from typing import Any, cast
 
+from ..kernel.records import decode_interrupt, new_interrupt, require_json_value
+from ..kernel.validation import dumps, require_id
 from ..projections.folds import interrupts as state
-from ..records import decode_interrupt, new_interrupt, require_json_value
 from ..types import Interrupt, InterruptInput
-from ..validation import dumps, require_id
 from .base import StoreFacade
 
 

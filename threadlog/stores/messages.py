@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import INVALID_ARGUMENT, invalid_argument
+from ..kernel.errors import INVALID_ARGUMENT, invalid_argument
+from ..kernel.validation import loads, require_id, require_json
 from ..projections.folds.messages import transcript_key
-from ..validation import loads, require_id, require_json
 from .base import StoreFacade
 
 

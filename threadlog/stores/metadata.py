@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..kernel.validation import loads, require_id, require_json
 from ..projections.folds import metadata as state
-from ..validation import loads, require_id, require_json
 from .base import StoreFacade
 
 

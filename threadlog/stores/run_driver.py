@@ -21,7 +21,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..delivery import DeliveryLog
-from ..errors import OUTCOME_UNKNOWN, RUN_CLAIM_LOST, RUN_TERMINAL, UNAVAILABLE, ThreadLogError
+from ..kernel.errors import OUTCOME_UNKNOWN, RUN_CLAIM_LOST, RUN_TERMINAL, UNAVAILABLE, ThreadLogError
 
 if TYPE_CHECKING:
     from .runs import RunStore

@@ -11,10 +11,8 @@ import asyncio
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from ..errors import RUN_NOT_FOUND, RUN_TERMINAL, ThreadLogError, invalid_argument
-from ..projections.folds import runs as state
-from ..projections.keys import dec_num, dec_str
-from ..records import (
+from ..kernel.errors import RUN_NOT_FOUND, RUN_TERMINAL, ThreadLogError, invalid_argument
+from ..kernel.records import (
     RUN_PATCH,
     FieldCheck,
     check_patch,
@@ -24,8 +22,10 @@ from ..records import (
     quiet_since,
     require_timestamp,
 )
+from ..kernel.validation import dumps, is_finite, require_id
+from ..projections.folds import runs as state
+from ..projections.keys import dec_num, dec_str
 from ..types import Run, RunPatch, RunStatus, Timestamp
-from ..validation import dumps, is_finite, require_id
 from .base import StoreFacade
 from .run_driver import RunDriver
 
