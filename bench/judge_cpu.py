@@ -31,8 +31,8 @@ from threadlog.projections.store import Store
 from threadlog.projections.view import View
 from threadlog.schemas import default_codec
 
-from threadlog.checkpoint_rules import to_wire
-from threadlog.partitioning import partition_for
+from threadlog.kernel.checkpoint_rules import to_wire
+from threadlog.kernel.partitioning import partition_for
 
 PARTITIONS = 4
 BROKER_MS = 1_700_000_000_000
