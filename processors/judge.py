@@ -359,6 +359,12 @@ class Judge(Follower):
                             continue
                         pend.needs = None
                     while pend.msgs:
+                        if self._stop.is_set():
+                            # Stopping: drop the batch unapplied (positions stay where they are
+                            # stored, so nothing is lost). Why: a catch-up batch can take seconds,
+                            # and `stop` closes the stores once the join gives up; judging on
+                            # into a closed RocksDB failed ("Already mutably borrowed").
+                            return
                         msg = pend.msgs[0]
                         if msg.offset() < progress[p]:
                             pend.msgs.popleft()  # already judged (a re-fetch after a rewind)
