@@ -95,6 +95,10 @@ CLOCK = b"jc"  # (partition 4B) -> 8B double: decision time of the partition's l
 # A partition whose proposal waits for another partition holds at most this
 # many fetched records before its fetching is paused.
 MAX_PENDING = 20_000
+# A waiting partition is retried at least this often, answers or not.
+RETRY_WAITING_S = 0.005
+# How many proposals queued behind a waiting one have their lookups started ahead.
+PREFETCH_AHEAD = 64
 
 
 def verdict_key(partition: int, offset: int) -> bytes:
@@ -131,6 +135,7 @@ class _Blocked(Exception):
 class _Pending:
     msgs: deque[Consumed]
     needs: tuple[int, int] | None = None
+    prefetched: int = -1  # the last offset whose lookups were started ahead (see Judge._prefetch)
 
 
 def decision_time(previous: float, proposed: float, broker_ms: int | None) -> float:
@@ -312,16 +317,25 @@ class Judge(Follower):
 
     # -- the loop -----------------------------------------------------------------------
     def _run(self) -> None:
+        retried_at = (-1, 0.0)  # (lookup answers seen, when) at the last retry of waiting partitions
         while not self._stop.is_set():
-            # A partition waiting for another owner's answer is retried soon,
-            # whether or not new records arrive.
+            # A partition waiting for another owner's answer is retried as soon as
+            # an answer arrives (polled every millisecond: an answer lands on the
+            # query thread while this one sits in librdkafka), and at least every
+            # RETRY_WAITING_S (an answer that failed is asked again on a timer).
             waiting = any(pend.needs is not None and pend.msgs for pend in self._pending.values())
             try:
-                msgs = kafka_config.drain(self._consumer, 2000, 0.005 if waiting else 0.1)
+                msgs = kafka_config.drain(self._consumer, 2000, 0.001 if waiting else 0.1)
             except Exception:  # pragma: no cover - librdkafka hiccup
                 log.exception("judge consume failed")
                 time.sleep(0.1)
                 continue
+            if waiting and not msgs:
+                answers = self.lookups.answered if self.lookups is not None else 0
+                now = time.monotonic()
+                if answers == retried_at[0] and now - retried_at[1] < RETRY_WAITING_S:
+                    continue  # nothing new to judge with
+                retried_at = (answers, now)
             if msgs or waiting:
                 try:
                     self._handle(msgs)
@@ -374,6 +388,7 @@ class Judge(Follower):
                         except _Blocked as blocked:
                             pend.needs = (blocked.q, blocked.offset)
                             self.stats["blocked"] += 1
+                            self._prefetch(view_of(p), p, pend, progress, others)
                             break
                         pend.msgs.popleft()
                         verdicts[(p, msg.offset())] = verdict
@@ -408,6 +423,36 @@ class Judge(Follower):
             return self.lookups.get(q, kind, ident, need)
 
         return others
+
+    def _prefetch(self, view: View, p: int, pend: _Pending, progress: dict[int, int], others: Others) -> None:
+        """Start the other owners' lookups of the proposals queued behind a waiting one.
+
+        Why: a partition judges in order, so each proposal that needs another
+        owner's answer held the partition for one round trip, one proposal
+        after the other (two workers: 132 CAS appends/s). The questions are
+        about fixed positions, so they can be asked ahead: each queued proposal
+        is decided on a scratch view (discarded) with unknown answers taken as
+        none, only to start its questions. A wrong guess costs a question,
+        never a verdict: the real judging asks again and waits for the answer.
+        """
+        if self.lookups is None:
+            return  # every partition is judged here: nothing to ask ahead
+
+        def ask(q: int, kind: str, ident: str, need: int) -> list[str]:
+            return others(q, kind, ident, need) or []
+
+        for n, msg in enumerate(pend.msgs):
+            if n > PREFETCH_AHEAD:
+                break
+            if n == 0 or msg.offset() <= pend.prefetched:
+                continue  # the waiting proposal asked already; these were asked ahead before
+            pend.prefetched = msg.offset()
+            ts_type, ts = msg.timestamp()
+            rec = Record(p, msg.offset(), msg.value(), ts if ts_type != 0 else None)
+            try:
+                _decide(view.child(), rec, self.codec, self.partitions, progress, self.topic, ask)
+            except Exception:  # a guess; the real judging decides and reports
+                continue
 
     def _flow_control(self) -> None:
         """Stop fetching a partition that waits with many records in hand."""

@@ -41,6 +41,7 @@ class Lookups:
         self._asking: dict[Question, float] = {}  # question -> when it may be asked again
         self._lock = threading.Lock()
         self.asked = 0  # questions sent (operators, tests)
+        self.answered = 0  # answers received: a judge retries its waiting partitions when this moves
 
     def get(self, q: int, kind: str, ident: str, asof: int) -> list[str] | None:
         question = (q, kind, ident, asof)
@@ -76,5 +77,6 @@ class Lookups:
         with self._lock:
             self._asking.pop(question, None)
             self._answers[question] = threads
+            self.answered += 1
             while len(self._answers) > self.max_cached:
                 self._answers.popitem(last=False)
