@@ -22,7 +22,8 @@ Operations (bytes travel as base64; partitions as JSON object keys):
 - `holders {q, kind, id, asof}`: threads holding a global id on partition q as
   of offset `asof` of q (another worker's judge asks, processors/lookups.py);
 - `stats {}`: partitions owned, records judged, restores (operators, tests);
-- `end_offsets {}`: the events partitions' end offsets (for a proposal's `seen`).
+- `end_offsets {}`: the events partitions' end offsets (kept for thin clients of
+  earlier versions, which asked it for a proposal's `seen`; current ones read Kafka).
 
 Reads name their `partitions` (the client routes by partition, see
 threadlog/remote.py); a worker that does not own one of them answers

@@ -334,11 +334,6 @@ class QueryClient:
         self.raise_floor(targets)
         return targets
 
-    async def end_offsets(self) -> dict[int, int]:
-        results = await self.acall("end_offsets", {})
-        (result,) = results.values()
-        return {int(p): int(o) for p, o in result.items()}
-
 
 class RemoteStore:
     """The read surface of `projections.store.Store` the facades use, served by
