@@ -97,6 +97,10 @@ CLOCK = b"jc"  # (partition 4B) -> 8B double: decision time of the partition's l
 MAX_PENDING = 20_000
 # A waiting partition is retried at least this often, answers or not.
 RETRY_WAITING_S = 0.005
+# At most this many proposals of one partition are judged into one write buffer
+# (then applied): a partition released after a long wait holds up to
+# MAX_PENDING, and one buffer of all of them would cost seconds to keep sorted.
+MAX_BATCH = 2000
 # How many proposals queued behind a waiting one have their lookups started ahead.
 PREFETCH_AHEAD = 64
 
@@ -125,16 +129,18 @@ class _Blocked(Exception):
     """The proposal needs partition `q` judged up to `offset` first (or, with
     q == -1, a newer judge): set it aside, judge other partitions meanwhile."""
 
-    def __init__(self, q: int, offset: int) -> None:
+    def __init__(self, q: int, offset: int, question: tuple[int, str, str, int] | None = None) -> None:
         super().__init__(q, offset)
         self.q = q
         self.offset = offset
+        self.question = question  # the lookup (q, kind, id, as of) whose answer it waits for, if any
 
 
 @dataclass
 class _Pending:
     msgs: deque[Consumed]
     needs: tuple[int, int] | None = None
+    question: tuple[int, str, str, int] | None = None  # the lookup the waiting proposal needs answered
     prefetched: int = -1  # the last offset whose lookups were started ahead (see Judge._prefetch)
 
 
@@ -317,26 +323,31 @@ class Judge(Follower):
 
     # -- the loop -----------------------------------------------------------------------
     def _run(self) -> None:
-        retried_at = (-1, 0.0)  # (lookup answers seen, when) at the last retry of waiting partitions
+        retried_at = 0.0  # when waiting partitions were last retried
         while not self._stop.is_set():
-            # A partition waiting for another owner's answer is retried as soon as
-            # an answer arrives (polled every millisecond: an answer lands on the
-            # query thread while this one sits in librdkafka), and at least every
-            # RETRY_WAITING_S (an answer that failed is asked again on a timer).
-            waiting = any(pend.needs is not None and pend.msgs for pend in self._pending.values())
+            pending = self._pending.values()
+            # Fetched records not judged yet (a partition past MAX_BATCH): judge on at once.
+            backlog = any(pend.needs is None and pend.msgs for pend in pending)
+            waiting = [pend for pend in pending if pend.needs is not None and pend.msgs]
+            # A partition waiting for another owner's answer is retried as soon as the
+            # answer it needs arrives (polled every millisecond: it lands on the query
+            # thread while this one sits in librdkafka), and every RETRY_WAITING_S in
+            # any case (a failed question is asked again on a timer; a partition waiting
+            # for one of ours moves with our own records).
+            asked = [pend.question for pend in waiting if pend.question is not None]
+            timeout = 0.0 if backlog else 0.001 if asked else RETRY_WAITING_S if waiting else 0.1
             try:
-                msgs = kafka_config.drain(self._consumer, 2000, 0.001 if waiting else 0.1)
+                msgs = kafka_config.drain(self._consumer, 2000, timeout)
             except Exception:  # pragma: no cover - librdkafka hiccup
                 log.exception("judge consume failed")
                 time.sleep(0.1)
                 continue
-            if waiting and not msgs:
-                answers = self.lookups.answered if self.lookups is not None else 0
-                now = time.monotonic()
-                if answers == retried_at[0] and now - retried_at[1] < RETRY_WAITING_S:
+            if waiting and not msgs and not backlog:
+                answered = self.lookups is not None and any(self.lookups.has(*q) for q in asked)
+                if not answered and time.monotonic() - retried_at < RETRY_WAITING_S:
                     continue  # nothing new to judge with
-                retried_at = (answers, now)
-            if msgs or waiting:
+                retried_at = time.monotonic()
+            if msgs or waiting or backlog:
                 try:
                     self._handle(msgs)
                 except Exception:  # pragma: no cover - a bug must not stop judging
@@ -364,6 +375,7 @@ class Judge(Follower):
             others = self._others(owned, view_of, progress)
             moved = True
             pend: _Pending | None
+            judged = dict.fromkeys(owned, 0)
             while moved:  # a partition unblocked by another's progress is retried at once
                 moved = False
                 for p, pend in self._pending.items():
@@ -372,7 +384,8 @@ class Judge(Follower):
                         if q < 0 or (q in owned and progress.get(q, 0) < need):
                             continue
                         pend.needs = None
-                    while pend.msgs:
+                        pend.question = None
+                    while pend.msgs and judged.get(p, 0) < MAX_BATCH:
                         if self._stop.is_set():
                             # Stopping: drop the batch unapplied (positions stay where they are
                             # stored, so nothing is lost). Why: a catch-up batch can take seconds,
@@ -387,10 +400,13 @@ class Judge(Follower):
                             verdict = self._judge(view_of(p), p, msg, progress, others)
                         except _Blocked as blocked:
                             pend.needs = (blocked.q, blocked.offset)
+                            pend.question = blocked.question
                             self.stats["blocked"] += 1
-                            self._prefetch(view_of(p), p, pend, progress, others)
+                            if blocked.q >= 0:
+                                self._prefetch(view_of(p), p, pend, progress, others)
                             break
                         pend.msgs.popleft()
+                        judged[p] = judged.get(p, 0) + 1
                         verdicts[(p, msg.offset())] = verdict
                         progress[p] = msg.offset() + 1
                         positions[p] = msg.offset() + 1
@@ -450,7 +466,7 @@ class Judge(Follower):
             ts_type, ts = msg.timestamp()
             rec = Record(p, msg.offset(), msg.value(), ts if ts_type != 0 else None)
             try:
-                _decide(view.child(), rec, self.codec, self.partitions, progress, self.topic, ask)
+                _decide(view.child(), rec, self.codec, self.partitions, progress, self.topic, ask, quiet=True)
             except Exception:  # a guess; the real judging decides and reports
                 continue
 
@@ -565,16 +581,19 @@ def _local_others(view: View, progress: dict[int, int], partitions: int) -> Othe
 
 
 def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: dict[int, int], topic: str,
-            others: Others) -> dict:
+            others: Others, quiet: bool = False) -> dict:
+    """Decide one proposal (see `judge_record`); `quiet`: a guess ahead (Judge._prefetch), logs nothing."""
     p, offset = rec.partition, rec.offset
     try:
         _, env = codec.decode(rec.value, expect="threadlog.Proposal")
     except CodecError as exc:
-        log.warning("undecodable record at %s[%d]@%d judged refused: %s", topic, p, offset, exc.message)
+        if not quiet:
+            log.warning("undecodable record at %s[%d]@%d judged refused: %s", topic, p, offset, exc.message)
         return refusal(INVALID_MESSAGE, f"not a proposal: {exc.message}")
     if env["rules"] > RULES:
-        log.error("%s[%d]@%d needs judging rules %d; this judge knows %d: the partition waits for an "
-                  "upgraded judge", topic, p, offset, env["rules"], RULES)
+        if not quiet:
+            log.error("%s[%d]@%d needs judging rules %d; this judge knows %d: the partition waits for an "
+                      "upgraded judge", topic, p, offset, env["rules"], RULES)
         raise _Blocked(-1, 0)
     if partition_for(env["key"], partitions) != p:
         # One partition owns each key's state: a proposal for a key on another
@@ -606,15 +625,15 @@ def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: di
     def holders(kind: str, ident: str) -> list[str]:
         # Its own partition as of now; every other as of the position the proposal names.
         found = set(index_holders(child, kind, ident, None, lambda thread: partition_for(thread, partitions) == p))
-        missing: tuple[int, int] | None = None
+        missing: tuple[int, str, str, int] | None = None
         for q, need in limits.items():
             held = others(q, kind, ident, need)
             if held is None:
-                missing = missing or (q, need)  # every lookup is started before waiting
+                missing = missing or (q, kind, ident, need)  # every lookup is started before waiting
             else:
                 found.update(held)
         if missing is not None:
-            raise _Blocked(*missing)
+            raise _Blocked(missing[0], missing[3], missing)
         return sorted(found)
 
     ctx = Context(now=now, key=env["key"], command_id=env["proposalId"], partition=p, view=child, holders=holders,
@@ -627,7 +646,8 @@ def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: di
     except ThreadLogError as exc:
         verdict = refusal(exc.code, exc.message)
     except Exception as exc:  # a rule's bug refuses the proposal; it never stops the judge
-        log.exception("judging %s at %s[%d]@%d failed", ptype, topic, p, offset)
+        if not quiet:
+            log.exception("judging %s at %s[%d]@%d failed", ptype, topic, p, offset)
         verdict = refusal(INVALID_ARGUMENT, f"could not judge {ptype}: {exc!r}")
     else:
         child.merge()

@@ -41,7 +41,11 @@ class Lookups:
         self._asking: dict[Question, float] = {}  # question -> when it may be asked again
         self._lock = threading.Lock()
         self.asked = 0  # questions sent (operators, tests)
-        self.answered = 0  # answers received: a judge retries its waiting partitions when this moves
+
+    def has(self, q: int, kind: str, ident: str, asof: int) -> bool:
+        """Is the answer to this question here (a waiting judge retries then)?"""
+        with self._lock:
+            return (q, kind, ident, asof) in self._answers
 
     def get(self, q: int, kind: str, ident: str, asof: int) -> list[str] | None:
         question = (q, kind, ident, asof)
@@ -77,6 +81,5 @@ class Lookups:
         with self._lock:
             self._asking.pop(question, None)
             self._answers[question] = threads
-            self.answered += 1
             while len(self._answers) > self.max_cached:
                 self._answers.popitem(last=False)

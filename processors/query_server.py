@@ -337,5 +337,3 @@ class QueryServer:
 
 
 _DELIVERY_OPS = frozenset({"dlv_verdict", "dlv_state", "dlv_verdicts"})
-
-

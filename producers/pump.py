@@ -27,26 +27,38 @@ class _Inbox:
     releases the GIL; getting it back behind the judge, follower and pump
     threads cost ~0.2 ms per verdict. A judge decides a batch of proposals at
     once, so their completions ride one wake-up.
+
+    The loop is held weakly (the registry below is keyed by it): an inbox must
+    not keep every loop that ever awaited a produce alive.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+        self._loop = weakref.ref(loop)
         self._lock = threading.Lock()
         self._items: list[tuple[asyncio.Future, BaseException | None, Any]] = []
         self._armed = False
 
     def post(self, fut: asyncio.Future, exc: BaseException | None, value: Any) -> None:
+        loop = self._loop()
         with self._lock:
+            if loop is None or loop.is_closed():
+                # Nobody awaits these any more (a wake-up queued on a loop that
+                # then closed never runs: without this they would pile up).
+                self._items.clear()
+                self._armed = False
+                return
             self._items.append((fut, exc, value))
             if self._armed:
                 return  # a wake-up is already on its way and takes this one too
             self._armed = True
         try:
-            self.loop.call_soon_threadsafe(self._drain)
-        except RuntimeError:  # the loop is closed: nobody awaits these any more
+            loop.call_soon_threadsafe(self._drain)
+        except BaseException:  # closed meanwhile (RuntimeError), or worse: never stay armed
             with self._lock:
                 self._items.clear()
                 self._armed = False
+            if not loop.is_closed():
+                raise
 
     def _drain(self) -> None:
         with self._lock:
@@ -61,7 +73,7 @@ _inboxes_lock = threading.Lock()
 
 
 def inbox(loop: asyncio.AbstractEventLoop) -> _Inbox:
-    """The loop's inbox (see `_Inbox`); call on the loop, where futures are created."""
+    """The loop's inbox (see `_Inbox`), from any thread."""
     box = _inboxes.get(loop)
     if box is None:
         with _inboxes_lock:

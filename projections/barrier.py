@@ -46,7 +46,9 @@ class EndOffsets:
     """The end offsets of a topic's partitions, read after the caller began, in shared rounds.
 
     A proposal's `seen` needs only this; a thin client reads it from Kafka
-    itself (one hop) rather than through a worker (three).
+    itself (one hop) rather than through a worker (three). Rounds live on the
+    event loop of the call that started them: use one instance from one loop
+    (as a client does: it runs on the loop that opened it).
     """
 
     def __init__(self, admin: AdminClient, topic: str, partitions: int, timeout: float = 30.0) -> None:
@@ -187,7 +189,6 @@ class EndOffsets:
                 nxt, self._next = self._next, None
                 self._inflight = nxt
                 self._spawn(nxt)
-
 
 
 class ReadBarrier(EndOffsets):

@@ -40,6 +40,7 @@ import math
 from threadlog.projections import global_ids as gid
 from threadlog.projections.folds import blob_gc as gc
 from threadlog.projections.folds import blobs as state
+from threadlog.projections.global_ids import holders_as_of
 
 from threadlog.kernel.errors import BLOB_BEING_COLLECTED, ThreadLogError, invalid_argument
 from threadlog.kernel.partitioning import partition_for
@@ -70,13 +71,14 @@ def require_unfenced(ctx: Context, blob_keys: list[str]) -> None:
     def own(fence: str) -> bool:
         return ctx.partitions <= 0 or partition_for(fence, ctx.partitions) == ctx.partition
 
-    # The blobs fenced here now: the keys of this partition's standing fence
-    # records. Same answer as asking the id index per blob (a fence's held
-    # entries are exactly its record's keys: raised with the record, lowered
-    # with exactly what stands), in one scan instead of one per file entry.
-    fenced = {blob for fence in gc.standing_fences(ctx.view) if own(fence["fenceKey"]) for blob in fence["keys"]}
+    # Usually no sweep's fence stands here: one scan of the fence records (keys
+    # only) says so, and no blob needs asking. That answer equals the id
+    # index's: a fence's held entries are exactly its record's keys (raised
+    # with the record, lowered with exactly what stands). While a fence
+    # stands, each blob is asked of the index (the records can be large).
+    fencing = bool(blob_keys) and gc.any_standing_fence(ctx.view, own)
     for blob in blob_keys:
-        if blob in fenced:
+        if fencing and holders_as_of(ctx.view, gid.BLOB_GC_FENCE, blob, None, own):
             raise ThreadLogError(BLOB_BEING_COLLECTED,
                                  f"blob {blob!r} is being garbage-collected (unreferenced and older than the grace "
                                  "window): put it again, then retry")

@@ -23,12 +23,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from threadlog.kernel.partitioning import partition_for
 
 from .. import global_ids
 from ..fold import EventMeta, folds
-from ..keys import key
+from ..keys import key, split
 from ..reader import StateReader
 from ..view import View
 
@@ -92,6 +93,11 @@ def get_claim(view: StateReader, blob_key: str) -> dict | None:
 
 def is_abandoned(view: StateReader, blob_key: str, version: str) -> bool:
     return view.get(abandoned_key(blob_key, version)) is not None
+
+
+def any_standing_fence(view: StateReader, belongs: Callable[[str], bool]) -> bool:
+    """Does a fence whose fence key `belongs` stand in `view`? Reads keys only."""
+    return any(belongs(split(FENCE, k, "s")[0]) for k, _raw in view.scan(FENCE))
 
 
 def standing_fences(view: StateReader) -> list[dict]:

@@ -75,6 +75,25 @@ def test_scans_through_buffers_and_children_match_a_model(tmp_path, seed: int) -
         store.close()
 
 
+def test_a_grandchild_merges_through_its_parent(tmp_path) -> None:
+    store = Store(tmp_path / "state")
+    try:
+        store.apply({b"k1": b"a", b"k2": b"b"}, {})
+        view = View(store)
+        child = view.child()
+        grandchild = child.child()
+        grandchild.put(b"k3", b"c")
+        grandchild.delete(b"k1")
+        assert list(child.scan(b"k")) == [(b"k1", b"a"), (b"k2", b"b")]  # not merged yet
+        grandchild.merge()
+        assert list(child.scan(b"k")) == [(b"k2", b"b"), (b"k3", b"c")]
+        assert list(view.scan(b"k")) == [(b"k1", b"a"), (b"k2", b"b")]  # the child is not merged yet
+        child.merge()
+        assert list(view.scan(b"k")) == [(b"k2", b"b"), (b"k3", b"c")]
+    finally:
+        store.close()
+
+
 def test_a_view_built_on_a_buffer_scans_it(tmp_path) -> None:
     store = Store(tmp_path / "state")
     try:
