@@ -77,9 +77,16 @@ class DeliveryWriter:
                 if time.monotonic() > deadline:
                     raise unavailable("the delivery producer queue stayed full") from None
                 await asyncio.sleep(0.005)
-        # No asyncio timeout here: librdkafka reports every record within
-        # message.timeout.ms, and only its verdict says whether it was written.
-        return await fut
+        # librdkafka reports every record within message.timeout.ms (= the request
+        # timeout) -- but checks for expired records about once a second, so a
+        # report can come a second late on a busy machine (a 5 s append during a
+        # broker's failover took 6.9 s). The call keeps its own deadline; past
+        # it the outcome is as unknown as librdkafka's timeout would have said.
+        try:
+            return await asyncio.wait_for(fut, max(0.05, deadline - time.monotonic()))
+        except TimeoutError:
+            raise unavailable(f"delivery record not acknowledged within {self.timeout}s: it may or may not "
+                              "have been written (read the log to know)") from None
 
     def close(self) -> None:
         self._pump.stop()

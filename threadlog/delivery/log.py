@@ -83,10 +83,13 @@ class DeliveryLog:
     async def _write_and_verify(self, kind: str, **fields: Any) -> int:
         svc = self._svc
         record = records.written(self.run_id, self.epoch, kind, **fields)
+        began = time.monotonic()
         kafka_offset = await svc.writer.write(self.run_id, record)
         # THE fencing rule: acknowledge only what stands by the run index's verdict.
+        # One deadline for the whole call: the verdict gets what the write left.
+        left = max(0.1, svc.timeout - (time.monotonic() - began))
         verdict, fence = await svc.runs.decide(self.run_id, self.partition, kafka_offset, record["kind"],
-                                               self.epoch, svc.timeout)
+                                               self.epoch, left)
         if verdict is None:
             raise unavailable(f"delivery record {self.partition}@{kafka_offset} of run {self.run_id!r} "
                               "was not folded (undecodable?)")
