@@ -30,7 +30,7 @@ import logging
 import math
 import struct
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -375,7 +375,7 @@ class Judge(Follower):
             others = self._others(owned, view_of, progress)
             moved = True
             pend: _Pending | None
-            judged = dict.fromkeys(owned, 0)
+            judged: Counter[int] = Counter()  # proposals judged into this write buffer, by partition
             while moved:  # a partition unblocked by another's progress is retried at once
                 moved = False
                 for p, pend in self._pending.items():
@@ -385,7 +385,7 @@ class Judge(Follower):
                             continue
                         pend.needs = None
                         pend.question = None
-                    while pend.msgs and judged.get(p, 0) < MAX_BATCH:
+                    while pend.msgs and judged[p] < MAX_BATCH:
                         if self._stop.is_set():
                             # Stopping: drop the batch unapplied (positions stay where they are
                             # stored, so nothing is lost). Why: a catch-up batch can take seconds,
@@ -406,7 +406,7 @@ class Judge(Follower):
                                 self._prefetch(view_of(p), p, pend, progress, others)
                             break
                         pend.msgs.popleft()
-                        judged[p] = judged.get(p, 0) + 1
+                        judged[p] += 1
                         verdicts[(p, msg.offset())] = verdict
                         progress[p] = msg.offset() + 1
                         positions[p] = msg.offset() + 1
@@ -463,10 +463,9 @@ class Judge(Follower):
             if n == 0 or msg.offset() <= pend.prefetched:
                 continue  # the waiting proposal asked already; these were asked ahead before
             pend.prefetched = msg.offset()
-            ts_type, ts = msg.timestamp()
-            rec = Record(p, msg.offset(), msg.value(), ts if ts_type != 0 else None)
             try:
-                _decide(view.child(), rec, self.codec, self.partitions, progress, self.topic, ask, quiet=True)
+                _decide(view.child(), Record.of(p, msg), self.codec, self.partitions, progress, self.topic, ask,
+                        quiet=True)
             except Exception:  # a guess; the real judging decides and reports
                 continue
 
@@ -509,8 +508,7 @@ class Judge(Follower):
     # -- one proposal -----------------------------------------------------------------------
     def _judge(self, view: View, p: int, msg: Consumed, progress: dict[int, int], others: Others) -> dict:
         """Judge the record at (p, offset) (see `judge_record`) and count it."""
-        ts_type, ts = msg.timestamp()
-        rec = Record(p, msg.offset(), msg.value(), ts if ts_type != 0 else None)
+        rec = Record.of(p, msg)
         verdict = judge_record(view, rec, codec=self.codec, partitions=self.partitions, progress=progress,
                                topic=self.topic, others=others)
         self.stats["judged"] += 1
@@ -530,6 +528,11 @@ class Record:
     offset: int
     value: bytes | None
     broker_ms: int | None  # LogAppendTime (or CreateTime); None if the record has none
+
+    @classmethod
+    def of(cls, partition: int, msg: Consumed) -> Record:
+        ts_type, ts = msg.timestamp()
+        return cls(partition, msg.offset(), msg.value(), ts if ts_type != 0 else None)
 
 
 def judge_record(view: View, rec: Record, *, codec: Codec, partitions: int, progress: dict[int, int],

@@ -45,15 +45,9 @@ def dec_num(data: bytes, pos: int = 0) -> tuple[float, int]:
 
 
 def key(tag: bytes, *parts: str | float) -> bytes:
-    # Hot (dozens of keys per judged proposal): one join, strings inline.
-    out = [tag]
+    out = [tag]  # hot (dozens of keys per judged proposal): one join
     for part in parts:
-        if isinstance(part, str):
-            raw = part.encode("utf-8")
-            out.append(raw.replace(b"\x00", _ESC) if b"\x00" in raw else raw)
-            out.append(_END)
-        else:
-            out.append(enc_num(part))
+        out.append(enc_str(part) if isinstance(part, str) else enc_num(part))
     return b"".join(out)
 
 

@@ -12,7 +12,6 @@ from .config import Options
 from .delivery import DeliveryLog, DeliveryService
 from .kernel.errors import ThreadLogError, unavailable
 from .producers.proposals import ProposalBus, Verdicts
-from .projections.barrier import EndOffsets
 from .projections.partition_stores import PartitionStores
 from .projections.store import Store
 from .remote import RemoteStore, RemoteVerdicts
@@ -62,18 +61,14 @@ class ThreadLog:
     def _start_sync(self) -> None:
         self.runtime.start()
         assert self.runtime.layout is not None
+        assert self.runtime.seen_offsets is not None
         verdicts: Verdicts
         if self.runtime.query is not None:  # thin: a worker judges
             verdicts = RemoteVerdicts(self.runtime.query)
-            assert self.runtime.admin is not None
-            # `seen` straight from Kafka: asking a worker for it added two hops to every proposal.
-            end_offsets = EndOffsets(self.runtime.admin, self.runtime.topics.events, self.runtime.layout.events,
-                                     self.opts.request_timeout).end_offsets
             self.session.reads = RemoteStore(self.runtime.query)
         else:
-            assert self.runtime.judge is not None and self.runtime.barrier is not None
+            assert self.runtime.judge is not None
             verdicts = self.runtime.judge
-            end_offsets = self.runtime.barrier.end_offsets
             self.session.reads = self.runtime.store
         self.session.bus = ProposalBus(
             bootstrap=self.opts.bootstrap_servers,
@@ -82,7 +77,7 @@ class ThreadLog:
             codec=self.runtime.codec,
             client_id=self.runtime.client_id,
             verdicts=verdicts,
-            end_offsets=end_offsets,
+            end_offsets=self.runtime.seen_offsets.end_offsets,
             clock=self.opts.clock,
             timeout=self.opts.request_timeout,
             kafka=self.opts.kafka,

@@ -40,7 +40,7 @@ from .processors.handlers import load_all as load_handlers
 from .processors.judge import Judge
 from .processors.lookups import Lookups
 from .processors.snapshotter import EVERY_RECORDS, INTERVAL_S, Snapshotter
-from .projections.barrier import ReadBarrier
+from .projections.barrier import EndOffsets, ReadBarrier
 from .projections.delivery_follower import DeliveryIndex
 from .projections.fold import load_all as load_folds
 from .projections.partition_stores import PartitionStores, Slot, claim_slot
@@ -78,6 +78,9 @@ class Runtime:
         self.delivery_barrier: ReadBarrier | None = None
         self.judge: Judge | None = None
         self.barrier: ReadBarrier | None = None
+        # Where a proposal's `seen` is read: the read barrier's shared rounds, or a
+        # thin client's own (straight from Kafka: through a worker it took three hops).
+        self.seen_offsets: EndOffsets | None = None
         self.query: QueryClient | None = None
         self.lookups: Lookups | None = None
         self.ownership_listeners: list[Callable[[list[int]], None]] = []
@@ -116,6 +119,8 @@ class Runtime:
                                      self.opts.request_timeout, self.opts.kafka, partitions=self.layout.events)
             self.query.start()
         if self.thin:
+            self.seen_offsets = EndOffsets(self.admin, self.topics.events, self.layout.events,
+                                           self.opts.request_timeout)
             self.timings["started"] = time.monotonic() - t0
             return
         self.stores = PartitionStores(self.slot.path, self.topics.events)
@@ -143,7 +148,7 @@ class Runtime:
                                     tracking_topic=self.topics.events, timeout=self.opts.request_timeout * 2)
             self.snapshotter = Snapshotter(self.judge, writer, self.snapshot_every, self.snapshot_interval_s)
             self.snapshotter.start()
-        self.barrier = ReadBarrier(self.admin, self.judge, timeout=self.opts.request_timeout)
+        self.barrier = self.seen_offsets = ReadBarrier(self.admin, self.judge, timeout=self.opts.request_timeout)
         self.timings["started"] = time.monotonic() - t0
 
     def _restore(self, partition: int, store: Store) -> RestoreInfo | None:

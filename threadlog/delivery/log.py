@@ -83,13 +83,8 @@ class DeliveryLog:
     async def _write_and_verify(self, kind: str, **fields: Any) -> int:
         svc = self._svc
         record = records.written(self.run_id, self.epoch, kind, **fields)
-        began = time.monotonic()
-        kafka_offset = await svc.writer.write(self.run_id, record)
         # THE fencing rule: acknowledge only what stands by the run index's verdict.
-        # One deadline for the whole call: the verdict gets what the write left.
-        left = max(0.1, svc.timeout - (time.monotonic() - began))
-        verdict, fence = await svc.runs.decide(self.run_id, self.partition, kafka_offset, record["kind"],
-                                               self.epoch, left)
+        kafka_offset, verdict, fence = await svc.write_decided(self.run_id, record, self.epoch)
         if verdict is None:
             raise unavailable(f"delivery record {self.partition}@{kafka_offset} of run {self.run_id!r} "
                               "was not folded (undecodable?)")
@@ -150,10 +145,9 @@ class DeliveryLog:
         state = self._state()
         if state["fence"] > self.epoch or "closedAt" in state:
             return  # a superseded driver's close is ignored; closing twice is harmless
-        x = await svc.writer.write(self.run_id, records.written(self.run_id, self.epoch, records.CLOSE))
         # Folded before returning: from here on this client's appends and reads see it
         # (a superseded driver's or a second close is dropped there, harmlessly).
-        await svc.runs.decide(self.run_id, self.partition, x, records.CLOSE, self.epoch, svc.timeout)
+        await svc.write_decided(self.run_id, records.written(self.run_id, self.epoch, records.CLOSE), self.epoch)
 
     # -- reads --------------------------------------------------------------------------
     def read(self, after: Offset, *, follow: bool = True) -> AsyncIterator[tuple[Offset, dict]]:

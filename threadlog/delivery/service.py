@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -57,12 +58,22 @@ class DeliveryService:
         The grant happens where fencing happens: from the claim's offset on,
         every record of an older epoch is dropped by every reader, and no
         record of an epoch never granted ever stands."""
-        x = await self.writer.write(run_id, records.claim(run_id, floor))
-        folded, _ = await self.runs.decide(run_id, self.writer.partition_of(run_id), x, records.CLAIM, floor,
-                                           self.timeout)
+        x, folded, _ = await self.write_decided(run_id, records.claim(run_id, floor), floor)
         if not folded or "claim" not in folded:
             raise unavailable(f"claim of run {run_id!r} at offset {x} was not folded")
         return int(folded["claim"])
+
+    async def write_decided(self, run_id: str, record: dict, epoch: int) -> tuple[int, dict | None, int]:
+        """Write a delivery record and await the run index's verdict on it: (offset, verdict, fence).
+
+        One request timeout for both: the verdict gets what the write left (a
+        write can itself take the whole timeout, see producers/deliveries.py)."""
+        began = time.monotonic()
+        x = await self.writer.write(run_id, record)
+        left = max(0.1, self.timeout - (time.monotonic() - began))
+        verdict, fence = await self.runs.decide(run_id, self.writer.partition_of(run_id), x, record["kind"], epoch,
+                                                left)
+        return x, verdict, fence
 
     async def high_watermark(self, partition: int) -> int:
         """Next offset of the partition: everything below it is stored (committed or not)."""
