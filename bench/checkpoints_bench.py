@@ -16,6 +16,7 @@ pipelined writer (the ceiling). `--external` runs the decider in a separate
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import tempfile
 import time
@@ -24,9 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import (
+    CpuMeter,
     Result,
     bench_args,
     bootstrap_or_local,
+    broker_pids,
     closed_loop,
     delete_namespace,
     delete_topic,
@@ -125,8 +128,11 @@ async def main() -> None:
                                           processors="external" if args.external else "embedded") as tl:
                     await appends(tl, args.clients * 20, args.threads, args.clients, args.files,
                                   args.conversation_bytes, "warmup")
+                    meter = CpuMeter({"client": [os.getpid()], "worker": [w.proc.pid for w in workers],
+                                      "broker": broker_pids()}).start()
                     res = await appends(tl, args.count, args.threads, args.clients, args.files,
                                         args.conversation_bytes, "measured")
+                    meter.stop()
                     # The engine's simplest command (a transcript save, same bytes) in the same run:
                     # what any decided command costs here, whatever it decides.
                     save = await save_threads(tl, len(payload), args.count, args.threads, args.clients)
@@ -143,6 +149,7 @@ async def main() -> None:
         report([(rawc, None), (pipe, None), (res, rawc), (save, rawc)])
         print(f"\nratio = rate / raw closed-loop produce rate at {args.clients} awaiting writers; "
               f"appends vs pipelined: {res.rate / pipe.rate:.3f}; appends vs save_thread: {res.rate / save.rate:.2f}")
+        print(meter.line(res.count, res.seconds))
         if stats:
             print(judge_line(stats))
     finally:

@@ -206,3 +206,58 @@ def judge_line(stats: dict) -> str:
 
 def summary(xs: list[float]) -> str:
     return f"mean {statistics.mean(xs) * 1e3:.2f} ms" if xs else "-"
+
+
+def _cpu_of(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far; 0.0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def broker_pids() -> list[int]:
+    """Local Kafka JVMs (the broker a benchmark talks to when it runs on this machine)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except OSError:
+                continue
+            if b"java" in cmd and b"kafka" in cmd.lower():
+                pids.append(int(entry))
+    return pids
+
+
+class CpuMeter:
+    """CPU used by named processes between `start()` and `stop()`, reported per operation.
+
+    On a 2-core machine the Python processes and the broker share the cores, so
+    where the CPU of one decision goes (client, worker, broker) is what says
+    which part caps the rate.
+    """
+
+    def __init__(self, processes: dict[str, list[int]]) -> None:
+        self.processes = processes
+        self._before: dict[str, float] = {}
+        self.used: dict[str, float] = {}
+
+    def _now(self) -> dict[str, float]:
+        return {name: sum(_cpu_of(p) for p in pids) for name, pids in self.processes.items()}
+
+    def start(self) -> CpuMeter:
+        self._before = self._now()
+        return self
+
+    def stop(self) -> dict[str, float]:
+        now = self._now()
+        self.used = {name: now[name] - self._before[name] for name in now}
+        return self.used
+
+    def line(self, ops: int, seconds: float) -> str:
+        parts = [f"{name} {used / ops * 1e6:.0f} us ({used / seconds:.2f} cores)" for name, used in self.used.items()]
+        return "CPU per operation: " + ", ".join(parts)

@@ -10,6 +10,10 @@ requests multiplexed by id and answered in completion order:
 Operations (bytes travel as base64; partitions as JSON object keys):
 - `verdict {p, o, timeout}`: the verdict at (p, o), answered once the judge has
   judged it (bounded by `timeout`, at most the server's);
+- `verdicts {p, os, timeout}`: the verdicts at offsets `os` of partition p, in
+  that order, answered once the judge has judged all of them: what a client
+  asks when several of its proposals to p were acknowledged together (one
+  request instead of one each; they are judged in offset order anyway);
 - `barrier {partitions | null}`: the end offsets of those partitions, asked of
   the broker *after the request arrived*, once the judge has passed them -- so
   every write acknowledged before the client sent it is folded (SPEC 2,
@@ -66,6 +70,14 @@ _T = TypeVar("_T")
 LINE_LIMIT = 64 * 1024 * 1024
 SCAN_PAGE = 512
 SCAN_PAGE_BYTES = 4 * 1024 * 1024
+MAX_VERDICTS = 10_000  # offsets per `verdicts` request
+
+
+def _settler(loop: asyncio.AbstractEventLoop, fut: asyncio.Future) -> Callable[[dict], None]:
+    def judged(verdict: dict) -> None:  # on the judge's thread, or on the loop at once
+        settle_threadsafe(loop, fut, None, verdict)
+
+    return judged
 
 
 def b64(raw: bytes) -> str:
@@ -182,7 +194,11 @@ class QueryServer:
             return {"pages": {str(p): self._read(functools.partial(self._scan, prefix, start, limit, p), parts)
                               for p in parts}}
         if op == "verdict":
-            return await self._verdict(int(args["p"]), int(args["o"]), self._bounded(args.get("timeout")))
+            (verdict,) = await self._verdicts(int(args["p"]), [int(args["o"])], self._bounded(args.get("timeout")))
+            return verdict
+        if op == "verdicts":
+            offsets = [int(o) for o in args["os"]]
+            return {"verdicts": await self._verdicts(int(args["p"]), offsets, self._bounded(args.get("timeout")))}
         if op == "barrier":
             return {"targets": await self._barrier(await self._owned(args, floor=False),
                                                    self._bounded(args.get("wait")))}
@@ -259,24 +275,29 @@ class QueryServer:
             size += len(k) + len(v)
         return {"items": items, "next": None}
 
-    async def _verdict(self, p: int, o: int, timeout: float) -> dict:
-        if not 0 <= p < self.judge.partitions or o < 0:
-            raise ThreadLogError(INVALID_ARGUMENT, f"no events partition/offset ({p}, {o})")
+    async def _verdicts(self, p: int, offsets: list[int], timeout: float) -> list[dict]:
+        if not 0 <= p < self.judge.partitions or not offsets or min(offsets) < 0 or len(offsets) > MAX_VERDICTS:
+            raise ThreadLogError(INVALID_ARGUMENT, f"no events partition/offsets ({p}, {offsets[:3]}...)")
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future = loop.create_future()
-
-        def judged(verdict: dict) -> None:  # on the judge's thread, or here at once
-            settle_threadsafe(loop, fut, None, verdict)
-
-        self.judge.on_verdict(p, o, judged)
+        futs: list[asyncio.Future] = []
+        callbacks: list[tuple[int, Callable[[dict], None]]] = []
+        for o in offsets:
+            fut: asyncio.Future = loop.create_future()
+            judged = _settler(loop, fut)
+            futs.append(fut)
+            callbacks.append((o, judged))
+            self.judge.on_verdict(p, o, judged)
         try:
-            verdict = await asyncio.wait_for(fut, timeout)
+            verdicts = await asyncio.wait_for(asyncio.gather(*futs), timeout)
         except TimeoutError:
-            self.judge.forget(p, o, judged)
-            raise ThreadLogError(UNAVAILABLE, f"offset {o} of partition {p} not judged within {timeout}s") from None
-        if verdict.get("code") == NOT_OWNER:  # not a verdict: ask the new owner
-            raise not_owner(verdict.get("message") or f"partition {p} is not owned here")
-        return verdict
+            for o, judged in callbacks:
+                self.judge.forget(p, o, judged)
+            raise ThreadLogError(UNAVAILABLE, f"offsets {offsets[:3]}... of partition {p} not judged "
+                                              f"within {timeout}s") from None
+        for verdict in verdicts:
+            if verdict.get("code") == NOT_OWNER:  # not a verdict: ask the new owner
+                raise not_owner(verdict.get("message") or f"partition {p} is not owned here")
+        return list(verdicts)
 
     async def _barrier(self, parts: list[int], wait: float) -> dict[str, int]:
         start = time.monotonic()

@@ -60,7 +60,7 @@ class Follower:
                 bootstrap,
                 f"{client_id}.follower",
                 kafka,
-                **{"enable.partition.eof": True, "fetch.wait.max.ms": kafka_config.TXN_READER_WAIT_MS,
+                **{"enable.partition.eof": True, "fetch.wait.max.ms": kafka_config.FOLLOWER_WAIT_MS,
                    **self._consumer_extra()},
             )
         )

@@ -13,12 +13,14 @@ import asyncio
 import signal
 import time
 
+import orjson
 import pytest
 from checkpoint_helpers import checkpoint
 from support import within
 from worker_support import WorkerProcess
 
-from threadlog.kernel.errors import STALE_HEAD, UNAVAILABLE, ThreadLogError
+from threadlog.kernel.errors import INVALID_ARGUMENT, STALE_HEAD, UNAVAILABLE, ThreadLogError
+from threadlog.kernel.partitioning import partition_for
 
 
 @pytest.fixture
@@ -62,6 +64,60 @@ async def test_refusals_surface_with_their_codes(worker, open_client):
     head = await within(thin.checkpoints.append(checkpoint=checkpoint("c2", "t", "c1"), expected_head_id="c1",
                                                 writer=w))
     assert head == "c2"
+
+
+async def test_a_burst_of_proposals_gets_each_its_own_verdict(worker, open_client):
+    """Acks of one burst are asked of the worker in one `verdicts` request per
+    partition: accepted and refused proposals mixed in it, each caller gets its own."""
+    thin = await open_client(processors="external", own_worker=True)
+    threads = [f"t{n}" for n in range(24)]
+    leases = await within(asyncio.gather(*(thin.checkpoints.acquire_writer(t) for t in threads)))
+    await within(asyncio.gather(*(thin.checkpoints.append(checkpoint=checkpoint(f"{t}-c1", t), expected_head_id=None,
+                                                          writer=w) for t, w in zip(threads, leases, strict=True))))
+
+    async def append(n: int, t: str, w: object) -> str:
+        # Odd threads name a stale head: refused STALE_HEAD; even ones move on.
+        expected = f"{t}-c1" if n % 2 == 0 else None
+        try:
+            return await thin.checkpoints.append(checkpoint=checkpoint(f"{t}-c2", t, f"{t}-c1"),
+                                                 expected_head_id=expected, writer=w)
+        except ThreadLogError as exc:
+            return exc.code
+
+    got = await within(asyncio.gather(*(append(n, t, w) for n, (t, w) in enumerate(zip(threads, leases,
+                                                                                          strict=True)))))
+    assert got == [f"{t}-c2" if n % 2 == 0 else STALE_HEAD for n, t in enumerate(threads)]
+    heads = await within(asyncio.gather(*(thin.checkpoints.get_head(t) for t in threads)))
+    assert heads == [f"{t}-c2" if n % 2 == 0 else f"{t}-c1" for n, t in enumerate(threads)]
+
+
+async def test_the_verdicts_operation_answers_in_the_order_asked(worker, open_client):
+    embedded = await open_client()
+    partition = partition_for("t", embedded.runtime.layout.events)
+    end = (await within(embedded.runtime.barrier.end_offsets()))[partition]
+    await within(embedded.messages.save_thread("t", ["v1"]))  # at `end`: accepted
+    lease = await within(embedded.checkpoints.acquire_writer("t", auto_renew=False))  # end + 1: accepted
+    with pytest.raises(ThreadLogError) as err:  # end + 2: judged refused
+        await within(embedded.checkpoints.append(checkpoint=checkpoint("c1", "t"), expected_head_id="nope",
+                                                 writer=lease))
+    assert err.value.code == STALE_HEAD
+    host, _, port = worker.address.rpartition(":")
+    reader, writer = await within(asyncio.open_connection(host, int(port)))
+    try:
+        async def ask(rid: int, args: dict) -> dict:
+            writer.write(orjson.dumps({"id": rid, "op": "verdicts", "args": args}) + b"\n")
+            await writer.drain()
+            return orjson.loads(await within(reader.readline()))
+
+        reply = await ask(1, {"p": partition, "os": [end + 2, end, end + 1], "timeout": 30})
+        assert reply["ok"] is True, reply
+        assert [(v["ok"], v.get("code")) for v in reply["result"]["verdicts"]] == [
+            (False, STALE_HEAD), (True, None), (True, None)]
+        for bad in ({"p": partition, "os": []}, {"p": partition, "os": [-1]}, {"p": 10_000, "os": [0]}):
+            reply = await ask(2, bad)
+            assert reply["ok"] is False and reply["code"] == INVALID_ARGUMENT, (bad, reply)
+    finally:
+        writer.close()
 
 
 async def test_a_thin_client_does_not_fold_history(worker, open_client):
