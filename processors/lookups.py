@@ -42,10 +42,14 @@ class Lookups:
         self._lock = threading.Lock()
         self.asked = 0  # questions sent (operators, tests)
 
-    def has(self, q: int, kind: str, ident: str, asof: int) -> bool:
-        """Is the answer to this question here (a waiting judge retries then)?"""
+    def settled(self, questions: list[Question]) -> bool:
+        """Should a judge waiting on these questions decide again now: every one
+        answered, or one not in flight (it failed and may be asked again, or was
+        never asked) -- deciding again asks it."""
+        now = time.monotonic()
         with self._lock:
-            return (q, kind, ident, asof) in self._answers
+            unanswered = [x for x in questions if x not in self._answers]
+            return not unanswered or any(self._asking.get(x, 0.0) <= now for x in unanswered)
 
     def get(self, q: int, kind: str, ident: str, asof: int) -> list[str] | None:
         question = (q, kind, ident, asof)
