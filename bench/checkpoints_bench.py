@@ -138,6 +138,13 @@ async def main() -> None:
                     save = await save_threads(tl, len(payload), args.count, args.threads, args.clients)
                     # A thin client has no judge (its worker judges).
                     stats = dict(tl.runtime.judge.stats) if tl.runtime.judge is not None else {}
+                    if len(workers) > 1:
+                        wstats = [await w.stats() for w in workers]
+                        asked = sum(st["lookups"] for st in wstats)
+                        blocked = sum(st["blocked"] for st in wstats)
+                        n = res.count + args.clients * 20
+                        print(f"per checkpoint append (warm-up included): {asked / n:.2f} questions asked of the "
+                              f"other worker, {blocked / n:.2f} decisions that waited for an answer")
             finally:
                 for w in workers:
                     w.stop()

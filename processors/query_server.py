@@ -25,7 +25,8 @@ Operations (bytes travel as base64; partitions as JSON object keys):
   `next` is the key to resume at, null at the end; pages are not one snapshot;
 - `holders {q, kind, id, asof}`: threads holding a global id on partition q as
   of offset `asof` of q (another worker's judge asks, processors/lookups.py);
-- `stats {}`: partitions owned, records judged, restores (operators, tests);
+- `stats {}`: partitions owned, records judged, decisions that waited for
+  another owner's answer, restores (operators, tests);
 - `end_offsets {}`: the events partitions' end offsets (kept for thin clients of
   earlier versions, which asked it for a proposal's `seen`; current ones read Kafka).
 
@@ -215,7 +216,7 @@ class QueryServer:
     def stats(self) -> dict:
         """What this worker owns and has judged (operators, tests, benchmarks)."""
         judge = self.judge
-        return {"owned": sorted(judge.owned), "judged": judge.stats["judged"],
+        return {"owned": sorted(judge.owned), "judged": judge.stats["judged"], "blocked": judge.stats["blocked"],
                 "restored": {str(p): info for p, info in judge.restores.items()},
                 "applied": {str(p): judge.applied(p) for p in sorted(judge.owned)},
                 "lookups": judge.lookups.asked if judge.lookups is not None else 0,
@@ -314,7 +315,6 @@ class QueryServer:
         await self._owned({"partitions": [q], "floor": {str(q): asof}})
         threads = self._read(lambda: holders_as_of(self.stores.store_of(q), args["kind"], args["id"], asof), [q])
         return {"threads": threads}
-
 
     # -- the delivery log's run index (threadlog/run_access.py, RemoteRuns) -------------------
     async def _delivery_op(self, op: str, args: dict) -> dict:
