@@ -141,7 +141,7 @@ async def main() -> None:
                     if len(workers) > 1:
                         wstats = [await w.stats() for w in workers]
                         asked = sum(st["lookups"] for st in wstats)
-                        blocked = sum(st["blocked"] for st in wstats)
+                        blocked = sum(st.get("blocked", 0) for st in wstats)
                         n = res.count + args.clients * 20
                         print(f"per checkpoint append (warm-up included): {asked / n:.2f} questions asked of the "
                               f"other worker, {blocked / n:.2f} decisions that waited for an answer")
