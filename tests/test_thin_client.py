@@ -19,6 +19,7 @@ from checkpoint_helpers import checkpoint
 from support import within
 from worker_support import WorkerProcess
 
+from threadlog import remote
 from threadlog.kernel.errors import INVALID_ARGUMENT, STALE_HEAD, UNAVAILABLE, ThreadLogError
 from threadlog.kernel.partitioning import partition_for
 
@@ -66,9 +67,12 @@ async def test_refusals_surface_with_their_codes(worker, open_client):
     assert head == "c2"
 
 
-async def test_a_burst_of_proposals_gets_each_its_own_verdict(worker, open_client):
+@pytest.mark.parametrize("per_request", [1000, 3])
+async def test_a_burst_of_proposals_gets_each_its_own_verdict(worker, open_client, monkeypatch, per_request):
     """Acks of one burst are asked of the worker in one `verdicts` request per
-    partition: accepted and refused proposals mixed in it, each caller gets its own."""
+    partition (at most `per_request` offsets each): accepted and refused
+    proposals mixed in it, each caller gets its own."""
+    monkeypatch.setattr(remote, "VERDICTS_PER_REQUEST", per_request)
     thin = await open_client(processors="external", own_worker=True)
     threads = [f"t{n}" for n in range(24)]
     leases = await within(asyncio.gather(*(thin.checkpoints.acquire_writer(t) for t in threads)))

@@ -59,6 +59,9 @@ from .members import MembersView
 
 log = logging.getLogger("threadlog.remote")
 
+# Offsets per `verdicts` request (a worker takes up to 10 000).
+VERDICTS_PER_REQUEST = 1000
+
 LINE_LIMIT = 64 * 1024 * 1024
 CONNECT_TIMEOUT = 2.0
 RETRY_PAUSE = 0.1  # longest wait for a new announcement before asking again
@@ -429,9 +432,10 @@ class RemoteVerdicts:
         with self._lock:
             queued, self._queued, self._armed = self._queued, {}, False
         for partition, items in queued.items():
-            task = self._client._loop.create_task(self._ask(partition, items))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            for start in range(0, len(items), VERDICTS_PER_REQUEST):
+                task = self._client._loop.create_task(self._ask(partition, items[start:start + VERDICTS_PER_REQUEST]))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
 
     async def _ask(self, partition: int, items: list[tuple[int, Callable[[dict], None]]]) -> None:
         client = self._client
