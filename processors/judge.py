@@ -95,7 +95,8 @@ CLOCK = b"jc"  # (partition 4B) -> 8B double: decision time of the partition's l
 # A partition whose proposal waits for another partition holds at most this
 # many fetched records before its fetching is paused.
 MAX_PENDING = 20_000
-# A waiting partition is retried at least this often, answers or not.
+# A waiting partition is looked at again at least this often (decided again
+# only once it may move: Judge._may_retry).
 RETRY_WAITING_S = 0.005
 # At most this many proposals of one partition are judged into one write buffer
 # (then applied): a partition released after a long wait holds up to
@@ -329,13 +330,12 @@ class Judge(Follower):
             # Fetched records not judged yet (a partition past MAX_BATCH): judge on at once.
             backlog = any(pend.needs is None and pend.msgs for pend in pending)
             waiting = [pend for pend in pending if pend.needs is not None and pend.msgs]
-            # A partition waiting for other owners' answers is retried as soon as all the
-            # answers it needs arrived, or one of its questions failed and may be asked
-            # again (polled every millisecond: answers land on the query thread while
-            # this one sits in librdkafka); a partition waiting for one of ours moves
-            # with our own records; RETRY_WAITING_S bounds any wait in any case.
-            asked = [self._remote(pend.questions) for pend in waiting]
-            asked = [qs for qs in asked if qs]
+            # A partition waiting for other owners' answers is decided again as soon as it
+            # may move (Judge._may_retry: all its answers arrived, or a failed question
+            # may be asked again), polled every millisecond: answers land on the query
+            # thread while this one sits in librdkafka. A partition waiting for one of
+            # ours moves with our own records; every RETRY_WAITING_S it is looked at.
+            asked = any(self._remote(pend.questions) for pend in waiting)
             timeout = 0.0 if backlog else 0.001 if asked else RETRY_WAITING_S if waiting else 0.1
             try:
                 msgs = kafka_config.drain(self._consumer, 2000, timeout)
@@ -344,7 +344,8 @@ class Judge(Follower):
                 time.sleep(0.1)
                 continue
             if waiting and not msgs and not backlog:
-                answered = self.lookups is not None and any(self.lookups.settled(qs) for qs in asked)
+                owned, progress = set(self.owned), dict(self._applied)
+                answered = any(self._may_retry(pend, owned, progress) for pend in waiting)
                 if not answered and time.monotonic() - retried_at < RETRY_WAITING_S:
                     continue  # nothing new to judge with
                 retried_at = time.monotonic()

@@ -10,8 +10,9 @@ asks again (every retry of a waiting partition does) gets it at once, and the
 verdict stays a function of fixed log positions whoever owns what.
 
 `get` never blocks the judge: it returns None and starts the question; the
-judge sets the waiting partition aside and retries it a few milliseconds later
-(processors/judge.py). A question that fails (owner gone mid-rebalance) is
+judge sets the waiting partition aside and decides it again once `settled`
+says it may move (every answer here, or a failed question may be asked again;
+processors/judge.py). A question that fails (owner gone mid-rebalance) is
 asked again after a pause; the judge waits, it never guesses.
 """
 

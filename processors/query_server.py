@@ -11,9 +11,10 @@ Operations (bytes travel as base64; partitions as JSON object keys):
 - `verdict {p, o, timeout}`: the verdict at (p, o), answered once the judge has
   judged it (bounded by `timeout`, at most the server's);
 - `verdicts {p, os, timeout}`: the verdicts at offsets `os` of partition p, in
-  that order, answered once the judge has judged all of them: what a client
-  asks when several of its proposals to p were acknowledged together (one
-  request instead of one each; they are judged in offset order anyway);
+  that order, answered once the judge has judged the lowest of them, null for
+  any not judged by then (asked again): what a client asks when several of
+  its proposals to p were acknowledged together (one request instead of one
+  each);
 - `barrier {partitions | null}`: the end offsets of those partitions, asked of
   the broker *after the request arrived*, once the judge has passed them -- so
   every write acknowledged before the client sent it is folded (SPEC 2,
@@ -196,7 +197,7 @@ class QueryServer:
                               for p in parts}}
         if op == "verdict":
             (verdict,) = await self._verdicts(int(args["p"]), [int(args["o"])], self._bounded(args.get("timeout")))
-            return verdict
+            return verdict  # one offset: the lowest, never null
         if op == "verdicts":
             offsets = [int(o) for o in args["os"]]
             return {"verdicts": await self._verdicts(int(args["p"]), offsets, self._bounded(args.get("timeout")))}
@@ -276,7 +277,13 @@ class QueryServer:
             size += len(k) + len(v)
         return {"items": items, "next": None}
 
-    async def _verdicts(self, p: int, offsets: list[int], timeout: float) -> list[dict]:
+    async def _verdicts(self, p: int, offsets: list[int], timeout: float) -> list[dict | None]:
+        """The verdicts at `offsets` of p, once the first of them (the lowest) is
+        judged; null for those not judged by then (the asker asks them again).
+
+        Why not wait for all: one of a burst may wait for another owner's
+        answer (or a rebalance), and the proposals judged before it would wait
+        with it; the lowest is the one a request per offset would wait for."""
         if not 0 <= p < self.judge.partitions or not offsets or min(offsets) < 0 or len(offsets) > MAX_VERDICTS:
             raise ThreadLogError(INVALID_ARGUMENT, f"no events partition/offsets ({p}, {offsets[:3]}...)")
         loop = asyncio.get_running_loop()
@@ -288,17 +295,23 @@ class QueryServer:
             futs.append(fut)
             callbacks.append((o, judged))
             self.judge.on_verdict(p, o, judged)
+        first = futs[offsets.index(min(offsets))]
         try:
-            verdicts = await asyncio.wait_for(asyncio.gather(*futs), timeout)
+            await asyncio.wait_for(asyncio.shield(first), timeout)
         except TimeoutError:
-            for o, judged in callbacks:
-                self.judge.forget(p, o, judged)
-            raise ThreadLogError(UNAVAILABLE, f"offsets {offsets[:3]}... of partition {p} not judged "
+            raise ThreadLogError(UNAVAILABLE, f"offset {min(offsets)} of partition {p} not judged "
                                               f"within {timeout}s") from None
+        finally:
+            # Whatever ends the wait (a timeout, a dropped connection cancelling the
+            # request): no callback stays registered for an answer nobody reads.
+            for (o, judged), fut in zip(callbacks, futs, strict=True):
+                if not fut.done():
+                    self.judge.forget(p, o, judged)
+        verdicts = [fut.result() if fut.done() else None for fut in futs]
         for verdict in verdicts:
-            if verdict.get("code") == NOT_OWNER:  # not a verdict: ask the new owner
+            if verdict is not None and verdict.get("code") == NOT_OWNER:  # not a verdict: ask the new owner
                 raise not_owner(verdict.get("message") or f"partition {p} is not owned here")
-        return list(verdicts)
+        return verdicts
 
     async def _barrier(self, parts: list[int], wait: float) -> dict[str, int]:
         start = time.monotonic()

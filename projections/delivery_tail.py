@@ -40,7 +40,7 @@ class DeliveryTail:
         self.max_queued = max_queued
         self._consumer = Consumer(kafka_config.consumer(
             bootstrap, f"{client_id}.dlvtail", kafka,
-            **{"enable.partition.eof": True, "fetch.wait.max.ms": kafka_config.FOLLOWER_WAIT_MS},
+            **{"enable.partition.eof": True, "fetch.wait.max.ms": kafka_config.READER_WAIT_MS},
         ))
         self._subs = Subscribers()
         self._lock = self._subs.lock  # also guards _dispatched and _joining (the hand-off)

@@ -117,6 +117,14 @@ async def test_the_verdicts_operation_answers_in_the_order_asked(worker, open_cl
         assert reply["ok"] is True, reply
         assert [(v["ok"], v.get("code")) for v in reply["result"]["verdicts"]] == [
             (False, STALE_HEAD), (True, None), (True, None)]
+        # Answered once the lowest is judged; one not judged by then is null (asked again).
+        reply = await ask(3, {"p": partition, "os": [end + 1000, end], "timeout": 30})
+        assert reply["ok"] is True and reply["result"]["verdicts"][1]["ok"] is True, reply
+        assert reply["result"]["verdicts"][0] is None, reply
+        started = time.monotonic()
+        reply = await ask(4, {"p": partition, "os": [end + 1000], "timeout": 0.2})
+        assert reply["ok"] is False and reply["code"] == UNAVAILABLE, reply
+        assert time.monotonic() - started < 5
         for bad in ({"p": partition, "os": []}, {"p": partition, "os": [-1]}, {"p": 10_000, "os": [0]}):
             reply = await ask(2, bad)
             assert reply["ok"] is False and reply["code"] == INVALID_ARGUMENT, (bad, reply)

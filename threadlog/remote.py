@@ -393,9 +393,10 @@ class RemoteVerdicts:
     request per partition, not one request each: per verdict, a coroutine, a
     request line, a reply and a timer on both ends cost more CPU than the
     judging of a checkpoint append on the worker's side of a thin client (a
-    2-core machine runs out of CPU, not of network). A proposal's offsets of one
-    partition are judged in order, so waiting for the last of a burst delays
-    the others by at most that burst's judging.
+    2-core machine runs out of CPU, not of network). The worker answers once
+    the lowest offset asked is judged, with every verdict reached by then; the
+    others are asked again, so no proposal waits for a later one (which may
+    wait for another owner's answer).
     """
 
     def __init__(self, client: QueryClient) -> None:
@@ -407,6 +408,9 @@ class RemoteVerdicts:
         self._tasks: set[asyncio.Task] = set()
 
     def on_verdict(self, partition: int, offset: int, callback: Callable[[dict], None]) -> None:
+        if self._client.closed:  # its loop no longer runs: nobody would ask
+            callback(_unknown(partition, offset, "this client is closed"))
+            return
         with self._lock:
             self._pending.add((partition, offset, callback))
             self._queued.setdefault(partition, []).append((offset, callback))
@@ -415,7 +419,7 @@ class RemoteVerdicts:
             self._armed = True
         try:
             self._client._loop.call_soon_threadsafe(self._flush)
-        except RuntimeError:  # the client's loop is closed: nobody will ask
+        except RuntimeError:  # the client's loop was closed meanwhile: nobody will ask
             with self._lock:
                 queued, self._queued, self._armed = self._queued, {}, False
             for p, items in queued.items():
@@ -440,22 +444,39 @@ class RemoteVerdicts:
     async def _ask(self, partition: int, items: list[tuple[int, Callable[[dict], None]]]) -> None:
         client = self._client
         offsets = [o for o, _ in items]
+        verdicts: list[dict | None]
         try:
             verdicts = await self._verdicts(partition, offsets)
         except ThreadLogError as exc:
             verdicts = [_unknown(partition, o, f"{exc.code}: {exc.message}") for o in offsets]
         else:
             # Our own writes are judged: later reads must not see a state before them.
-            client.raise_floor({partition: max(offsets) + 1})
+            judged = [o for o, v in zip(offsets, verdicts, strict=True) if v is not None]
+            if judged:
+                client.raise_floor({partition: max(judged) + 1})
+        again: list[tuple[int, Callable[[dict], None]]] = []
         for (o, callback), verdict in zip(items, verdicts, strict=True):
             token = (partition, o, callback)
             with self._lock:
                 if token not in self._pending:
                     continue  # forgotten: its caller gave up
+                if verdict is None:  # not judged yet when the worker answered: ask again
+                    again.append((o, callback))
+                    continue
                 self._pending.discard(token)
-            callback(verdict)
+            try:
+                callback(verdict)
+            except Exception:  # pragma: no cover - one caller's bug must not keep the others waiting
+                log.exception("verdict callback failed")
+        if again:
+            with self._lock:
+                self._queued.setdefault(partition, []).extend(again)
+                if self._armed:
+                    return
+                self._armed = True
+            self._flush()  # on the client's loop already
 
-    async def _verdicts(self, partition: int, offsets: list[int]) -> list[dict]:
+    async def _verdicts(self, partition: int, offsets: list[int]) -> list[dict | None]:
         # Workers answer `verdicts` from this version on: upgrade workers before thin clients.
         client = self._client
         (result,) = (await client.call("verdicts", {"p": partition, "os": offsets, "timeout": client.timeout},

@@ -71,7 +71,7 @@ class ConsumerPool:
         try:
             return Consumer(kafka_config.consumer(
                 self._bootstrap, f"{self._client_id}.dlvread{n}", self._kafka,
-                **{"enable.partition.eof": True, "fetch.wait.max.ms": kafka_config.FOLLOWER_WAIT_MS},
+                **{"enable.partition.eof": True, "fetch.wait.max.ms": kafka_config.READER_WAIT_MS},
             ))
         except BaseException:
             self._gone()

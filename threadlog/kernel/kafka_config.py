@@ -273,14 +273,20 @@ def producer(bootstrap: str, client_id: str, kafka: Mapping[str, Any] | None = N
 
 
 # How long a follower's fetch may wait in the broker for a record. It bounds
-# idle polling only: a waiting fetch returns as soon as a record lands (nothing
-# in Core v2 is transactional, so no commit marker has to come first; round 1
-# needed 5 ms because a marker does not wake a waiting read_committed fetch).
-# Measured: 5 ms made every idle follower ask the broker 200 times a second --
-# an idle worker cost the broker 0.18 cores (0.03 without it), and a loaded
-# one ~15% of its CPU per decided proposal -- with no latency gained:
-# save_thread, 1 caller, p50 2.0 ms either way; SSE p50 3.2-3.4 ms either way.
+# idle polling only: a waiting fetch returns as soon as a record lands. (A
+# commit marker does not wake it: a read after an outside *transactional*
+# writer's commit may wait up to this long; nothing threadlog writes is
+# transactional.) Measured: 5 ms (round 1's setting, for its transactions)
+# made every idle follower ask the broker 200 times a second -- an idle worker
+# cost the broker 0.18 cores, now 0.05 -- and ~35-40% of the broker's CPU per
+# decided proposal, for no latency: save_thread, 1 caller, p50 2.0 ms either
+# way; SSE p50 3.2-3.4 ms either way.
 FOLLOWER_WAIT_MS = 100
+# Consumers that are assigned new partitions while they run (the delivery
+# readers' pool, the delivery tail): librdkafka keeps one fetch per broker in
+# flight, so a partition assigned while a fetch waits is first fetched when
+# that one returns -- an SSE join or replay would start up to the wait late.
+READER_WAIT_MS = 5
 
 
 def consumer(bootstrap: str, client_id: str, kafka: Mapping[str, Any] | None = None, **extra: Any) -> dict:
