@@ -145,6 +145,11 @@ class _Pending:
     prefetched: int = -1  # the last offset whose lookups were started ahead (see Judge._prefetch)
 
 
+def _remote(questions: list[Question], owned: set[int]) -> list[Question]:
+    """The questions only another worker can answer."""
+    return [x for x in questions if x[0] not in owned]
+
+
 def decision_time(previous: float, proposed: float, broker_ms: int | None) -> float:
     """Monotonic per partition; the proposal's time, capped at the broker's clock + MAX_LEAD_MS."""
     t = proposed if isinstance(proposed, (int, float)) and math.isfinite(proposed) else previous
@@ -335,7 +340,7 @@ class Judge(Follower):
             # may be asked again), polled every millisecond: answers land on the query
             # thread while this one sits in librdkafka. A partition waiting for one of
             # ours moves with our own records; every RETRY_WAITING_S it is looked at.
-            asked = any(self._remote(pend.questions) for pend in waiting)
+            asked = any(_remote(pend.questions, self.owned) for pend in waiting)
             timeout = 0.0 if backlog else 0.001 if asked else RETRY_WAITING_S if waiting else 0.1
             try:
                 msgs = kafka_config.drain(self._consumer, 2000, timeout)
@@ -423,11 +428,6 @@ class Judge(Follower):
         if positions or verdicts:
             self._publish(positions, verdicts)
 
-    def _remote(self, questions: list[Question]) -> list[Question]:
-        """The questions only another worker can answer."""
-        owned = self.owned
-        return [x for x in questions if x[0] not in owned]
-
     def _may_retry(self, pend: _Pending, owned: set[int], progress: dict[int, int]) -> bool:
         """Is deciding a waiting partition's first proposal again worth it now?
 
@@ -438,14 +438,12 @@ class Judge(Follower):
         one worker's.
         """
         assert pend.needs is not None
-        q, need = pend.needs
-        if q < 0:
+        if pend.needs[0] < 0:
             return False  # a newer judge's rules: nothing here will ever decide it
-        if q in owned and progress.get(q, 0) < need:
-            return False
+        # (`needs` is the first of the questions: they say all it waits for.)
         if any(x[0] in owned and progress.get(x[0], 0) < x[3] for x in pend.questions):
-            return False
-        remote = [x for x in pend.questions if x[0] not in owned]
+            return False  # one of ours is not judged that far yet
+        remote = _remote(pend.questions, owned)
         return not remote or self.lookups is None or self.lookups.settled(remote)
 
     def _others(self, owned: set[int], view_of: Callable[[int], View], progress: dict[int, int]) -> Others:

@@ -75,13 +75,6 @@ SCAN_PAGE_BYTES = 4 * 1024 * 1024
 MAX_VERDICTS = 10_000  # offsets per `verdicts` request
 
 
-def _settler(loop: asyncio.AbstractEventLoop, fut: asyncio.Future) -> Callable[[dict], None]:
-    def judged(verdict: dict) -> None:  # on the judge's thread, or on the loop at once
-        settle_threadsafe(loop, fut, None, verdict)
-
-    return judged
-
-
 def b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode("ascii")
 
@@ -291,7 +284,7 @@ class QueryServer:
         callbacks: list[tuple[int, Callable[[dict], None]]] = []
         for o in offsets:
             fut: asyncio.Future = loop.create_future()
-            judged = _settler(loop, fut)
+            judged = functools.partial(settle_threadsafe, loop, fut, None)  # on the judge's thread, or here
             futs.append(fut)
             callbacks.append((o, judged))
             self.judge.on_verdict(p, o, judged)
@@ -304,9 +297,9 @@ class QueryServer:
         finally:
             # Whatever ends the wait (a timeout, a dropped connection cancelling the
             # request): no callback stays registered for an answer nobody reads.
-            for (o, judged), fut in zip(callbacks, futs, strict=True):
+            for (o, cb), fut in zip(callbacks, futs, strict=True):
                 if not fut.done():
-                    self.judge.forget(p, o, judged)
+                    self.judge.forget(p, o, cb)
         verdicts = [fut.result() if fut.done() else None for fut in futs]
         for verdict in verdicts:
             if verdict is not None and verdict.get("code") == NOT_OWNER:  # not a verdict: ask the new owner

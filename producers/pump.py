@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Producer
@@ -21,7 +22,7 @@ def settle(fut: asyncio.Future, exc: BaseException | None, value: Any) -> None:
 
 
 class _Inbox:
-    """Completions handed to one event loop from other threads: one wake-up per burst.
+    """Calls handed to one event loop from other threads: one wake-up per burst.
 
     Why: `call_soon_threadsafe` writes to the loop's self-pipe, a syscall that
     releases the GIL; getting it back behind the judge, follower and pump
@@ -35,10 +36,11 @@ class _Inbox:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = weakref.ref(loop)
         self._lock = threading.Lock()
-        self._items: list[tuple[asyncio.Future, BaseException | None, Any]] = []
+        self._items: list[tuple[Callable[..., None], tuple]] = []
         self._armed = False
 
-    def post(self, fut: asyncio.Future, exc: BaseException | None, value: Any) -> None:
+    def post(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run `fn(*args)` on the loop, with whatever else arrives before it wakes."""
         loop = self._loop()
         with self._lock:
             if loop is None or loop.is_closed():
@@ -47,7 +49,7 @@ class _Inbox:
                 self._items.clear()
                 self._armed = False
                 return
-            self._items.append((fut, exc, value))
+            self._items.append((fn, args))
             if self._armed:
                 return  # a wake-up is already on its way and takes this one too
             self._armed = True
@@ -64,8 +66,8 @@ class _Inbox:
         with self._lock:
             items, self._items = self._items, []
             self._armed = False
-        for fut, exc, value in items:
-            settle(fut, exc, value)
+        for fn, args in items:
+            fn(*args)
 
 
 _inboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Inbox] = weakref.WeakKeyDictionary()
@@ -84,7 +86,7 @@ def inbox(loop: asyncio.AbstractEventLoop) -> _Inbox:
 def settle_threadsafe(loop: asyncio.AbstractEventLoop, fut: asyncio.Future, exc: BaseException | None,
                       value: Any) -> None:
     """`settle` on `loop` from any thread, batched with other completions for that loop."""
-    inbox(loop).post(fut, exc, value)
+    inbox(loop).post(settle, fut, exc, value)
 
 
 class ProducerPump:

@@ -56,6 +56,7 @@ from .kernel.errors import (
     unavailable,
 )
 from .members import MembersView
+from .producers.pump import inbox
 
 log = logging.getLogger("threadlog.remote")
 
@@ -401,10 +402,10 @@ class RemoteVerdicts:
 
     def __init__(self, client: QueryClient) -> None:
         self._client = client
-        self._lock = threading.Lock()
-        self._queued: dict[int, list[tuple[int, Callable[[dict], None]]]] = {}
-        self._armed = False
+        self._lock = threading.Lock()  # guards _pending (forget runs on the caller's thread)
         self._pending: set[tuple[int, int, Callable[[dict], None]]] = set()  # asked, not answered, not forgotten
+        # On the client's loop only:
+        self._queued: dict[int, list[tuple[int, Callable[[dict], None]]]] = {}
         self._tasks: set[asyncio.Task] = set()
 
     def on_verdict(self, partition: int, offset: int, callback: Callable[[dict], None]) -> None:
@@ -413,28 +414,23 @@ class RemoteVerdicts:
             return
         with self._lock:
             self._pending.add((partition, offset, callback))
-            self._queued.setdefault(partition, []).append((offset, callback))
-            if self._armed:
-                return  # the flush already scheduled takes this one too
-            self._armed = True
-        try:
-            self._client._loop.call_soon_threadsafe(self._flush)
-        except RuntimeError:  # the client's loop was closed meanwhile: nobody will ask
-            with self._lock:
-                queued, self._queued, self._armed = self._queued, {}, False
-            for p, items in queued.items():
-                for o, cb in items:
-                    cb(_unknown(p, o, "this client is closed"))
+        # The acks of one burst reach the loop in one wake-up (producers/pump.py).
+        inbox(self._client._loop).post(self._queue, partition, offset, callback)
 
     def forget(self, partition: int, offset: int, callback: Callable[[dict], None]) -> None:
         """The caller gave up (timeout): its callback is not called."""
         with self._lock:
             self._pending.discard((partition, offset, callback))
 
+    def _queue(self, partition: int, offset: int, callback: Callable[[dict], None]) -> None:
+        """On the client's loop: ask at the next flush, with the rest of the burst."""
+        if not self._queued:
+            self._client._loop.call_soon(self._flush)  # after the whole burst is queued
+        self._queued.setdefault(partition, []).append((offset, callback))
+
     def _flush(self) -> None:
-        """On the client's loop: one request per partition for what queued since the last flush."""
-        with self._lock:
-            queued, self._queued, self._armed = self._queued, {}, False
+        """One request per partition for what queued since the last flush."""
+        queued, self._queued = self._queued, {}
         for partition, items in queued.items():
             for start in range(0, len(items), VERDICTS_PER_REQUEST):
                 task = self._client._loop.create_task(self._ask(partition, items[start:start + VERDICTS_PER_REQUEST]))
@@ -454,27 +450,19 @@ class RemoteVerdicts:
             judged = [o for o, v in zip(offsets, verdicts, strict=True) if v is not None]
             if judged:
                 client.raise_floor({partition: max(judged) + 1})
-        again: list[tuple[int, Callable[[dict], None]]] = []
         for (o, callback), verdict in zip(items, verdicts, strict=True):
             token = (partition, o, callback)
             with self._lock:
                 if token not in self._pending:
                     continue  # forgotten: its caller gave up
                 if verdict is None:  # not judged yet when the worker answered: ask again
-                    again.append((o, callback))
+                    self._queue(partition, o, callback)
                     continue
                 self._pending.discard(token)
             try:
                 callback(verdict)
             except Exception:  # pragma: no cover - one caller's bug must not keep the others waiting
                 log.exception("verdict callback failed")
-        if again:
-            with self._lock:
-                self._queued.setdefault(partition, []).extend(again)
-                if self._armed:
-                    return
-                self._armed = True
-            self._flush()  # on the client's loop already
 
     async def _verdicts(self, partition: int, offsets: list[int]) -> list[dict | None]:
         # Workers answer `verdicts` from this version on: upgrade workers before thin clients.
