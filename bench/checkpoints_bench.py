@@ -138,6 +138,10 @@ async def main() -> None:
                     save = await save_threads(tl, len(payload), args.count, args.threads, args.clients)
                     # A thin client has no judge (its worker judges).
                     stats = dict(tl.runtime.judge.stats) if tl.runtime.judge is not None else {}
+                    learned = tl.session.bus.verdicts
+                    if args.external:
+                        print(f"verdicts learned by this thin client: {learned.pushed} pushed by the judge, "
+                              f"{learned.asked} asked for")
                     if len(workers) > 1:
                         wstats = [await w.stats() for w in workers]
                         asked = sum(st["lookups"] for st in wstats)

@@ -1,1 +1,1 @@
-"""Deciders: commands in, events + replies out, in one Kafka transaction."""
+"""Judging: proposals in offset order, their verdicts, and the worker services around them."""

@@ -55,6 +55,7 @@ from threadlog.kernel.partitioning import partition_for
 from threadlog.kernel.validation import dumps
 
 from .handlers import HANDLERS, Context, Decision
+from .verdict_push import VerdictPush, reply_of
 
 if TYPE_CHECKING:
     from .lookups import Lookups, Question
@@ -197,6 +198,9 @@ class Judge(Follower):
         self._paused: set[int] = set()
         # Callbacks waiting for the verdict at (partition, offset).
         self._verdict_waiters: dict[tuple[int, int], list[Callable[[dict], None]]] = {}
+        # Verdicts written to their proposers' connections (a worker's thin clients).
+        self.push: VerdictPush | None = None
+        self.reply_header = None  # a local proposer learns its verdicts by callback (producers.proposals.Verdicts)
         self.stats = {"judged": 0, "accepted": 0, "refused": 0, "poison": 0, "blocked": 0, "restored": 0}
         self.restores: dict[int, dict[str, Any]] = {}  # partition -> summary of its restore
         super().__init__(bootstrap, topic, partitions, stores, codec, client_id, kafka=kafka)  # type: ignore[arg-type]
@@ -369,6 +373,8 @@ class Judge(Follower):
                 self._pending.setdefault(p, _Pending(deque())).msgs.extend(records)
         verdicts: dict[tuple[int, int], dict] = {}
         positions: dict[int, int] = {}
+        push = self.push if self.push is not None and self.push.active else None
+        replies: list[tuple[bytes, int, int, dict]] = []  # (token, p, offset, verdict) to push
         with self.stores.lock:
             views: dict[int, View] = {}
 
@@ -414,6 +420,10 @@ class Judge(Follower):
                         pend.msgs.popleft()
                         judged[p] += 1
                         verdicts[(p, msg.offset())] = verdict
+                        if push is not None:
+                            token = reply_of(msg.headers())
+                            if token is not None:
+                                replies.append((token, p, msg.offset(), verdict))
                         progress[p] = msg.offset() + 1
                         positions[p] = msg.offset() + 1
                         moved = True
@@ -427,6 +437,10 @@ class Judge(Follower):
         self._flow_control()
         if positions or verdicts:
             self._publish(positions, verdicts)
+        if replies and push is not None:
+            # After the positions moved: a read its client sends next is not
+            # held back waiting for the verdict it already has.
+            push.push(replies)
 
     def _may_retry(self, pend: _Pending, owned: set[int], progress: dict[int, int]) -> bool:
         """Is deciding a waiting partition's first proposal again worth it now?

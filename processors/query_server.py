@@ -26,6 +26,11 @@ Operations (bytes travel as base64; partitions as JSON object keys):
   `next` is the key to resume at, null at the end; pages are not one snapshot;
 - `holders {q, kind, id, asof}`: threads holding a global id on partition q as
   of offset `asof` of q (another worker's judge asks, processors/lookups.py);
+- `push {reply}`: the first and only request of a connection: from then on
+  the judge writes the verdict of every proposal whose `threadlog.reply`
+  header is `reply` to this connection, unasked, as lines
+  `{"push": [[p, offset, verdict], ...]}` (processors/verdict_push.py); the
+  first line back is the usual answer, `{"id": .., "ok": true, ...}`;
 - `stats {}`: partitions owned, records judged, decisions that waited for
   another owner's answer, restores (operators, tests);
 - `end_offsets {}`: the events partitions' end offsets (kept for thin clients of
@@ -48,6 +53,8 @@ import base64
 import contextlib
 import functools
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -55,6 +62,7 @@ from typing import Any, TypeVar
 import orjson
 from threadlog.processors.judge import Judge
 from threadlog.processors.snapshotter import Snapshotter
+from threadlog.processors.verdict_push import VerdictPush
 from threadlog.producers.pump import settle_threadsafe
 from threadlog.projections import run_index
 from threadlog.projections.barrier import ReadBarrier
@@ -63,6 +71,7 @@ from threadlog.projections.global_ids import holders_as_of
 from threadlog.projections.partition_stores import PartitionStores
 
 from threadlog.kernel.errors import BEHIND, INVALID_ARGUMENT, NOT_OWNER, UNAVAILABLE, ThreadLogError, not_owner
+from threadlog.kernel.topics import MAX_REPLY_TOKEN_BYTES
 
 log = logging.getLogger("threadlog.query")
 _T = TypeVar("_T")
@@ -96,6 +105,8 @@ class QueryServer:
         self.delivery_barrier = delivery_barrier
         self.snapshotter = snapshotter
         self.judge = judge
+        self.push = VerdictPush()
+        judge.push = self.push
         self.barrier = barrier
         self.timeout = timeout
         self._server: asyncio.Server | None = None
@@ -125,6 +136,8 @@ class QueryServer:
         return len(pending)
 
     async def close(self) -> None:
+        self.judge.push = None
+        self.push.close()
         if self._server is not None:
             self._server.close()
             for w in list(self._conns):
@@ -141,6 +154,8 @@ class QueryServer:
                 line = await reader.readline()
                 if not line:
                     return
+                if not tasks and b'"push"' in line and await self._pushed_to(line, reader, writer):
+                    return
                 task = asyncio.create_task(self._answer(line, writer, lock))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
@@ -153,6 +168,30 @@ class QueryServer:
             for t in tasks:
                 t.cancel()
             writer.close()
+
+    async def _pushed_to(self, line: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """A `push` request: hand this connection to the judge's pushes until
+        the client goes away. False if the line is not one (answered as usual)."""
+        try:
+            req = orjson.loads(line)
+            token = str(req["args"]["reply"]).encode("utf-8")
+        except (ValueError, KeyError, TypeError):
+            return False
+        if req.get("op") != "push" or not 0 < len(token) <= MAX_REPLY_TOKEN_BYTES or self.draining:
+            return False
+        writer.write(orjson.dumps({"id": req.get("id"), "ok": True, "result": {"pushing": True}}) + b"\n")
+        await writer.drain()  # the answer is out before the judge may write to the socket
+        raw = writer.get_extra_info("socket")
+        sock = socket.socket(fileno=os.dup(raw.fileno()))
+        self.push.subscribe(token, sock)
+        try:
+            while await reader.read(4096):
+                pass  # nothing more is expected from the client; EOF ends the subscription
+        except ConnectionError:
+            pass
+        finally:
+            self.push.unsubscribe(token, sock)
+        return True
 
     async def _answer(self, line: bytes, writer: asyncio.StreamWriter, lock: asyncio.Lock) -> None:
         rid = None
@@ -203,6 +242,9 @@ class QueryServer:
             return await self._delivery_op(op, args)
         if op == "stats":
             return self.stats()
+        if op == "push":
+            raise ThreadLogError(INVALID_ARGUMENT, "push takes a non-empty `reply` of at most "
+                                                   f"{MAX_REPLY_TOKEN_BYTES} bytes, as a connection's first request")
         if op == "end_offsets":
             return {str(p): o for p, o in (await self.barrier.end_offsets()).items()}
         raise ThreadLogError(INVALID_ARGUMENT, f"unknown operation {op!r}")
@@ -214,6 +256,7 @@ class QueryServer:
                 "restored": {str(p): info for p, info in judge.restores.items()},
                 "applied": {str(p): judge.applied(p) for p in sorted(judge.owned)},
                 "lookups": judge.lookups.asked if judge.lookups is not None else 0,
+                "pushed": self.push.pushed,
                 "deliveries": sorted(self.deliveries.owned) if self.deliveries is not None else [],
                 "snapshots": self.snapshots() if self.snapshotter is not None else []}
 

@@ -73,6 +73,11 @@ os.register_at_fork(after_in_child=_reseed)
 class Verdicts(Protocol):
     """Where a proposer learns verdicts: the local judge, or a partition's owner."""
 
+    # Record headers every proposal carries so its verdict finds its way back
+    # (a thin client's reply token, processors/verdict_push.py); None: none needed.
+    @property
+    def reply_header(self) -> list[tuple[str, str | bytes | None]] | None: ...
+
     def on_verdict(self, partition: int, offset: int, callback: Callable[[dict], None]) -> None: ...
 
     def forget(self, partition: int, offset: int, callback: Callable[[dict], None]) -> None: ...
@@ -99,6 +104,7 @@ class ProposalBus:
         self.layout = layout
         self.codec = codec
         self.verdicts = verdicts
+        self._headers = verdicts.reply_header
         self.end_offsets = end_offsets
         self.clock = clock or (lambda: time.time() * 1000.0)
         self.timeout = timeout
@@ -183,8 +189,12 @@ class ProposalBus:
 
         t0 = time.perf_counter()
         try:
-            self.producer.produce(self.topics.events, value, key.encode("utf-8"), partition=partition,
-                                  on_delivery=delivered)
+            if self._headers is None:
+                self.producer.produce(self.topics.events, value, key.encode("utf-8"), partition=partition,
+                                      on_delivery=delivered)
+            else:
+                self.producer.produce(self.topics.events, value, key.encode("utf-8"), partition=partition,
+                                      on_delivery=delivered, headers=self._headers)
         except BufferError:
             raise unavailable("proposal producer queue is full") from None
         except Exception as exc:

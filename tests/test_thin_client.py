@@ -17,7 +17,7 @@ import orjson
 import pytest
 from checkpoint_helpers import checkpoint
 from support import within
-from worker_support import WorkerProcess
+from worker_support import WorkerProcess, ask_worker
 
 from threadlog import remote
 from threadlog.kernel.errors import INVALID_ARGUMENT, STALE_HEAD, UNAVAILABLE, ThreadLogError
@@ -195,3 +195,92 @@ async def test_a_write_whose_verdict_cannot_be_learned_says_outcome_unknown(work
     # It was in the log all along: once judged, it applied -- not a refusal, not "nothing written".
     patient = await open_client(processors="external", own_worker=True)
     assert await within(patient.messages.load_thread("t")) == ["v2"]
+
+
+async def _pushing(thin, address: str) -> remote.RemoteVerdicts:
+    """The thin client's verdict source, once `address` pushes to it (its first
+    call to a partition starts the push connection)."""
+    verdicts = thin.session.bus.verdicts
+    await within(thin.messages.save_thread("warm", ["up"]))
+    for _ in range(2):  # the owner of "warm" may not own every partition; ask again for the stream
+        stream = verdicts._streams.get(address)
+        if stream is not None and await asyncio.to_thread(stream.ready.wait, 10):
+            return verdicts
+        await within(thin.messages.save_thread("warm", ["up"]))
+    raise AssertionError(f"no push connection to {address}: {verdicts._streams}")
+
+
+async def test_verdicts_are_pushed_by_the_judge(worker, open_client):
+    """Once a thin client holds a push connection to the owner, its verdicts
+    come unasked -- refusals with their codes -- and reads after a pushed
+    verdict see the write (the pushed offset raises the read floor)."""
+    thin = await open_client(processors="external", own_worker=True)
+    embedded = await open_client()
+    verdicts = await _pushing(thin, worker.address)
+    pushed, asked = verdicts.pushed, verdicts.asked
+    w = await within(thin.checkpoints.acquire_writer("t"))
+    head = None
+    for n in range(10):
+        head = await within(thin.checkpoints.append(checkpoint=checkpoint(f"c{n}", "t", head), expected_head_id=head,
+                                                    writer=w))
+        assert await within(embedded.checkpoints.get_head("t")) == head
+    with pytest.raises(ThreadLogError) as err:
+        await within(thin.checkpoints.append(checkpoint=checkpoint("late", "t", "c0"), expected_head_id="c0",
+                                             writer=w))
+    assert err.value.code == STALE_HEAD
+    # 12 proposals (the lease, 10 appends, the refusal); a verdict late by more than
+    # PUSH_GRACE_S is asked for instead, so allow a slow machine a few of those.
+    assert verdicts.pushed - pushed + verdicts.asked - asked >= 12
+    assert verdicts.pushed - pushed >= 9, (verdicts.pushed - pushed, verdicts.asked - asked)
+    stats = await ask_worker(worker.address, "stats")
+    assert stats["pushed"] >= verdicts.pushed
+
+
+async def test_a_lost_push_connection_is_made_up_by_asking(worker, open_client, monkeypatch):
+    """Verdicts that waited for a push when its connection ended are asked for;
+    and a stranger subscribing with this client's reply token (it is a header
+    on every proposal: anyone who reads the topic knows it) takes the pushes
+    away, but never gives the client a wrong verdict: it asks."""
+    monkeypatch.setattr(remote, "SHUN_S", 0.2)
+    thin = await open_client(processors="external", own_worker=True)
+    verdicts = await _pushing(thin, worker.address)
+    stream = verdicts._streams[worker.address]
+    # The client's end closes while appends are waiting.
+    saves = [asyncio.ensure_future(thin.messages.save_thread(f"t{n}", [n])) for n in range(8)]
+    thin.runtime.query._loop.call_soon_threadsafe(stream.writer.close)
+    assert await within(asyncio.gather(*saves)) == [None] * 8
+    # It comes back by itself and pushes again.
+    verdicts = await _pushing(thin, worker.address)
+    # A stranger takes the subscription over (the worker keeps the newest per token).
+    host, _, port = worker.address.rpartition(":")
+    reader, writer = await within(asyncio.open_connection(host, int(port)))
+    try:
+        writer.write(orjson.dumps({"id": 1, "op": "push", "args": {"reply": verdicts.reply_to}}) + b"\n")
+        await writer.drain()
+        assert orjson.loads(await within(reader.readline()))["ok"] is True
+        asked = verdicts.asked
+        lease = await within(thin.checkpoints.acquire_writer("s"))
+        assert await within(thin.checkpoints.append(checkpoint=checkpoint("s1", "s"), expected_head_id=None,
+                                                    writer=lease)) == "s1"
+        with pytest.raises(ThreadLogError) as err:
+            await within(thin.checkpoints.append(checkpoint=checkpoint("s2", "s"), expected_head_id=None,
+                                                 writer=lease))
+        assert err.value.code == STALE_HEAD
+        assert verdicts.asked > asked  # learned by asking, not from the stranger
+        stolen = orjson.loads(await within(reader.readline()))["push"]
+        assert stolen and all(isinstance(v, dict) and "ok" in v for _, _, v in stolen)
+    finally:
+        writer.close()
+
+
+async def test_a_push_request_needs_a_reply_token(worker):
+    host, _, port = worker.address.rpartition(":")
+    for bad in ({}, {"reply": ""}, {"reply": "x" * 65}):
+        reader, writer = await within(asyncio.open_connection(host, int(port)))
+        try:
+            writer.write(orjson.dumps({"id": 5, "op": "push", "args": bad}) + b"\n")
+            await writer.drain()
+            reply = orjson.loads(await within(reader.readline()))
+            assert reply["id"] == 5 and reply["ok"] is False and reply["code"] == INVALID_ARGUMENT, (bad, reply)
+        finally:
+            writer.close()

@@ -41,6 +41,7 @@ import logging
 import random
 import threading
 import time
+import uuid
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from concurrent.futures import Future as CFuture
 from typing import Any
@@ -55,6 +56,7 @@ from .kernel.errors import (
     ThreadLogError,
     unavailable,
 )
+from .kernel.topics import REPLY_HEADER
 from .members import MembersView
 from .producers.pump import inbox
 
@@ -67,6 +69,12 @@ LINE_LIMIT = 64 * 1024 * 1024
 CONNECT_TIMEOUT = 2.0
 RETRY_PAUSE = 0.1  # longest wait for a new announcement before asking again
 SHUN_S = 1.0  # a worker that refused or dropped a call is skipped this long
+# A verdict not pushed this long after its ack is asked for (ownership moved to
+# a worker this client did not hold a push connection to yet); asking is
+# harmless, so this only bounds how late such a verdict can be.
+PUSH_GRACE_S = 1.0
+EARLY_KEEP_S = 30.0  # a pushed verdict whose ack never came is dropped after this
+REFUSED_PAUSE_S = 60.0  # a worker that does not push (an earlier version) is asked again after this
 
 
 class _ConnectionLost(Exception):
@@ -146,6 +154,7 @@ class QueryClient:
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"query:{client_id}", daemon=True)
         self.failovers = 0
         self.closed = False
+        self.closers: list[Callable[[], None]] = []  # run on the loop when closing (push connections)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -164,6 +173,8 @@ class QueryClient:
         async def shut() -> None:
             for conn in list(self._conns.values()):
                 conn.fail()
+            for close in self.closers:
+                close()
 
         try:
             self._run(shut()).result(5)
@@ -386,27 +397,58 @@ class RemoteStore:
             page = result["pages"][str(p)]
 
 
+class _PushStream:
+    """A worker's push connection, as this client sees it (on the client's loop)."""
+
+    def __init__(self) -> None:
+        self.live = False  # subscribed: the worker pushes our verdicts here
+        self.ready = threading.Event()  # set while live (tests await it from other threads)
+        self.retry_at = 0.0  # loop time before which no new connection is tried
+        self.writer: asyncio.StreamWriter | None = None
+        self.task: asyncio.Task | None = None
+
+
 class RemoteVerdicts:
     """`producers.proposals.Verdicts` answered by a worker's judge.
 
+    Pushed, mostly: every proposal carries this client's reply token in a
+    header (`reply_header`), and the client holds one `push` connection to
+    each owner it writes to; the owner's judge writes each verdict there
+    as soon as it is stored (processors/verdict_push.py). No request per
+    proposal, and no hop through either event loop of the worker.
+
+    Asked, otherwise: a verdict goes to the `verdicts` request path when the
+    owner has no live push connection (connecting, an older worker, a
+    connection lost), or when it was not pushed within `PUSH_GRACE_S` of its
+    ack (ownership moved to a worker this client was not subscribed to yet).
     Acks arrive in bursts on the producer's pump thread (one `poll` reports
-    every record of a produce response). Each burst becomes one `verdicts`
-    request per partition, not one request each: per verdict, a coroutine, a
-    request line, a reply and a timer on both ends cost more CPU than the
-    judging of a checkpoint append on the worker's side of a thin client (a
-    2-core machine runs out of CPU, not of network). The worker answers once
-    the lowest offset asked is judged, with every verdict reached by then; the
-    others are asked again, so no proposal waits for a later one (which may
-    wait for another owner's answer).
+    every record of a produce response); each burst becomes one `verdicts`
+    request per partition. The worker answers once the lowest offset asked
+    is judged, with every verdict reached by then; the others are asked
+    again, so no proposal waits for a later one (which may wait for another
+    owner's answer).
+
+    A pushed verdict may arrive before its ack reaches this client's loop
+    (they travel different paths): it is kept (`_early`) until the ack comes.
     """
 
     def __init__(self, client: QueryClient) -> None:
         self._client = client
+        client.closers.append(self.close)
+        self.reply_to = uuid.uuid4().hex
+        self.reply_header: list[tuple[str, str | bytes | None]] = [(REPLY_HEADER, self.reply_to.encode("ascii"))]
         self._lock = threading.Lock()  # guards _pending (forget runs on the caller's thread)
         self._pending: set[tuple[int, int, Callable[[dict], None]]] = set()  # asked, not answered, not forgotten
         # On the client's loop only:
         self._queued: dict[int, list[tuple[int, Callable[[dict], None]]]] = {}
         self._tasks: set[asyncio.Task] = set()
+        self._streams: dict[str, _PushStream] = {}  # worker address -> its push connection
+        self._waiting: dict[tuple[int, int], tuple[Callable[[dict], None], float]] = {}  # for a push, since
+        self._early: dict[tuple[int, int], tuple[dict, float]] = {}  # pushed before its ack came
+        self._owners: tuple[int, dict[int, str]] = (-1, {})  # (members version, partition -> address)
+        self._sweeping = False
+        self.pushed = 0  # verdicts learned by push (tests, benchmarks)
+        self.asked = 0  # verdicts learned by asking
 
     def on_verdict(self, partition: int, offset: int, callback: Callable[[dict], None]) -> None:
         if self._client.closed:  # its loop no longer runs: nobody would ask
@@ -422,8 +464,128 @@ class RemoteVerdicts:
         with self._lock:
             self._pending.discard((partition, offset, callback))
 
+    def close(self) -> None:
+        """Drop the push connections (on the client's loop, before it stops)."""
+        for stream in self._streams.values():
+            if stream.writer is not None:
+                stream.writer.close()
+            if stream.task is not None:
+                stream.task.cancel()
+
+    # -- on the client's loop --------------------------------------------------------------
     def _queue(self, partition: int, offset: int, callback: Callable[[dict], None]) -> None:
-        """On the client's loop: ask at the next flush, with the rest of the burst."""
+        """An acknowledged proposal: wait for its push, or ask."""
+        early = self._early.pop((partition, offset), None)
+        if early is not None:
+            self._answer(partition, offset, callback, early[0])
+        elif self._pushing(partition):
+            self._waiting[(partition, offset)] = (callback, self._client._loop.time())
+            self._arm_sweep()
+        else:
+            self._ask_later(partition, offset, callback)
+
+    def _pushing(self, partition: int) -> bool:
+        """Does the owner of `partition` push our verdicts? Connects to it if not yet."""
+        client = self._client
+        version, owners = self._owners
+        if version != client.members.version:
+            owners = {}
+            for m in sorted(client.members.live(), key=lambda m: -m.heartbeat_at):
+                for p in range(client.partitions):
+                    if p not in owners and m.serves(p):
+                        owners[p] = m.address
+            self._owners = (client.members.version, owners)
+        address = owners.get(partition)
+        if address is None:
+            return False
+        stream = self._streams.get(address)
+        if stream is None:
+            stream = self._streams[address] = _PushStream()
+        if stream.live:
+            return True
+        if stream.task is None and client._loop.time() >= stream.retry_at:
+            stream.task = client._loop.create_task(self._subscribe(address, stream))
+        return False
+
+    async def _subscribe(self, address: str, stream: _PushStream) -> None:
+        """Hold a push connection to `address` until it ends; then ask for what waited on it."""
+        refused = False
+        try:
+            host, _, port = address.rpartition(":")
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port), limit=LINE_LIMIT),
+                                                    CONNECT_TIMEOUT)
+            stream.writer = writer
+            writer.write(orjson.dumps({"id": 0, "op": "push", "args": {"reply": self.reply_to}}) + b"\n")
+            await writer.drain()
+            answer = orjson.loads(await reader.readline() or b"null")
+            if not (isinstance(answer, dict) and answer.get("ok")):
+                refused = True  # a worker of an earlier version: ask it
+                return
+            stream.live = True
+            stream.ready.set()
+            while line := await reader.readline():
+                self._pushed(orjson.loads(line)["push"])
+        except (OSError, ValueError, TypeError, KeyError, TimeoutError, asyncio.IncompleteReadError) as exc:
+            log.info("push connection to worker %s ended: %r", address, exc)
+        finally:
+            stream.live = False
+            stream.ready.clear()
+            stream.task = None
+            stream.retry_at = self._client._loop.time() + (REFUSED_PAUSE_S if refused else SHUN_S)
+            if stream.writer is not None:
+                stream.writer.close()
+                stream.writer = None
+            # What waited for a push that may now never come is asked for.
+            waited, self._waiting = self._waiting, {}
+            for (p, o), (callback, _) in waited.items():
+                self._ask_later(p, o, callback)
+
+    def _pushed(self, items: list[list]) -> None:
+        floor: dict[int, int] = {}
+        now = self._client._loop.time()
+        for p, o, verdict in items:
+            self.pushed += 1
+            floor[p] = max(floor.get(p, 0), o + 1)
+            waiting = self._waiting.pop((p, o), None)
+            if waiting is None:
+                self._early[(p, o)] = (verdict, now)  # its ack is on its way
+                self._arm_sweep()
+            else:
+                self._answer(p, o, waiting[0], verdict)
+        # Our own writes are judged: later reads must not see a state before them.
+        self._client.raise_floor(floor)
+
+    def _arm_sweep(self) -> None:
+        if not self._sweeping:
+            self._sweeping = True
+            self._client._loop.call_later(PUSH_GRACE_S / 2, self._sweep)
+
+    def _sweep(self) -> None:
+        """Ask for verdicts not pushed within the grace; forget unclaimed early ones."""
+        self._sweeping = False
+        now = self._client._loop.time()
+        late = [(pos, cb) for pos, (cb, since) in self._waiting.items() if now - since >= PUSH_GRACE_S]
+        for (p, o), callback in late:
+            del self._waiting[(p, o)]
+            self._ask_later(p, o, callback)
+        for pos in [pos for pos, (_, at) in self._early.items() if now - at >= EARLY_KEEP_S]:
+            del self._early[pos]  # no ack came (written by a caller that gave up, or forged)
+        if self._waiting or self._early:
+            self._arm_sweep()
+
+    def _answer(self, partition: int, offset: int, callback: Callable[[dict], None], verdict: dict) -> None:
+        with self._lock:
+            token = (partition, offset, callback)
+            if token not in self._pending:
+                return  # forgotten: its caller gave up
+            self._pending.discard(token)
+        try:
+            callback(verdict)
+        except Exception:  # pragma: no cover - one caller's bug must not keep the others waiting
+            log.exception("verdict callback failed")
+
+    def _ask_later(self, partition: int, offset: int, callback: Callable[[dict], None]) -> None:
+        """Ask at the next flush, with the rest of the burst."""
         if not self._queued:
             self._client._loop.call_soon(self._flush)  # after the whole burst is queued
         self._queued.setdefault(partition, []).append((offset, callback))
@@ -451,18 +613,13 @@ class RemoteVerdicts:
             if judged:
                 client.raise_floor({partition: max(judged) + 1})
         for (o, callback), verdict in zip(items, verdicts, strict=True):
-            token = (partition, o, callback)
-            with self._lock:
-                if token not in self._pending:
-                    continue  # forgotten: its caller gave up
-                if verdict is None:  # not judged yet when the worker answered: ask again
-                    self._queue(partition, o, callback)
-                    continue
-                self._pending.discard(token)
-            try:
-                callback(verdict)
-            except Exception:  # pragma: no cover - one caller's bug must not keep the others waiting
-                log.exception("verdict callback failed")
+            if verdict is None:  # not judged yet when the worker answered: wait for it again
+                with self._lock:
+                    if (partition, o, callback) in self._pending:
+                        self._queue(partition, o, callback)
+                continue
+            self.asked += 1
+            self._answer(partition, o, callback, verdict)
 
     async def _verdicts(self, partition: int, offsets: list[int]) -> list[dict | None]:
         # Workers answer `verdicts` from this version on: upgrade workers before thin clients.

@@ -13,6 +13,11 @@ from .errors import invalid_argument, namespace_not_found, unavailable
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 HOUR_MS = 3600 * 1000
 
+# The header of a thin client's proposals naming where its verdicts are pushed
+# (processors/verdict_push.py); its value is the client's reply token.
+REPLY_HEADER = "threadlog.reply"
+MAX_REPLY_TOKEN_BYTES = 64
+
 
 @dataclass(frozen=True)
 class Topics:

@@ -1,0 +1,129 @@
+"""A thin client matching pushed verdicts to its acknowledged proposals (threadlog/remote.py).
+
+A pushed verdict and its proposal's ack reach the client's loop by different
+paths (the worker's socket; the producer's pump thread), so either may come
+first. These drive `RemoteVerdicts` on a test loop with a stand-in for the
+query client (no connection is made: the push stream is marked live, and
+`verdicts` requests are answered by the stand-in) and check that each caller
+gets its own verdict exactly once, whichever came first; that a forgotten
+caller gets none; that a verdict never pushed is asked for after the grace;
+and that pushed offsets raise the read floor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from threadlog import remote
+from threadlog.members import Member
+
+ADDRESS = "127.0.0.1:1"
+
+
+class _Members:
+    version = 1
+
+    def live(self) -> list[Member]:
+        return [Member("w", ADDRESS, 0.0, time.time() * 1000.0, (0, 1))]
+
+
+class _Client:
+    """What RemoteVerdicts uses of a QueryClient; `verdicts` requests answered from `judged`."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.closed = False
+        self.closers: list = []
+        self.members = _Members()
+        self.partitions = 2
+        self.timeout = 5.0
+        self.floor: dict[int, int] = {}
+        self.judged: dict[tuple[int, int], dict] = {}
+        self.requests: list[tuple[int, list[int]]] = []
+
+    def raise_floor(self, positions: dict[int, int]) -> None:
+        for p, o in positions.items():
+            self.floor[p] = max(self.floor.get(p, 0), o)
+
+    async def call(self, op: str, args: dict, partitions: list[int]) -> dict:
+        assert op == "verdicts"
+        self.requests.append((args["p"], list(args["os"])))
+        return {tuple(partitions): {"verdicts": [self.judged.get((args["p"], o)) for o in args["os"]]}}
+
+
+@pytest.fixture
+async def setup():
+    client = _Client(asyncio.get_running_loop())
+    verdicts = remote.RemoteVerdicts(client)  # type: ignore[arg-type]
+    stream = verdicts._streams[ADDRESS] = remote._PushStream()
+    stream.live = True
+    return client, verdicts
+
+
+def _waiter(verdicts: remote.RemoteVerdicts, p: int, o: int) -> tuple[asyncio.Future, object]:
+    fut = asyncio.get_running_loop().create_future()
+
+    def cb(verdict: dict) -> None:
+        assert not fut.done(), "a verdict delivered twice"
+        fut.set_result(verdict)
+
+    verdicts.on_verdict(p, o, cb)  # as the pump thread does: through the loop's inbox
+    return fut, cb
+
+
+async def test_a_push_before_its_ack_is_kept_for_it(setup):
+    client, verdicts = setup
+    verdicts._pushed([[0, 5, {"ok": True, "result": "early"}], [1, 3, {"ok": False, "code": "STALE_HEAD"}]])
+    assert client.floor == {0: 6, 1: 4}
+    first, _ = _waiter(verdicts, 0, 5)
+    second, _ = _waiter(verdicts, 1, 3)
+    assert await asyncio.wait_for(first, 5) == {"ok": True, "result": "early"}
+    assert (await asyncio.wait_for(second, 5))["code"] == "STALE_HEAD"
+    assert verdicts._early == {} and client.requests == []  # nothing asked
+
+
+async def test_an_ack_before_its_push_waits_for_it(setup):
+    client, verdicts = setup
+    fut, _ = _waiter(verdicts, 0, 7)
+    other, _ = _waiter(verdicts, 0, 8)
+    await asyncio.sleep(0)  # the inbox's wake-up runs: both wait for a push
+    assert set(verdicts._waiting) == {(0, 7), (0, 8)}
+    verdicts._pushed([[0, 8, {"ok": True, "result": 8}], [0, 7, {"ok": True, "result": 7}]])
+    assert (await asyncio.wait_for(fut, 5))["result"] == 7
+    assert (await asyncio.wait_for(other, 5))["result"] == 8
+    assert verdicts.pushed == 2 and verdicts.asked == 0 and client.requests == []
+
+
+async def test_a_forgotten_caller_gets_no_verdict(setup):
+    _, verdicts = setup
+    fut, cb = _waiter(verdicts, 0, 9)
+    verdicts.forget(0, 9, cb)
+    await asyncio.sleep(0)
+    verdicts._pushed([[0, 9, {"ok": True}]])
+    await asyncio.sleep(0)
+    assert not fut.done()
+
+
+async def test_a_verdict_not_pushed_within_the_grace_is_asked_for(setup, monkeypatch):
+    monkeypatch.setattr(remote, "PUSH_GRACE_S", 0.05)
+    client, verdicts = setup
+    client.judged[(1, 4)] = {"ok": True, "result": "asked"}
+    fut, _ = _waiter(verdicts, 1, 4)
+    assert (await asyncio.wait_for(fut, 5))["result"] == "asked"
+    assert client.requests == [(1, [4])] and verdicts.asked == 1 and client.floor == {1: 5}
+    # Pushed after all: kept as early (no ack will claim it), then dropped; nobody is told twice.
+    verdicts._pushed([[1, 4, {"ok": True, "result": "late"}]])
+    assert (1, 4) in verdicts._early
+
+
+async def test_without_a_live_push_stream_it_asks_at_once(setup):
+    client, verdicts = setup
+    verdicts._streams[ADDRESS].live = False
+    verdicts._streams[ADDRESS].retry_at = float("inf")  # no connection attempt in a unit test
+    client.judged[(0, 1)] = {"ok": True}
+    fut, _ = _waiter(verdicts, 0, 1)
+    assert await asyncio.wait_for(fut, 5) == {"ok": True}
+    assert client.requests == [(0, [1])]
