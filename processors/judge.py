@@ -346,6 +346,9 @@ class Judge(Follower):
             # ours moves with our own records; every RETRY_WAITING_S it is looked at.
             asked = any(_remote(pend.questions, self.owned) for pend in waiting)
             timeout = 0.0 if backlog else 0.001 if asked else RETRY_WAITING_S if waiting else 0.1
+            if self.push is not None and self.push.backlogged:
+                self.push.flush()  # verdicts a client's socket did not take at once
+                timeout = min(timeout, 0.01)
             try:
                 msgs = kafka_config.drain(self._consumer, 2000, timeout)
             except Exception:  # pragma: no cover - librdkafka hiccup

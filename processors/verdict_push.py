@@ -19,9 +19,11 @@ an offset it never wrote, which it ignores (it only waits for offsets its own
 producer was acknowledged). Verdicts are a function of the log, so nothing
 pushed here can differ from what `verdicts` would answer.
 
-Nothing here may block the judge: sockets are non-blocking, and a connection
-that cannot take a whole frame at once (a client that stopped reading) is
-shut down -- its client learns the rest by asking (`verdicts`), as before.
+Nothing here may block the judge: sockets are non-blocking. What a socket
+does not take at once (a large burst, a client slow to read) waits in that
+subscriber's backlog, sent first at the next push or at the judge's next
+idle turn (`flush`); a subscriber whose backlog passes `MAX_BACKLOG` is shut
+down -- its client learns the rest by asking (`verdicts`), as before.
 """
 
 from __future__ import annotations
@@ -47,22 +49,36 @@ def reply_of(headers: list[tuple[str, bytes | None]] | None) -> bytes | None:
     return None
 
 
+MAX_BACKLOG = 4 * 1024 * 1024  # bytes waiting for one subscriber's socket before it is dropped
+
+
+class _Subscriber:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.out = bytearray()  # frames (or their tails) the socket did not take yet
+
+
 class VerdictPush:
-    """Subscribers by reply token; `push` runs on the judge's thread."""
+    """Subscribers by reply token; `push` and `flush` run on the judge's thread."""
 
     def __init__(self) -> None:
         # One lock for subscribing, dropping and sending: a socket is closed only
         # under it, so the judge never writes to a descriptor number that was
         # closed and reused by another connection meanwhile.
         self._lock = threading.Lock()
-        self._subs: dict[bytes, socket.socket] = {}
+        self._subs: dict[bytes, _Subscriber] = {}
+        self._backlogged: set[bytes] = set()
         self.pushed = 0  # verdicts written (stats)
-        self.dropped = 0  # subscribers shut down because they could not take a frame
+        self.dropped = 0  # subscribers shut down because they did not read
 
     @property
     def active(self) -> bool:
         """Anyone subscribed (the judge reads record headers only then)."""
         return bool(self._subs)
+
+    @property
+    def backlogged(self) -> bool:
+        return bool(self._backlogged)
 
     def subscribe(self, token: bytes, sock: socket.socket) -> None:
         """Push the verdicts of records carrying `token` to `sock` (a duplicate
@@ -70,14 +86,17 @@ class VerdictPush:
         sock.setblocking(False)
         with self._lock:
             old = self._subs.pop(token, None)
-            self._subs[token] = sock
+            self._backlogged.discard(token)
+            self._subs[token] = _Subscriber(sock)
         if old is not None:
-            _close(old)  # the same client reconnected: the new connection wins
+            _close(old.sock)  # the same token subscribed again: the newest connection wins
 
     def unsubscribe(self, token: bytes, sock: socket.socket) -> None:
         with self._lock:
-            if self._subs.get(token) is sock:
+            sub = self._subs.get(token)
+            if sub is not None and sub.sock is sock:
                 del self._subs[token]
+                self._backlogged.discard(token)
             _close(sock)
 
     def push(self, verdicts: Iterable[tuple[bytes, int, int, dict]]) -> None:
@@ -89,33 +108,54 @@ class VerdictPush:
             return
         with self._lock:
             for token, items in frames.items():
-                sock = self._subs.get(token)
-                if sock is None:
+                sub = self._subs.get(token)
+                if sub is None:
                     continue  # not subscribed here (any more): it asks
-                frame = orjson.dumps({"push": items}) + b"\n"
-                try:
-                    sent = sock.send(frame)
-                except OSError:  # gone, or its buffer is full (BlockingIOError)
-                    sent = -1
-                if sent == len(frame):
-                    self.pushed += len(items)
-                    continue
-                # A partial frame cannot be completed without blocking the judge:
-                # end the stream; the client asks for what it still waits for.
-                log.info("push connection dropped (%s of %d bytes sent)", sent, len(frame))
-                self.dropped += 1
-                del self._subs[token]
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                _close(sock)
+                sub.out += orjson.dumps({"push": items}) + b"\n"
+                self.pushed += len(items)
+                self._send(token, sub)
+
+    def flush(self) -> None:
+        """Send what sockets did not take before (the judge's idle turns)."""
+        with self._lock:
+            for token in list(self._backlogged):
+                sub = self._subs.get(token)
+                if sub is not None:
+                    self._send(token, sub)
+
+    def _send(self, token: bytes, sub: _Subscriber) -> None:
+        try:
+            sent = sub.sock.send(sub.out)
+        except BlockingIOError:
+            sent = 0
+        except OSError:  # the client went away
+            self._drop(token, sub, "gone")
+            return
+        del sub.out[:sent]
+        if not sub.out:
+            self._backlogged.discard(token)
+        elif len(sub.out) > MAX_BACKLOG:
+            self._drop(token, sub, f"{len(sub.out)} bytes unread")
+        else:
+            self._backlogged.add(token)
+
+    def _drop(self, token: bytes, sub: _Subscriber, why: str) -> None:
+        log.info("push connection dropped (%s): its client asks for its verdicts", why)
+        self.dropped += 1
+        del self._subs[token]
+        self._backlogged.discard(token)
+        try:
+            sub.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        _close(sub.sock)
 
     def close(self) -> None:
         with self._lock:
             subs, self._subs = self._subs, {}
-            for sock in subs.values():
-                _close(sock)
+            self._backlogged.clear()
+            for sub in subs.values():
+                _close(sub.sock)
 
 
 def _close(sock: socket.socket) -> None:

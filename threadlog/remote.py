@@ -535,10 +535,14 @@ class RemoteVerdicts:
             if stream.writer is not None:
                 stream.writer.close()
                 stream.writer = None
-            # What waited for a push that may now never come is asked for.
+            # What waited for a push that may now never come is asked for
+            # (or, the client closing, answered at once: nobody would ask).
             waited, self._waiting = self._waiting, {}
             for (p, o), (callback, _) in waited.items():
-                self._ask_later(p, o, callback)
+                if self._client.closed:
+                    self._answer(p, o, callback, _unknown(p, o, "this client is closed"))
+                else:
+                    self._ask_later(p, o, callback)
 
     def _pushed(self, items: list[list]) -> None:
         floor: dict[int, int] = {}
