@@ -346,9 +346,12 @@ class Judge(Follower):
             # ours moves with our own records; every RETRY_WAITING_S it is looked at.
             asked = any(_remote(pend.questions, self.owned) for pend in waiting)
             timeout = 0.0 if backlog else 0.001 if asked else RETRY_WAITING_S if waiting else 0.1
-            if self.push is not None and self.push.backlogged:
-                self.push.flush()  # verdicts a client's socket did not take at once
-                timeout = min(timeout, 0.01)
+            push = self.push  # read once: the query server unsets it when it closes
+            if push is not None:
+                push.beat()  # an idle subscriber hears it is still subscribed
+                if push.backlogged:
+                    push.flush()  # verdicts a client's socket did not take at once
+                    timeout = min(timeout, 0.01)
             try:
                 msgs = kafka_config.drain(self._consumer, 2000, timeout)
             except Exception:  # pragma: no cover - librdkafka hiccup
@@ -376,7 +379,9 @@ class Judge(Follower):
                 self._pending.setdefault(p, _Pending(deque())).msgs.extend(records)
         verdicts: dict[tuple[int, int], dict] = {}
         positions: dict[int, int] = {}
-        push = self.push if self.push is not None and self.push.active else None
+        push = self.push  # read once: the query server unsets it when it closes
+        if push is not None and not push.active:
+            push = None
         replies: list[tuple[bytes, int, int, dict]] = []  # (token, p, offset, verdict) to push
         with self.stores.lock:
             views: dict[int, View] = {}

@@ -26,11 +26,13 @@ Operations (bytes travel as base64; partitions as JSON object keys):
   `next` is the key to resume at, null at the end; pages are not one snapshot;
 - `holders {q, kind, id, asof}`: threads holding a global id on partition q as
   of offset `asof` of q (another worker's judge asks, processors/lookups.py);
-- `push {reply}`: the first and only request of a connection: from then on
-  the judge writes the verdict of every proposal whose `threadlog.reply`
-  header is `reply` to this connection, unasked, as lines
-  `{"push": [[p, offset, verdict], ...]}` (processors/verdict_push.py); the
-  first line back is the usual answer, `{"id": .., "ok": true, ...}`;
+- `push {secret}`: the last request of a connection (none other may be in
+  flight when it arrives): from then on the judge writes the verdict of every
+  proposal whose `threadlog.reply` header is `reply_token(secret)` to this
+  connection, unasked, as lines
+  `{"push": [[p, offset, verdict], ...]}` (processors/verdict_push.py), and
+  `{"push": []}` every 2 s when idle; the first line back is the usual
+  answer, `{"id": .., "ok": true, ...}`;
 - `stats {}`: partitions owned, records judged, decisions that waited for
   another owner's answer, restores (operators, tests);
 - `end_offsets {}`: the events partitions' end offsets (kept for thin clients of
@@ -62,7 +64,7 @@ from typing import Any, TypeVar
 import orjson
 from threadlog.processors.judge import Judge
 from threadlog.processors.snapshotter import Snapshotter
-from threadlog.processors.verdict_push import VerdictPush
+from threadlog.processors.verdict_push import VerdictPush, reply_token
 from threadlog.producers.pump import settle_threadsafe
 from threadlog.projections import run_index
 from threadlog.projections.barrier import ReadBarrier
@@ -71,7 +73,7 @@ from threadlog.projections.global_ids import holders_as_of
 from threadlog.projections.partition_stores import PartitionStores
 
 from threadlog.kernel.errors import BEHIND, INVALID_ARGUMENT, NOT_OWNER, UNAVAILABLE, ThreadLogError, not_owner
-from threadlog.kernel.topics import MAX_REPLY_TOKEN_BYTES
+from threadlog.kernel.topics import MAX_REPLY_SECRET_BYTES
 
 log = logging.getLogger("threadlog.query")
 _T = TypeVar("_T")
@@ -174,16 +176,18 @@ class QueryServer:
         the client goes away. False if the line is not one (answered as usual)."""
         try:
             req = orjson.loads(line)
-            token = str(req["args"]["reply"]).encode("utf-8")
+            secret = str(req["args"]["secret"])
         except (ValueError, KeyError, TypeError):
             return False
-        if req.get("op") != "push" or not 0 < len(token) <= MAX_REPLY_TOKEN_BYTES or self.draining:
+        if req.get("op") != "push" or not 0 < len(secret.encode("utf-8")) <= MAX_REPLY_SECRET_BYTES or self.draining:
             return False
-        writer.write(orjson.dumps({"id": req.get("id"), "ok": True, "result": {"pushing": True}}) + b"\n")
-        await writer.drain()  # the answer is out before the judge may write to the socket
         raw = writer.get_extra_info("socket")
         sock = socket.socket(fileno=os.dup(raw.fileno()))
-        self.push.subscribe(token, sock)
+        token = reply_token(secret)
+        # The answer goes out through the pushes' own socket, under their lock:
+        # no verdict can reach the client before it.
+        self.push.subscribe(token, sock, orjson.dumps({"id": req.get("id"), "ok": True, "result": {"pushing": True}})
+                            + b"\n")
         try:
             while await reader.read(4096):
                 pass  # nothing more is expected from the client; EOF ends the subscription
@@ -243,8 +247,8 @@ class QueryServer:
         if op == "stats":
             return self.stats()
         if op == "push":
-            raise ThreadLogError(INVALID_ARGUMENT, "push takes a non-empty `reply` of at most "
-                                                   f"{MAX_REPLY_TOKEN_BYTES} bytes, as a connection's first request")
+            raise ThreadLogError(INVALID_ARGUMENT, "push takes a non-empty `secret` of at most "
+                                                   f"{MAX_REPLY_SECRET_BYTES} bytes, as a connection's first request")
         if op == "end_offsets":
             return {str(p): o for p, o in (await self.barrier.end_offsets()).items()}
         raise ThreadLogError(INVALID_ARGUMENT, f"unknown operation {op!r}")

@@ -1,10 +1,11 @@
 """Verdicts pushed from the judge's thread to the proposers that wait for them.
 
 A thin client's proposal carries a reply token in a record header
-(`REPLY_HEADER`); the client opens one connection to each worker and sends
-`push {reply}` on it (processors/query_server.py). From then on, whenever
-the judge decides a proposal carrying that token, it writes the verdict to
-that connection itself, right after the batch is stored.
+(`REPLY_HEADER`); the client opens one connection to each owner of the
+partitions it writes to and sends `push {secret}` on it
+(processors/query_server.py), where the token is `reply_token(secret)`. From
+then on, whenever the judge decides a proposal carrying that token, it
+writes the verdict to that connection itself, right after the batch is stored.
 
 Why the judge's thread writes, not the worker's event loop: asking for a
 verdict cost a request through the worker's loop and a reply through it
@@ -13,11 +14,15 @@ hands it over only at CPython's 5 ms switch interval): ~17 of the 21 ms a
 thin client waited for a verdict at 16 callers. A socket write of a few
 hundred bytes from the thread that just decided costs neither.
 
-What a token is not: a credential. Anyone may put any token on a record;
-the worst a forger gets is that the token's holder is told the verdict of
-an offset it never wrote, which it ignores (it only waits for offsets its own
-producer was acknowledged). Verdicts are a function of the log, so nothing
-pushed here can differ from what `verdicts` would answer.
+Why a secret and its hash: the token is on every record, readable by anyone
+who reads `events`; were it what a subscriber names, a reader could take a
+client's pushes away (the newest subscription of a token wins, so that a
+client that reconnects is served at once). Only the client knows the secret.
+Anyone may still put any token on a record: the worst a forger gets is that
+the token's holder is told the verdict of an offset it never wrote, which it
+ignores (it only waits for offsets its own producer was acknowledged).
+Verdicts are a function of the log, so nothing pushed here can differ from
+what `verdicts` would answer.
 
 Nothing here may block the judge: sockets are non-blocking. What a socket
 does not take at once (a large burst, a client slow to read) waits in that
@@ -28,9 +33,11 @@ down -- its client learns the rest by asking (`verdicts`), as before.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import socket
 import threading
+import time
 from collections.abc import Iterable
 
 import orjson
@@ -38,6 +45,17 @@ import orjson
 from threadlog.kernel.topics import REPLY_HEADER
 
 log = logging.getLogger("threadlog.push")
+
+# An idle subscriber gets an empty frame this often: a client that hears
+# nothing for a few beats takes the connection for dead (a crashed host or a
+# partition sends no FIN) and asks until it reconnects.
+BEAT_S = 2.0
+BEAT = b'{"push":[]}\n'
+
+
+def reply_token(secret: str) -> bytes:
+    """The header value of a client's proposals, from the secret it subscribes with."""
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()[:32].encode("ascii")
 
 
 def reply_of(headers: list[tuple[str, bytes | None]] | None) -> bytes | None:
@@ -68,6 +86,7 @@ class VerdictPush:
         self._lock = threading.Lock()
         self._subs: dict[bytes, _Subscriber] = {}
         self._backlogged: set[bytes] = set()
+        self._beat_at = 0.0
         self.pushed = 0  # verdicts written (stats)
         self.dropped = 0  # subscribers shut down because they did not read
 
@@ -80,16 +99,22 @@ class VerdictPush:
     def backlogged(self) -> bool:
         return bool(self._backlogged)
 
-    def subscribe(self, token: bytes, sock: socket.socket) -> None:
+    def subscribe(self, token: bytes, sock: socket.socket, greeting: bytes = b"") -> None:
         """Push the verdicts of records carrying `token` to `sock` (a duplicate
-        descriptor of the connection, owned here from now on)."""
+        descriptor of the connection, owned here from now on), after `greeting`
+        (the answer to the `push` request: sent under the same lock as every
+        push, so nothing can come before it)."""
         sock.setblocking(False)
         with self._lock:
             old = self._subs.pop(token, None)
             self._backlogged.discard(token)
-            self._subs[token] = _Subscriber(sock)
-        if old is not None:
-            _close(old.sock)  # the same token subscribed again: the newest connection wins
+            if old is not None:
+                # The same client reconnected: the newest connection wins, and the
+                # old one is ended (its reader must see the end, not silence).
+                self._drop(token, old, "replaced", count=False)
+            sub = self._subs[token] = _Subscriber(sock)
+            sub.out += greeting
+            self._send(token, sub)
 
     def unsubscribe(self, token: bytes, sock: socket.socket) -> None:
         with self._lock:
@@ -139,11 +164,24 @@ class VerdictPush:
         else:
             self._backlogged.add(token)
 
-    def _drop(self, token: bytes, sub: _Subscriber, why: str) -> None:
+    def beat(self) -> None:
+        """An empty frame to every subscriber, every BEAT_S at most (the judge's idle turns)."""
+        now = time.monotonic()
+        if now - self._beat_at < BEAT_S:
+            return
+        self._beat_at = now
+        with self._lock:
+            for token, sub in list(self._subs.items()):
+                sub.out += BEAT
+                self._send(token, sub)
+
+    def _drop(self, token: bytes, sub: _Subscriber, why: str, count: bool = True) -> None:
         log.info("push connection dropped (%s): its client asks for its verdicts", why)
-        self.dropped += 1
-        del self._subs[token]
-        self._backlogged.discard(token)
+        if count:
+            self.dropped += 1
+        if self._subs.get(token) is sub:
+            del self._subs[token]
+            self._backlogged.discard(token)
         try:
             sub.sock.shutdown(socket.SHUT_RDWR)
         except OSError:

@@ -198,16 +198,24 @@ async def test_a_write_whose_verdict_cannot_be_learned_says_outcome_unknown(work
 
 
 async def _pushing(thin, address: str) -> remote.RemoteVerdicts:
-    """The thin client's verdict source, once `address` pushes to it (its first
-    call to a partition starts the push connection)."""
+    """The thin client's verdict source, once `address` pushes to it (a call to
+    one of its partitions starts the push connection)."""
     verdicts = thin.session.bus.verdicts
-    await within(thin.messages.save_thread("warm", ["up"]))
-    for _ in range(2):  # the owner of "warm" may not own every partition; ask again for the stream
-        stream = verdicts._streams.get(address)
-        if stream is not None and await asyncio.to_thread(stream.ready.wait, 10):
-            return verdicts
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
         await within(thin.messages.save_thread("warm", ["up"]))
+        stream = verdicts._streams.get(address)
+        if stream is not None and await asyncio.to_thread(stream.ready.wait, 1):
+            return verdicts
     raise AssertionError(f"no push connection to {address}: {verdicts._streams}")
+
+
+async def _until(condition, seconds: float = 30) -> None:
+    """Poll a client-side condition that no event announces, bounded."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
 
 
 async def test_verdicts_are_pushed_by_the_judge(worker, open_client):
@@ -223,42 +231,57 @@ async def test_verdicts_are_pushed_by_the_judge(worker, open_client):
     for n in range(10):
         head = await within(thin.checkpoints.append(checkpoint=checkpoint(f"c{n}", "t", head), expected_head_id=head,
                                                     writer=w))
+        assert await within(thin.checkpoints.get_head("t")) == head
         assert await within(embedded.checkpoints.get_head("t")) == head
     with pytest.raises(ThreadLogError) as err:
         await within(thin.checkpoints.append(checkpoint=checkpoint("late", "t", "c0"), expected_head_id="c0",
                                              writer=w))
     assert err.value.code == STALE_HEAD
     # 12 proposals (the lease, 10 appends, the refusal); a verdict late by more than
-    # PUSH_GRACE_S is asked for instead, so allow a slow machine a few of those.
+    # PUSH_GRACE_S is asked for instead, so a slow machine may ask for a few.
     assert verdicts.pushed - pushed + verdicts.asked - asked >= 12
-    assert verdicts.pushed - pushed >= 9, (verdicts.pushed - pushed, verdicts.asked - asked)
+    assert verdicts.pushed - pushed >= 6, (verdicts.pushed - pushed, verdicts.asked - asked)
     stats = await ask_worker(worker.address, "stats")
     assert stats["pushed"] >= verdicts.pushed
 
 
-async def test_a_lost_push_connection_is_made_up_by_asking(worker, open_client, monkeypatch):
-    """Verdicts that waited for a push when its connection ended are asked for;
-    and a stranger subscribing with this client's reply token (it is a header
-    on every proposal: anyone who reads the topic knows it) takes the pushes
-    away, but never gives the client a wrong verdict: it asks."""
-    monkeypatch.setattr(remote, "SHUN_S", 0.2)
+async def test_verdicts_that_waited_on_a_lost_push_connection_are_asked_for(worker, open_client, monkeypatch):
+    """The push connection ends while proposals wait for their pushes (written,
+    not judged: the worker is stopped). They are asked for at once -- not after
+    the grace, here longer than the test's wait -- and each gets its verdict."""
+    monkeypatch.setattr(remote, "PUSH_GRACE_S", 600.0)
     thin = await open_client(processors="external", own_worker=True)
     verdicts = await _pushing(thin, worker.address)
     stream = verdicts._streams[worker.address]
-    # The client's end closes while appends are waiting.
-    saves = [asyncio.ensure_future(thin.messages.save_thread(f"t{n}", [n])) for n in range(8)]
-    thin.runtime.query._loop.call_soon_threadsafe(stream.writer.close)
-    assert await within(asyncio.gather(*saves)) == [None] * 8
-    # It comes back by itself and pushes again.
+    asked = verdicts.asked
+    worker.signal(signal.SIGSTOP)
+    try:
+        saves = [asyncio.ensure_future(thin.messages.save_thread(f"t{n}", [n])) for n in range(8)]
+        await _until(lambda: len(verdicts._waiting) == 8)  # all acked, all waiting for a push
+        thin.runtime.query._loop.call_soon_threadsafe(stream.writer.close)
+        await _until(lambda: not verdicts._waiting)
+    finally:
+        worker.signal(signal.SIGCONT)
+    assert await within(asyncio.gather(*saves), 20) == [None] * 8
+    assert verdicts.asked > asked
+    assert await within(thin.messages.load_thread("t7")) == [7]
+    await _pushing(thin, worker.address)  # and it pushes again, by itself
+
+
+async def test_a_reader_of_the_log_cannot_take_a_clients_pushes(worker, open_client):
+    """The reply token on a client's proposals is the hash of a secret only the
+    client knows: subscribing with the token itself (what any reader of
+    `events` sees) gets that subscriber nothing, and the client keeps its pushes."""
+    thin = await open_client(processors="external", own_worker=True)
     verdicts = await _pushing(thin, worker.address)
-    # A stranger takes the subscription over (the worker keeps the newest per token).
+    (_, token), = verdicts.reply_header
     host, _, port = worker.address.rpartition(":")
     reader, writer = await within(asyncio.open_connection(host, int(port)))
     try:
-        writer.write(orjson.dumps({"id": 1, "op": "push", "args": {"reply": verdicts.reply_to}}) + b"\n")
+        writer.write(orjson.dumps({"id": 1, "op": "push", "args": {"secret": token.decode()}}) + b"\n")
         await writer.drain()
         assert orjson.loads(await within(reader.readline()))["ok"] is True
-        asked = verdicts.asked
+        pushed, asked = verdicts.pushed, verdicts.asked
         lease = await within(thin.checkpoints.acquire_writer("s"))
         assert await within(thin.checkpoints.append(checkpoint=checkpoint("s1", "s"), expected_head_id=None,
                                                     writer=lease)) == "s1"
@@ -266,16 +289,16 @@ async def test_a_lost_push_connection_is_made_up_by_asking(worker, open_client, 
             await within(thin.checkpoints.append(checkpoint=checkpoint("s2", "s"), expected_head_id=None,
                                                  writer=lease))
         assert err.value.code == STALE_HEAD
-        assert verdicts.asked > asked  # learned by asking, not from the stranger
-        stolen = orjson.loads(await within(reader.readline()))["push"]
-        assert stolen and all(isinstance(v, dict) and "ok" in v for _, _, v in stolen)
+        assert verdicts.pushed - pushed >= 1 and verdicts.asked == asked, (verdicts.pushed, verdicts.asked)
+        # The stranger hears only the worker's idle beat (every 2 s), never a verdict.
+        assert orjson.loads(await within(reader.readline(), 10)) == {"push": []}
     finally:
         writer.close()
 
 
-async def test_a_push_request_needs_a_reply_token(worker):
+async def test_a_push_request_needs_a_secret(worker):
     host, _, port = worker.address.rpartition(":")
-    for bad in ({}, {"reply": ""}, {"reply": "x" * 65}):
+    for bad in ({}, {"secret": ""}, {"secret": "x" * 65}, {"reply": "abc"}):
         reader, writer = await within(asyncio.open_connection(host, int(port)))
         try:
             writer.write(orjson.dumps({"id": 5, "op": "push", "args": bad}) + b"\n")

@@ -50,6 +50,7 @@ import orjson
 
 from .kernel.errors import (
     BEHIND,
+    INVALID_ARGUMENT,
     NOT_OWNER,
     OUTCOME_UNKNOWN,
     UNAVAILABLE,
@@ -58,6 +59,7 @@ from .kernel.errors import (
 )
 from .kernel.topics import REPLY_HEADER
 from .members import MembersView
+from .processors.verdict_push import BEAT_S, reply_token
 from .producers.pump import inbox
 
 log = logging.getLogger("threadlog.remote")
@@ -403,6 +405,7 @@ class _PushStream:
     def __init__(self) -> None:
         self.live = False  # subscribed: the worker pushes our verdicts here
         self.ready = threading.Event()  # set while live (tests await it from other threads)
+        self.heard = 0.0  # loop time of the last line from the worker
         self.retry_at = 0.0  # loop time before which no new connection is tried
         self.writer: asyncio.StreamWriter | None = None
         self.task: asyncio.Task | None = None
@@ -435,8 +438,10 @@ class RemoteVerdicts:
     def __init__(self, client: QueryClient) -> None:
         self._client = client
         client.closers.append(self.close)
-        self.reply_to = uuid.uuid4().hex
-        self.reply_header: list[tuple[str, str | bytes | None]] = [(REPLY_HEADER, self.reply_to.encode("ascii"))]
+        # Only this client knows the secret; its proposals carry the secret's hash
+        # (readers of `events` see that, and cannot subscribe with it).
+        self._secret = uuid.uuid4().hex
+        self.reply_header: list[tuple[str, str | bytes | None]] = [(REPLY_HEADER, reply_token(self._secret))]
         self._lock = threading.Lock()  # guards _pending (forget runs on the caller's thread)
         self._pending: set[tuple[int, int, Callable[[dict], None]]] = set()  # asked, not answered, not forgotten
         # On the client's loop only:
@@ -445,6 +450,8 @@ class RemoteVerdicts:
         self._streams: dict[str, _PushStream] = {}  # worker address -> its push connection
         self._waiting: dict[tuple[int, int], tuple[Callable[[dict], None], float]] = {}  # for a push, since
         self._early: dict[tuple[int, int], tuple[dict, float]] = {}  # pushed before its ack came
+        self._acked: dict[int, int] = {}  # partition -> highest offset acked (acks come in offset order)
+        self._asking: set[tuple[int, int]] = set()  # queued for or in a `verdicts` request
         self._owners: tuple[int, dict[int, str]] = (-1, {})  # (members version, partition -> address)
         self._sweeping = False
         self.pushed = 0  # verdicts learned by push (tests, benchmarks)
@@ -475,6 +482,8 @@ class RemoteVerdicts:
     # -- on the client's loop --------------------------------------------------------------
     def _queue(self, partition: int, offset: int, callback: Callable[[dict], None]) -> None:
         """An acknowledged proposal: wait for its push, or ask."""
+        if offset > self._acked.get(partition, -1):
+            self._acked[partition] = offset
         early = self._early.pop((partition, offset), None)
         if early is not None:
             self._answer(partition, offset, callback, early[0])
@@ -487,6 +496,8 @@ class RemoteVerdicts:
     def _pushing(self, partition: int) -> bool:
         """Does the owner of `partition` push our verdicts? Connects to it if not yet."""
         client = self._client
+        if client.closed:
+            return False
         version, owners = self._owners
         if version != client.members.version:
             owners = {}
@@ -509,29 +520,51 @@ class RemoteVerdicts:
 
     async def _subscribe(self, address: str, stream: _PushStream) -> None:
         """Hold a push connection to `address` until it ends; then ask for what waited on it."""
-        refused = False
+        loop = self._client._loop
+        pause = SHUN_S
+        watchdog: asyncio.TimerHandle | None = None
+
+        def watch() -> None:
+            # A crashed host or a partition ends nothing: silence for a few of the
+            # worker's idle beats means the connection is dead.
+            nonlocal watchdog
+            if stream.writer is None:
+                return
+            if loop.time() - stream.heard > 3 * BEAT_S:
+                log.info("push connection to worker %s silent for %.1fs: closing it", address,
+                         loop.time() - stream.heard)
+                stream.writer.close()
+                return
+            watchdog = loop.call_later(BEAT_S, watch)
+
         try:
             host, _, port = address.rpartition(":")
             reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port), limit=LINE_LIMIT),
                                                     CONNECT_TIMEOUT)
             stream.writer = writer
-            writer.write(orjson.dumps({"id": 0, "op": "push", "args": {"reply": self.reply_to}}) + b"\n")
+            writer.write(orjson.dumps({"id": 0, "op": "push", "args": {"secret": self._secret}}) + b"\n")
             await writer.drain()
-            answer = orjson.loads(await reader.readline() or b"null")
+            answer = orjson.loads(await asyncio.wait_for(reader.readline(), CONNECT_TIMEOUT) or b"null")
             if not (isinstance(answer, dict) and answer.get("ok")):
-                refused = True  # a worker of an earlier version: ask it
-                return
+                if isinstance(answer, dict) and answer.get("code") == INVALID_ARGUMENT:
+                    pause = REFUSED_PAUSE_S  # a worker of an earlier version: ask it
+                return  # (draining, or gone: try again soon)
             stream.live = True
             stream.ready.set()
+            stream.heard = loop.time()
+            watchdog = loop.call_later(BEAT_S, watch)
             while line := await reader.readline():
+                stream.heard = loop.time()
                 self._pushed(orjson.loads(line)["push"])
         except (OSError, ValueError, TypeError, KeyError, TimeoutError, asyncio.IncompleteReadError) as exc:
             log.info("push connection to worker %s ended: %r", address, exc)
         finally:
+            if watchdog is not None:
+                watchdog.cancel()
             stream.live = False
             stream.ready.clear()
             stream.task = None
-            stream.retry_at = self._client._loop.time() + (REFUSED_PAUSE_S if refused else SHUN_S)
+            stream.retry_at = loop.time() + pause
             if stream.writer is not None:
                 stream.writer.close()
                 stream.writer = None
@@ -545,19 +578,27 @@ class RemoteVerdicts:
                     self._ask_later(p, o, callback)
 
     def _pushed(self, items: list[list]) -> None:
+        if not items:
+            return  # the worker's idle beat
         floor: dict[int, int] = {}
+        for p, o, _ in items:
+            floor[p] = max(floor.get(p, 0), o + 1)
+        # Our own writes are judged: later reads must not see a state before them.
+        self._client.raise_floor(floor)
         now = self._client._loop.time()
         for p, o, verdict in items:
             self.pushed += 1
-            floor[p] = max(floor.get(p, 0), o + 1)
             waiting = self._waiting.pop((p, o), None)
-            if waiting is None:
-                self._early[(p, o)] = (verdict, now)  # its ack is on its way
-                self._arm_sweep()
-            else:
+            if waiting is not None:
                 self._answer(p, o, waiting[0], verdict)
-        # Our own writes are judged: later reads must not see a state before them.
-        self._client.raise_floor(floor)
+            elif o > self._acked.get(p, -1) or (p, o) in self._asking:
+                # Its ack is on its way, or it is being asked for (the answer may be
+                # null: not judged yet when the worker read the request). Anything
+                # else at or below the last ack of its partition (acks of a partition
+                # come in offset order) was answered already, e.g. verdicts a new
+                # owner pushes again while catching up: not kept.
+                self._early[(p, o)] = (verdict, now)
+                self._arm_sweep()
 
     def _arm_sweep(self) -> None:
         if not self._sweeping:
@@ -593,6 +634,7 @@ class RemoteVerdicts:
         if not self._queued:
             self._client._loop.call_soon(self._flush)  # after the whole burst is queued
         self._queued.setdefault(partition, []).append((offset, callback))
+        self._asking.add((partition, offset))
 
     def _flush(self) -> None:
         """One request per partition for what queued since the last flush."""
@@ -617,12 +659,15 @@ class RemoteVerdicts:
             if judged:
                 client.raise_floor({partition: max(judged) + 1})
         for (o, callback), verdict in zip(items, verdicts, strict=True):
+            self._asking.discard((partition, o))
             if verdict is None:  # not judged yet when the worker answered: wait for it again
                 with self._lock:
-                    if (partition, o, callback) in self._pending:
-                        self._queue(partition, o, callback)
+                    still = (partition, o, callback) in self._pending
+                if still:  # (not under the lock: _queue may answer it at once, which takes it)
+                    self._queue(partition, o, callback)
                 continue
             self.asked += 1
+            self._early.pop((partition, o), None)  # pushed meanwhile: answered here
             self._answer(partition, o, callback, verdict)
 
     async def _verdicts(self, partition: int, offsets: list[int]) -> list[dict | None]:

@@ -114,9 +114,40 @@ async def test_a_verdict_not_pushed_within_the_grace_is_asked_for(setup, monkeyp
     fut, _ = _waiter(verdicts, 1, 4)
     assert (await asyncio.wait_for(fut, 5))["result"] == "asked"
     assert client.requests == [(1, [4])] and verdicts.asked == 1 and client.floor == {1: 5}
-    # Pushed after all: kept as early (no ack will claim it), then dropped; nobody is told twice.
+    # Pushed after all: at or below the last ack of its partition, so answered
+    # already -- not kept for an ack that will never come; nobody is told twice.
     verdicts._pushed([[1, 4, {"ok": True, "result": "late"}]])
-    assert (1, 4) in verdicts._early
+    assert verdicts._early == {}
+
+
+async def test_a_push_that_overtakes_an_unjudged_answer_is_delivered_once(setup):
+    """The worker answers `verdicts` with null for an offset not judged yet; the
+    judge then pushes it, and the push (the judge's thread) overtakes the
+    answer (the worker's event loop): the null must find the pushed verdict."""
+    client, verdicts = setup
+    verdicts._streams[ADDRESS].live = False
+    verdicts._streams[ADDRESS].retry_at = float("inf")
+    client.judged[(0, 2)] = {"ok": True, "result": 2}  # (0, 3) not judged when asked: null
+    first, _ = _waiter(verdicts, 0, 2)
+    second, _ = _waiter(verdicts, 0, 3)
+    await asyncio.sleep(0)  # both acks queued; the request is created, not yet answered
+    verdicts._pushed([[0, 3, {"ok": True, "result": 3}]])  # overtakes the null
+    assert (await asyncio.wait_for(first, 5))["result"] == 2
+    assert (await asyncio.wait_for(second, 5))["result"] == 3
+    assert client.requests == [(0, [2, 3])] and verdicts._early == {}
+
+
+async def test_verdicts_pushed_again_below_the_last_ack_are_not_kept(setup):
+    """A new owner catching up pushes the verdicts of old proposals again:
+    those at or below the last offset acked are answered, not kept."""
+    _, verdicts = setup
+    fut, _ = _waiter(verdicts, 0, 50)
+    verdicts._pushed([[0, 50, {"ok": True}]])
+    assert await asyncio.wait_for(fut, 5) == {"ok": True}
+    verdicts._pushed([[0, n, {"ok": True}] for n in range(40, 51)] + [[0, 51, {"ok": True}]])
+    assert set(verdicts._early) == {(0, 51)}  # 51's ack may still come; the rest were answered
+    verdicts._pushed([])  # an idle beat changes nothing
+    assert set(verdicts._early) == {(0, 51)}
 
 
 async def test_without_a_live_push_stream_it_asks_at_once(setup):

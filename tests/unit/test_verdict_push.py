@@ -95,3 +95,26 @@ def test_the_newest_subscription_of_a_token_wins_and_unknown_tokens_are_skipped(
         push.close()
         a_client.close()
         b_client.close()
+
+
+def test_idle_subscribers_hear_a_beat_at_most_every_beat_interval():
+    push = VerdictPush()
+    judge_end, client_end = socket.socketpair()
+    try:
+        push.subscribe(b"tok", judge_end, b'{"id": 0, "ok": true}\n')
+        push.beat()
+        push.beat()  # within BEAT_S of the first: nothing
+        client_end.settimeout(5)
+        got = b""
+        while got.count(b"\n") < 2:
+            got += client_end.recv(1 << 16)
+        assert got == b'{"id": 0, "ok": true}\n' + verdict_push.BEAT  # the greeting first, one beat
+        client_end.setblocking(False)
+        try:
+            extra = client_end.recv(1 << 16)
+        except BlockingIOError:
+            extra = b""
+        assert extra == b""
+    finally:
+        push.close()
+        client_end.close()

@@ -14,9 +14,10 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 HOUR_MS = 3600 * 1000
 
 # The header of a thin client's proposals naming where its verdicts are pushed
-# (processors/verdict_push.py); its value is the client's reply token.
+# (processors/verdict_push.py); its value is the client's reply token, the
+# hash of the secret (at most MAX_REPLY_SECRET_BYTES) it subscribes with.
 REPLY_HEADER = "threadlog.reply"
-MAX_REPLY_TOKEN_BYTES = 64
+MAX_REPLY_SECRET_BYTES = 64
 
 
 @dataclass(frozen=True)
