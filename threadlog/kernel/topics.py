@@ -179,6 +179,26 @@ def ensure_topics(
     return layout
 
 
+def _topic_configs(admin: AdminClient, topics: Topics, names: list[str], deadline: float) -> dict:
+    """The configs of `names`, asked until the deadline while a broker does not know them yet.
+
+    Why ask again: right after CreateTopics, the broker that answers
+    DescribeConfigs may not have the new topics in its metadata yet (seen on a
+    3-broker cluster: UNKNOWN_TOPIC_OR_PART for topics created a moment before).
+    """
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, name) for name in names]
+    while True:
+        try:
+            return {res.name: fut.result(timeout=max(0.5, deadline - time.monotonic()))
+                    for res, fut in admin.describe_configs(resources).items()}
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            unknown = isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+            if not unknown or time.monotonic() + 0.1 >= deadline:
+                raise unavailable(f"cannot read the settings of {topics.namespace}'s topics: {exc}") from None
+            time.sleep(0.1)  # a backoff before asking again, not a wait for an event
+
+
 def check_topics(admin: AdminClient, topics: Topics, durability: Durability, md: ClusterMetadata,
                  deadline: float) -> None:
     """Every existing topic has the settings threadlog relies on; all mismatches
@@ -186,12 +206,7 @@ def check_topics(admin: AdminClient, topics: Topics, durability: Durability, md:
     operator's decision: threadlog never alters an existing topic)."""
     roles = {topics.events: "events", topics.deliveries: "deliveries", topics.blobs: "blobs",
              topics.members: "members", topics.snapshots: "snapshots"}
-    try:
-        resources = [ConfigResource(ConfigResource.Type.TOPIC, name) for name in roles]
-        configs = {res.name: fut.result(timeout=max(0.5, deadline - time.monotonic()))
-                   for res, fut in admin.describe_configs(resources).items()}
-    except KafkaException as exc:
-        raise unavailable(f"cannot read the settings of {topics.namespace}'s topics: {exc}") from None
+    configs = _topic_configs(admin, topics, list(roles), deadline)
     problems = []
     for name, role in roles.items():
         meta = md.topics.get(name)
