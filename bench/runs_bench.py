@@ -1,6 +1,6 @@
 """Run updates, claims and interrupt resolutions judged by the log, beside raw Kafka on the same broker, same run.
 
-    .venv/bin/python bench/runs_bench.py [--bootstrap B] [--count N] [--clients C] [--runs R]
+    .venv/bin/python bench/runs_bench.py [--bootstrap B] [--count N] [--clients C] [--runs R] [--external]
 
 `tl.runs.update(run_id, patch)` is a global read barrier (to resolve the run's
 thread through the run index: one ListOffsets round trip, shared by concurrent
@@ -9,12 +9,14 @@ The baseline is raw confluent-kafka producing the very bytes of that proposal
 (an encoded threadlog.Proposal carrying an UpdateRun) with acks=all, each
 writer awaiting its ack, at the same concurrency. `claim` (a claim granted on
 the run's delivery partition, then mirrored on the run record) and
-`interrupts.resolve` are reported too.
+`interrupts.resolve` are reported too. `--external` runs them through a thin
+client, judged by a `threadlog worker` process (verdicts pushed by its judge).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import tempfile
 import time
@@ -83,6 +85,7 @@ async def main() -> None:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--runs", type=int, default=64, help="distinct runs (over 16 threads)")
     ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--external", action="store_true", help="a thin client; a `threadlog worker` process judges")
     args = ap.parse_args()
     bootstrap = bootstrap_or_local(args.bootstrap)
     run_ids = [f"run-{n}" for n in range(args.runs)]
@@ -93,8 +96,13 @@ async def main() -> None:
     try:
         raw1 = await raw_produce_closed_loop(bootstrap, topic, payload, args.count // 4, 1, args.partitions)
         rawc = await raw_produce_closed_loop(bootstrap, topic, payload, args.count, args.clients, args.partitions)
-        with tempfile.TemporaryDirectory() as state:
-            async with threadlog.open(bootstrap, namespace=ns, state_dir=state, partitions=args.partitions) as tl:
+        with tempfile.TemporaryDirectory() as state, contextlib.ExitStack() as workers:
+            if args.external:
+                from workers import Worker
+
+                workers.callback(Worker(bootstrap, ns, f"{state}/worker", "w", partitions=args.partitions).stop)
+            async with threadlog.open(bootstrap, namespace=ns, state_dir=f"{state}/client", partitions=args.partitions,
+                                      processors="external" if args.external else "embedded") as tl:
                 for n, run_id in enumerate(run_ids):
                     await tl.runs.create_or_resume(run_id=run_id, thread_id=f"thread-{n % 16}", started_at=n)
                 await tl.runs.update(run_ids[0], patch_for(0))  # warm up
@@ -103,14 +111,16 @@ async def main() -> None:
                 c1 = await claims(tl, args.count // 8, 1, run_ids)
                 cc = await claims(tl, args.count // 2, args.clients, run_ids)
                 rc = await resolves(tl, args.count // 2, args.clients)
-                stats = dict(tl.runtime.judge.stats)
+                stats = dict(tl.runtime.judge.stats) if tl.runtime.judge is not None else {}
                 check = await tl.runs.get(run_ids[0])
                 assert check is not None and check["status"] == "running"
+        mode = "thin client, 1 worker process judging" if args.external else "judge embedded in the client"
         print(f"\nbroker {bootstrap}; command {len(payload)} B; {args.partitions} partitions; "
-              f"{args.runs} runs on 16 threads\n")
+              f"{args.runs} runs on 16 threads; {mode}\n")
         report([(raw1, None), (rawc, None), (u1, raw1), (uc, rawc), (c1, raw1), (cc, rawc), (rc, rawc)])
         print("\nratio = store rate / raw closed-loop produce rate of the same command bytes at the same concurrency")
-        print(judge_line(stats))
+        if stats:
+            print(judge_line(stats))
     finally:
         delete_topic(bootstrap, topic)
         delete_namespace(bootstrap, ns)
