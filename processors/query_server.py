@@ -109,6 +109,8 @@ class QueryServer:
         self.judge = judge
         self.push = VerdictPush()
         judge.push = self.push
+        if deliveries is not None:
+            deliveries.push = self.push  # delivery writers' answers ride the same connections
         self.barrier = barrier
         self.timeout = timeout
         self._server: asyncio.Server | None = None
@@ -139,6 +141,8 @@ class QueryServer:
 
     async def close(self) -> None:
         self.judge.push = None
+        if self.deliveries is not None:
+            self.deliveries.push = None
         self.push.close()
         if self._server is not None:
             self._server.close()

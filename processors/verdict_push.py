@@ -42,7 +42,9 @@ from collections.abc import Iterable
 
 import orjson
 
-from threadlog.kernel.topics import REPLY_HEADER
+from threadlog.kernel.topics import reply_of
+
+__all__ = ["BEAT", "BEAT_S", "MAX_BACKLOG", "VerdictPush", "reply_of", "reply_token"]
 
 log = logging.getLogger("threadlog.push")
 
@@ -56,15 +58,6 @@ BEAT = b'{"push":[]}\n'
 def reply_token(secret: str) -> bytes:
     """The header value of a client's proposals, from the secret it subscribes with."""
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()[:32].encode("ascii")
-
-
-def reply_of(headers: list[tuple[str, bytes | None]] | None) -> bytes | None:
-    """The reply token of a record's headers, if it carries one."""
-    if headers:
-        for name, value in headers:
-            if name == REPLY_HEADER:
-                return value
-    return None
 
 
 MAX_BACKLOG = 4 * 1024 * 1024  # bytes waiting for one subscriber's socket before it is dropped
@@ -129,6 +122,17 @@ class VerdictPush:
         frames: dict[bytes, list[list]] = {}
         for token, p, offset, verdict in verdicts:
             frames.setdefault(token, []).append([p, offset, verdict])
+        self._write(frames, "push")
+
+    def push_deliveries(self, answers: Iterable[tuple[bytes, list]]) -> None:
+        """On the run index's thread, after its batch is stored: (token, [d, x, verdict, fence, state])
+        -- what `dlv_verdict` would answer about the delivery record at (d, x)."""
+        frames: dict[bytes, list[list]] = {}
+        for token, item in answers:
+            frames.setdefault(token, []).append(item)
+        self._write(frames, "dlv")
+
+    def _write(self, frames: dict[bytes, list[list]], kind: str) -> None:
         if not frames:
             return
         with self._lock:
@@ -136,7 +140,7 @@ class VerdictPush:
                 sub = self._subs.get(token)
                 if sub is None:
                     continue  # not subscribed here (any more): it asks
-                sub.out += orjson.dumps({"push": items}) + b"\n"
+                sub.out += orjson.dumps({kind: items}) + b"\n"
                 self.pushed += len(items)
                 self._send(token, sub)
 

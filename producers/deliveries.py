@@ -26,8 +26,12 @@ from .pump import ProducerPump, settle_threadsafe
 
 class DeliveryWriter:
     def __init__(self, *, bootstrap: str, topic: str, partitions: int, codec: Codec, client_id: str,
-                 timeout: float = 30.0, kafka: kafka_config.Props | None = None) -> None:
+                 timeout: float = 30.0, kafka: kafka_config.Props | None = None,
+                 headers: list[tuple[str, str | bytes | None]] | None = None) -> None:
         self.topic = topic
+        # A thin client's reply token: the owner pushes each record's verdict back
+        # (processors/verdict_push.py). None: the verdict is folded here.
+        self._headers = headers
         self.partitions = partitions
         self.codec = codec
         self.timeout = timeout
@@ -70,8 +74,12 @@ class DeliveryWriter:
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                self.producer.produce(self.topic, value, run_id.encode("utf-8"), partition=partition,
-                                      on_delivery=delivered)
+                if self._headers is None:
+                    self.producer.produce(self.topic, value, run_id.encode("utf-8"), partition=partition,
+                                          on_delivery=delivered)
+                else:
+                    self.producer.produce(self.topic, value, run_id.encode("utf-8"), partition=partition,
+                                          on_delivery=delivered, headers=self._headers)
                 break
             except BufferError:  # local queue full: the pump drains it
                 if time.monotonic() > deadline:

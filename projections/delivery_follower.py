@@ -20,17 +20,22 @@ import collections
 import logging
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 from threadlog.schemas import Codec, CodecError
 
 from threadlog.kernel.errors import ThreadLogError, unavailable
 from threadlog.kernel.kafka_config import Consumed, Props
+from threadlog.kernel.topics import reply_of
 
 from .follower import Follower
-from .run_index import fold_record
+from .run_index import decided, fold_record, run_state
 from .store import Store
 from .view import View
+
+if TYPE_CHECKING:
+    from threadlog.processors.verdict_push import VerdictPush
 
 log = logging.getLogger("threadlog.deliveries")
 
@@ -159,6 +164,10 @@ class DeliveryIndex(Follower):
         super().__init__(bootstrap, topic, partitions, store, codec, f"{client_id}.deliveries", kafka=kafka)
         self.max_queued = max_queued
         self._folded: list[Item] = []
+        # Answers pushed to the writers of the records folded (a worker's thin
+        # clients, processors/verdict_push.py): (token, d, x, run, kind, epoch).
+        self.push: VerdictPush | None = None
+        self._replies: list[tuple[bytes, int, int, str, str, int]] = []
         self._subs = Subscribers()
         # Every record below this was handed to the subscribers of its run.
         self._dispatched = {p: self.applied(p) for p in range(partitions)}
@@ -243,10 +252,25 @@ class DeliveryIndex(Follower):
             return
         child.merge()
         self._folded.append(Item(partition, msg.offset(), rec, dropped))
+        push = self.push
+        if push is not None and push.active:
+            token = reply_of(msg.headers())
+            if token is not None:
+                self._replies.append((token, partition, msg.offset(), rec["runId"], rec["kind"], rec["epoch"]))
 
     def _handle(self, msgs: list[Consumed]) -> None:
         self._folded = []
+        self._replies = []
         super()._handle(msgs)  # folds (via _fold), stores, advances positions
+        push = self.push  # read once: the query server unsets it when it closes
+        if self._replies and push is not None:
+            # The batch is stored: each writer gets what `dlv_verdict` would answer now.
+            answers = []
+            for token, d, x, run, kind, epoch in self._replies:
+                verdict, fence = decided(self.store, run, x, kind, epoch)
+                answers.append((token, [d, x, verdict, fence, run_state(self.store, run)]))
+            self._replies = []
+            push.push_deliveries(answers)
         reached: dict[int, int] = {}
         for msg in msgs:
             err = msg.error()

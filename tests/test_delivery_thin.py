@@ -125,3 +125,31 @@ async def test_two_workers_split_the_delivery_partitions(bootstrap, namespace, t
     finally:
         await a.stop()
         await b.stop()
+
+
+async def test_a_thin_writer_learns_its_delivery_verdicts_from_the_owners_pushes(bootstrap, namespace, tmp_path,
+                                                                                open_client):
+    """The owner's run index pushes each delivery record's verdict to its thin
+    writer (processors/verdict_push.py), as it does for proposals: appends are
+    acknowledged by what is pushed, a superseded epoch is refused the same way,
+    and what was acknowledged is exactly what a reader on another host gets."""
+    worker = await WorkerProcess(bootstrap, namespace, tmp_path / "w", "w").start()
+    try:
+        thin = await open_client(processors="external", own_worker=True)
+        embedded = await open_client()
+        verdicts = thin.session.bus.verdicts
+        run = "pushed-run"
+        await within(thin.runs.create_or_resume(run_id=run, thread_id="t", started_at=0))
+        first = await within(thin.runs.claim(run))
+        log = thin.delivery(run, epoch=first)
+        acked = [await within(log.append([chunk(n)])) for n in range(12)]
+        # The first appends may be asked (the push connection opens with the first call).
+        assert verdicts.dlv_pushed >= 6, verdicts.dlv_pushed
+        await within(embedded.runs.claim(run))  # another host takes the run over
+        with pytest.raises(ThreadLogError) as err:
+            await within(log.append([chunk(99)]))
+        assert err.value.code == RUN_CLAIM_LOST
+        seen = await within(embedded.delivery(run).snapshot())
+        assert seen == [(offset, chunk(n)) for n, [offset] in enumerate(acked)]
+    finally:
+        await worker.stop()

@@ -44,7 +44,7 @@ import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from concurrent.futures import Future as CFuture
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -63,6 +63,7 @@ from .processors.verdict_push import BEAT_S, reply_token
 from .producers.pump import inbox
 
 log = logging.getLogger("threadlog.remote")
+_T = TypeVar("_T")
 
 # Offsets per `verdicts` request (a worker takes up to 10 000).
 VERDICTS_PER_REQUEST = 1000
@@ -214,6 +215,13 @@ class QueryClient:
         if threading.current_thread() is self._thread:  # pragma: no cover - a bug, not a state
             raise RuntimeError("QueryClient.call_sync on its own loop")
         return self._run(self.call(op, args, partitions)).result(self.timeout + 5)
+
+    async def on_loop(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        """Await `coro` run on the client's loop, from any other loop."""
+        if self.closed:
+            coro.close()
+            raise unavailable("this ThreadLog is closed")
+        return await asyncio.wrap_future(self._run(coro))
 
     async def acall(self, op: str, args: dict, partitions: list[int] | None = None) -> dict[tuple[int, ...], Any]:
         """Awaitable `call` from any event loop."""
@@ -452,9 +460,14 @@ class RemoteVerdicts:
         self._early: dict[tuple[int, int], tuple[dict, float]] = {}  # pushed before its ack came
         self._acked: dict[int, int] = {}  # partition -> highest offset acked (acks come in offset order)
         self._asking: set[tuple[int, int]] = set()  # queued for or in a `verdicts` request
+        # The same for delivery records (answers to `dlv_verdict`, pushed by the owner's run index):
+        self._dlv_waiting: dict[tuple[int, int], asyncio.Future] = {}
+        self._dlv_early: dict[tuple[int, int], tuple[dict, float]] = {}
+        self._dlv_acked: dict[int, int] = {}
         self._owners: tuple[int, dict[int, str]] = (-1, {})  # (members version, partition -> address)
         self._sweeping = False
         self.pushed = 0  # verdicts learned by push (tests, benchmarks)
+        self.dlv_pushed = 0  # delivery records' answers learned by push
         self.asked = 0  # verdicts learned by asking
 
     def on_verdict(self, partition: int, offset: int, callback: Callable[[dict], None]) -> None:
@@ -555,7 +568,11 @@ class RemoteVerdicts:
             watchdog = loop.call_later(BEAT_S, watch)
             while line := await reader.readline():
                 stream.heard = loop.time()
-                self._pushed(orjson.loads(line)["push"])
+                frame = orjson.loads(line)
+                if "dlv" in frame:
+                    self._dlv_pushed(frame["dlv"])
+                else:
+                    self._pushed(frame["push"])
         except (OSError, ValueError, TypeError, KeyError, TimeoutError, asyncio.IncompleteReadError) as exc:
             log.info("push connection to worker %s ended: %r", address, exc)
         finally:
@@ -570,6 +587,10 @@ class RemoteVerdicts:
                 stream.writer = None
             # What waited for a push that may now never come is asked for
             # (or, the client closing, answered at once: nobody would ask).
+            dlv, self._dlv_waiting = self._dlv_waiting, {}
+            for fut in dlv.values():
+                if not fut.done():
+                    fut.set_result(None)
             waited, self._waiting = self._waiting, {}
             for (p, o), (callback, _) in waited.items():
                 if self._client.closed:
@@ -600,6 +621,39 @@ class RemoteVerdicts:
                 self._early[(p, o)] = (verdict, now)
                 self._arm_sweep()
 
+    async def delivery_answer(self, d: int, x: int, owner: int) -> dict | None:
+        """On the client's loop: what the owner's run index pushed about the delivery
+        record at (d, x) -- `dlv_verdict`'s answer -- or None: ask it (no live
+        push connection to `owner`'s worker, or nothing pushed within the grace)."""
+        if x > self._dlv_acked.get(d, -1):
+            self._dlv_acked[d] = x
+        early = self._dlv_early.pop((d, x), None)
+        if early is not None:
+            return early[0]
+        if not self._pushing(owner):
+            return None
+        fut: asyncio.Future = self._client._loop.create_future()
+        self._dlv_waiting[(d, x)] = fut
+        try:
+            return await asyncio.wait_for(fut, PUSH_GRACE_S)
+        except TimeoutError:
+            return None
+        finally:
+            if self._dlv_waiting.get((d, x)) is fut:
+                del self._dlv_waiting[(d, x)]
+
+    def _dlv_pushed(self, items: list[list]) -> None:
+        now = self._client._loop.time()
+        for d, x, verdict, fence, state in items:
+            self.dlv_pushed += 1
+            answer = {"verdict": verdict, "fence": fence, "state": state}
+            fut = self._dlv_waiting.pop((d, x), None)
+            if fut is not None and not fut.done():
+                fut.set_result(answer)
+            elif x > self._dlv_acked.get(d, -1):
+                self._dlv_early[(d, x)] = (answer, now)  # its writer's ack is on its way
+                self._arm_sweep()
+
     def _arm_sweep(self) -> None:
         if not self._sweeping:
             self._sweeping = True
@@ -613,9 +667,10 @@ class RemoteVerdicts:
         for (p, o), callback in late:
             del self._waiting[(p, o)]
             self._ask_later(p, o, callback)
-        for pos in [pos for pos, (_, at) in self._early.items() if now - at >= EARLY_KEEP_S]:
-            del self._early[pos]  # no ack came (written by a caller that gave up, or forged)
-        if self._waiting or self._early:
+        for early in (self._early, self._dlv_early):
+            for pos in [pos for pos, (_, at) in early.items() if now - at >= EARLY_KEEP_S]:
+                del early[pos]  # no ack came (written by a caller that gave up, or forged)
+        if self._waiting or self._early or self._dlv_early:
             self._arm_sweep()
 
     def _answer(self, partition: int, offset: int, callback: Callable[[dict], None], verdict: dict) -> None:

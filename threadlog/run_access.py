@@ -30,7 +30,7 @@ from .projections.barrier import ReadBarrier
 from .projections.delivery_follower import DeliveryIndex, Item, Subscription
 from .projections.delivery_tail import DeliveryTail
 from .projections.store import Store
-from .remote import QueryClient
+from .remote import QueryClient, RemoteVerdicts
 from .schemas import Codec
 
 DEFAULT_STATE = {"fence": 0, "reps": 0}
@@ -180,8 +180,10 @@ class RemoteRuns:
 
     remote = True
 
-    def __init__(self, query: QueryClient, tail: DeliveryTail, events_partitions: int, timeout: float) -> None:
+    def __init__(self, query: QueryClient, tail: DeliveryTail, events_partitions: int, timeout: float,
+                 pushed: RemoteVerdicts | None = None) -> None:
         self.query = query
+        self.pushed = pushed  # where the owners' pushed answers arrive (threadlog/remote.py)
         self.tail = tail
         self.events_partitions = events_partitions
         self.timeout = timeout
@@ -206,8 +208,13 @@ class RemoteRuns:
 
     async def decide(self, run_id: str, partition: int, offset: int, kind: str, epoch: int,
                      timeout: float) -> tuple[dict | None, int]:
-        answer = await self.ask("dlv_verdict", partition, {"run": run_id, "x": offset, "kind": kind,
-                                                           "epoch": epoch})
+        answer = None
+        if self.pushed is not None:  # pushed by the owner's run index, or asked when it was not
+            owner = owner_partition(partition, self.events_partitions)
+            answer = await self.query.on_loop(self.pushed.delivery_answer(partition, offset, owner))
+        if answer is None:
+            answer = await self.ask("dlv_verdict", partition, {"run": run_id, "x": offset, "kind": kind,
+                                                               "epoch": epoch})
         self._learn(run_id, answer.get("state"))
         return answer["verdict"], int(answer["fence"])
 
@@ -230,11 +237,11 @@ class RemoteRuns:
         self.tail.stop()
 
 
-def runs_for(rt: Any, codec: Codec) -> LocalRuns | RemoteRuns:
+def runs_for(rt: Any, codec: Codec, pushed: RemoteVerdicts | None = None) -> LocalRuns | RemoteRuns:
     """The run index access of a runtime's role."""
     if rt.deliveries is not None:
         return LocalRuns(rt.deliveries, rt.delivery_barrier, rt.index_store)
     assert rt.query is not None and rt.layout is not None
     tail = DeliveryTail(rt.opts.bootstrap_servers, rt.topics.deliveries, codec, rt.client_id,
                         rt.opts.request_timeout, kafka=rt.opts.kafka)
-    return RemoteRuns(rt.query, tail, rt.layout.events, rt.opts.request_timeout)
+    return RemoteRuns(rt.query, tail, rt.layout.events, rt.opts.request_timeout, pushed)

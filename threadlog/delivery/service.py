@@ -14,6 +14,7 @@ from confluent_kafka.admin import OffsetSpec
 from ..kernel import delivery_records as records
 from ..kernel.errors import unavailable
 from ..producers.deliveries import DeliveryWriter
+from ..remote import RemoteVerdicts
 from ..run_access import runs_for
 from .reader import ConsumerPool
 
@@ -36,10 +37,14 @@ class DeliveryService:
         self.admin = rt.admin
         self.timeout = session.opts.request_timeout
         self.first_chunk_wait = session.opts.first_chunk_wait_ms / 1000.0
-        self.runs = runs_for(rt, rt.codec)  # the run index: folded here, or asked of its owners
+        assert session.bus is not None  # the client starts its proposal bus first
+        verdicts = session.bus.verdicts
+        # The run index: folded here, or asked of its owners (whose answers are pushed, if it can).
+        self.runs = runs_for(rt, rt.codec, verdicts if isinstance(verdicts, RemoteVerdicts) else None)
         self.writer = DeliveryWriter(bootstrap=session.opts.bootstrap_servers, topic=self.topic,
                                      partitions=self.partitions, codec=rt.codec, client_id=rt.client_id,
-                                     timeout=self.timeout, kafka=session.opts.kafka)
+                                     timeout=self.timeout, kafka=session.opts.kafka,
+                                     headers=verdicts.reply_header)
         self.pool = ConsumerPool(session.opts.bootstrap_servers, rt.client_id, kafka=session.opts.kafka)
         self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="delivery-read")
         self.closing = threading.Event()

@@ -20,6 +20,15 @@ REPLY_HEADER = "threadlog.reply"
 MAX_REPLY_SECRET_BYTES = 64
 
 
+def reply_of(headers: list[tuple[str, bytes | None]] | None) -> bytes | None:
+    """The reply token of a record's headers, if it carries one."""
+    if headers:
+        for name, value in headers:
+            if name == REPLY_HEADER:
+                return value
+    return None
+
+
 @dataclass(frozen=True)
 class Topics:
     namespace: str
