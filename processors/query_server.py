@@ -190,7 +190,8 @@ class QueryServer:
         token = reply_token(secret)
         # The answer goes out through the pushes' own socket, under their lock:
         # no verdict can reach the client before it.
-        self.push.subscribe(token, sock, orjson.dumps({"id": req.get("id"), "ok": True, "result": {"pushing": True}})
+        self.push.subscribe(token, sock, orjson.dumps({"id": req.get("id"), "ok": True,
+                                                 "result": {"pushing": True, "dlv": self.deliveries is not None}})
                             + b"\n")
         try:
             while await reader.read(4096):

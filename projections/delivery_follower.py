@@ -262,15 +262,6 @@ class DeliveryIndex(Follower):
         self._folded = []
         self._replies = []
         super()._handle(msgs)  # folds (via _fold), stores, advances positions
-        push = self.push  # read once: the query server unsets it when it closes
-        if self._replies and push is not None:
-            # The batch is stored: each writer gets what `dlv_verdict` would answer now.
-            answers = []
-            for token, d, x, run, kind, epoch in self._replies:
-                verdict, fence = decided(self.store, run, x, kind, epoch)
-                answers.append((token, [d, x, verdict, fence, run_state(self.store, run)]))
-            self._replies = []
-            push.push_deliveries(answers)
         reached: dict[int, int] = {}
         for msg in msgs:
             err = msg.error()
@@ -293,3 +284,19 @@ class DeliveryIndex(Follower):
         self._folded = []
         for sub, items in per_sub.items():
             sub.deliver(items)
+        self._push_answers()
+
+    def _push_answers(self) -> None:
+        """The batch is stored: each writer gets what `dlv_verdict` would answer now."""
+        replies, self._replies = self._replies, []
+        push = self.push  # read once: the query server unsets it when it closes
+        if not replies or push is None:
+            return
+        try:
+            answers = []
+            for token, d, x, run, kind, epoch in replies:
+                verdict, fence = decided(self.store, run, x, kind, epoch)
+                answers.append((token, [d, x, verdict, fence, run_state(self.store, run)]))
+            push.push_deliveries(answers)
+        except Exception:  # pragma: no cover - a push is an optimization; its writers ask
+            log.exception("pushing delivery answers failed")

@@ -10,13 +10,15 @@ of the events partitions they own.
 from __future__ import annotations
 
 import asyncio
+import signal
+import time
 
 import pytest
 from delivery_support import ClaimWriter, chunk, collect
 from support import within
 from worker_support import WorkerProcess
 
-from threadlog.kernel.errors import RUN_CLAIM_LOST, ThreadLogError
+from threadlog.kernel.errors import RUN_CLAIM_LOST, UNAVAILABLE, ThreadLogError
 from threadlog.kernel.partitioning import partition_for
 
 
@@ -144,12 +146,42 @@ async def test_a_thin_writer_learns_its_delivery_verdicts_from_the_owners_pushes
         log = thin.delivery(run, epoch=first)
         acked = [await within(log.append([chunk(n)])) for n in range(12)]
         # The first appends may be asked (the push connection opens with the first call).
-        assert verdicts.dlv_pushed >= 6, verdicts.dlv_pushed
+        assert verdicts.dlv_used >= 6, (verdicts.dlv_used, verdicts.dlv_pushed)
         await within(embedded.runs.claim(run))  # another host takes the run over
         with pytest.raises(ThreadLogError) as err:
             await within(log.append([chunk(99)]))
         assert err.value.code == RUN_CLAIM_LOST
         seen = await within(embedded.delivery(run).snapshot())
         assert seen == [(offset, chunk(n)) for n, [offset] in enumerate(acked)]
+    finally:
+        await worker.stop()
+
+
+async def test_closing_a_thin_client_ends_a_delivery_write_waiting_for_its_answer(bootstrap, namespace, tmp_path,
+                                                                                  open_client):
+    """A write whose answer is awaited (its worker frozen: written, never folded)
+    when the client closes fails with UNAVAILABLE at once instead of waiting
+    on a stopped loop forever."""
+    worker = await WorkerProcess(bootstrap, namespace, tmp_path / "w", "w").start()
+    try:
+        thin = await open_client(processors="external", own_worker=True)
+        run = "closing-run"
+        await within(thin.runs.create_or_resume(run_id=run, thread_id="t", started_at=0))
+        log = thin.delivery(run, epoch=await within(thin.runs.claim(run)))
+        await within(log.append([chunk(0)]))
+        verdicts = thin.session.bus.verdicts
+        worker.signal(signal.SIGSTOP)
+        try:
+            pending = asyncio.ensure_future(log.append([chunk(1)]))
+            deadline = time.monotonic() + 30
+            while not verdicts._dlv_waiting:  # acked, waiting for its push (no event says so)
+                assert time.monotonic() < deadline and not pending.done(), "the write never waited"
+                await asyncio.sleep(0.02)
+            await within(thin.close(), 20)
+            with pytest.raises(ThreadLogError) as err:
+                await within(pending, 10)
+            assert err.value.code == UNAVAILABLE
+        finally:
+            worker.signal(signal.SIGCONT)
     finally:
         await worker.stop()

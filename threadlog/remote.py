@@ -77,6 +77,7 @@ SHUN_S = 1.0  # a worker that refused or dropped a call is skipped this long
 # harmless, so this only bounds how late such a verdict can be.
 PUSH_GRACE_S = 1.0
 EARLY_KEEP_S = 30.0  # a pushed verdict whose ack never came is dropped after this
+MAX_EARLY = 10_000  # unclaimed pushed delivery answers kept at most
 REFUSED_PAUSE_S = 60.0  # a worker that does not push (an earlier version) is asked again after this
 
 
@@ -158,6 +159,8 @@ class QueryClient:
         self.failovers = 0
         self.closed = False
         self.closers: list[Callable[[], None]] = []  # run on the loop when closing (push connections)
+        self._running: set[CFuture] = set()  # calls handed to the loop, not finished
+        self._stopping = False
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -183,8 +186,16 @@ class QueryClient:
             self._run(shut()).result(5)
         except Exception:  # pragma: no cover
             pass
+        self._stopping = True
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        # A call the stopped loop will never finish (one waiting for a push, one
+        # handed over as it stopped) must not leave its caller waiting forever.
+        for fut in list(self._running):
+            try:
+                fut.set_exception(unavailable("this ThreadLog was closed during the call"))
+            except Exception:  # finished meanwhile (InvalidStateError)
+                pass
         self.members.close()
 
     @property
@@ -208,7 +219,13 @@ class QueryClient:
 
     # -- calls --------------------------------------------------------------------------
     def _run(self, coro: Coroutine[Any, Any, Any]) -> CFuture:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+        if self._stopping:  # the loop would never run it
+            coro.close()
+            raise unavailable("this ThreadLog is closed")
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        self._running.add(fut)
+        fut.add_done_callback(self._running.discard)
+        return fut
 
     def call_sync(self, op: str, args: dict, partitions: list[int] | None = None) -> dict[tuple[int, ...], Any]:
         """Blocking `call` (from any thread but the client's own loop thread)."""
@@ -414,6 +431,7 @@ class _PushStream:
         self.live = False  # subscribed: the worker pushes our verdicts here
         self.ready = threading.Event()  # set while live (tests await it from other threads)
         self.heard = 0.0  # loop time of the last line from the worker
+        self.deliveries = False  # the worker pushes delivery records' answers too (`dlv` frames)
         self.retry_at = 0.0  # loop time before which no new connection is tried
         self.writer: asyncio.StreamWriter | None = None
         self.task: asyncio.Task | None = None
@@ -463,11 +481,11 @@ class RemoteVerdicts:
         # The same for delivery records (answers to `dlv_verdict`, pushed by the owner's run index):
         self._dlv_waiting: dict[tuple[int, int], asyncio.Future] = {}
         self._dlv_early: dict[tuple[int, int], tuple[dict, float]] = {}
-        self._dlv_acked: dict[int, int] = {}
         self._owners: tuple[int, dict[int, str]] = (-1, {})  # (members version, partition -> address)
         self._sweeping = False
         self.pushed = 0  # verdicts learned by push (tests, benchmarks)
-        self.dlv_pushed = 0  # delivery records' answers learned by push
+        self.dlv_pushed = 0  # delivery records' answers pushed to this client
+        self.dlv_used = 0  # ... and answered a delivery write with
         self.asked = 0  # verdicts learned by asking
 
     def on_verdict(self, partition: int, offset: int, callback: Callable[[dict], None]) -> None:
@@ -508,9 +526,14 @@ class RemoteVerdicts:
 
     def _pushing(self, partition: int) -> bool:
         """Does the owner of `partition` push our verdicts? Connects to it if not yet."""
+        return self._stream(partition) is not None
+
+    def _stream(self, partition: int) -> _PushStream | None:
+        """The live push connection to the owner of `partition`; None (and a connection
+        started, if none is) when there is none."""
         client = self._client
         if client.closed:
-            return False
+            return None
         version, owners = self._owners
         if version != client.members.version:
             owners = {}
@@ -521,15 +544,15 @@ class RemoteVerdicts:
             self._owners = (client.members.version, owners)
         address = owners.get(partition)
         if address is None:
-            return False
+            return None
         stream = self._streams.get(address)
         if stream is None:
             stream = self._streams[address] = _PushStream()
         if stream.live:
-            return True
+            return stream
         if stream.task is None and client._loop.time() >= stream.retry_at:
             stream.task = client._loop.create_task(self._subscribe(address, stream))
-        return False
+        return None
 
     async def _subscribe(self, address: str, stream: _PushStream) -> None:
         """Hold a push connection to `address` until it ends; then ask for what waited on it."""
@@ -562,6 +585,7 @@ class RemoteVerdicts:
                 if isinstance(answer, dict) and answer.get("code") == INVALID_ARGUMENT:
                     pause = REFUSED_PAUSE_S  # a worker of an earlier version: ask it
                 return  # (draining, or gone: try again soon)
+            stream.deliveries = bool((answer.get("result") or {}).get("dlv"))
             stream.live = True
             stream.ready.set()
             stream.heard = loop.time()
@@ -625,22 +649,25 @@ class RemoteVerdicts:
         """On the client's loop: what the owner's run index pushed about the delivery
         record at (d, x) -- `dlv_verdict`'s answer -- or None: ask it (no live
         push connection to `owner`'s worker, or nothing pushed within the grace)."""
-        if x > self._dlv_acked.get(d, -1):
-            self._dlv_acked[d] = x
         early = self._dlv_early.pop((d, x), None)
         if early is not None:
+            self.dlv_used += 1
             return early[0]
-        if not self._pushing(owner):
-            return None
+        stream = self._stream(owner)
+        if stream is None or not stream.deliveries:
+            return None  # (a worker that pushes proposals' verdicts only: ask it)
         fut: asyncio.Future = self._client._loop.create_future()
         self._dlv_waiting[(d, x)] = fut
         try:
-            return await asyncio.wait_for(fut, PUSH_GRACE_S)
+            answer = await asyncio.wait_for(fut, PUSH_GRACE_S)
         except TimeoutError:
             return None
         finally:
             if self._dlv_waiting.get((d, x)) is fut:
                 del self._dlv_waiting[(d, x)]
+        if answer is not None:
+            self.dlv_used += 1
+        return answer
 
     def _dlv_pushed(self, items: list[list]) -> None:
         now = self._client._loop.time()
@@ -650,9 +677,14 @@ class RemoteVerdicts:
             fut = self._dlv_waiting.pop((d, x), None)
             if fut is not None and not fut.done():
                 fut.set_result(answer)
-            elif x > self._dlv_acked.get(d, -1):
-                self._dlv_early[(d, x)] = (answer, now)  # its writer's ack is on its way
-                self._arm_sweep()
+                continue
+            # Its writer's ack is on its way (delivery acks reach this loop through
+            # each writer's own loop, in no order across writers: nothing tells an
+            # early push from a late one, so unclaimed ones stay until the sweep).
+            if len(self._dlv_early) >= MAX_EARLY:
+                self._dlv_early.clear()  # a flood (a new owner replaying): asking is always right
+            self._dlv_early[(d, x)] = (answer, now)
+            self._arm_sweep()
 
     def _arm_sweep(self) -> None:
         if not self._sweeping:

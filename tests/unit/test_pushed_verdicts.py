@@ -60,6 +60,7 @@ async def setup():
     verdicts = remote.RemoteVerdicts(client)  # type: ignore[arg-type]
     stream = verdicts._streams[ADDRESS] = remote._PushStream()
     stream.live = True
+    stream.deliveries = True
     return client, verdicts
 
 
@@ -158,3 +159,40 @@ async def test_without_a_live_push_stream_it_asks_at_once(setup):
     fut, _ = _waiter(verdicts, 0, 1)
     assert await asyncio.wait_for(fut, 5) == {"ok": True}
     assert client.requests == [(0, [1])]
+
+
+# -- delivery records' answers (pushed by the owner's run index) -------------------------
+ANSWER = {"verdict": {}, "fence": 1, "state": {"fence": 1, "reps": 0}}
+
+
+async def test_a_delivery_answer_pushed_before_its_writer_asks_is_used(setup):
+    _, verdicts = setup
+    verdicts._dlv_pushed([[2, 40, {}, 1, {"fence": 1, "reps": 0}]])
+    assert await asyncio.wait_for(verdicts.delivery_answer(2, 40, 0), 5) == ANSWER
+    assert verdicts.dlv_used == 1 and verdicts._dlv_early == {}
+
+
+async def test_a_delivery_writer_waits_for_its_push(setup):
+    _, verdicts = setup
+    waiting = asyncio.ensure_future(verdicts.delivery_answer(2, 41, 0))
+    await asyncio.sleep(0)
+    assert set(verdicts._dlv_waiting) == {(2, 41)}
+    verdicts._dlv_pushed([[2, 41, {"drop": "RUN_CLAIM_LOST"}, 3, {"fence": 3, "reps": 0}]])
+    assert await asyncio.wait_for(waiting, 5) == {"verdict": {"drop": "RUN_CLAIM_LOST"}, "fence": 3,
+                                                  "state": {"fence": 3, "reps": 0}}
+    assert verdicts._dlv_waiting == {}
+
+
+async def test_a_delivery_writer_asks_when_nothing_is_pushed_in_time(setup, monkeypatch):
+    monkeypatch.setattr(remote, "PUSH_GRACE_S", 0.05)
+    _, verdicts = setup
+    assert await asyncio.wait_for(verdicts.delivery_answer(2, 42, 0), 5) is None
+    assert verdicts._dlv_waiting == {} and verdicts.dlv_used == 0
+
+
+async def test_a_worker_that_pushes_no_delivery_answers_is_asked_at_once(setup):
+    _, verdicts = setup
+    verdicts._streams[ADDRESS].deliveries = False  # a worker of the version before delivery pushes
+    started = asyncio.get_running_loop().time()
+    assert await asyncio.wait_for(verdicts.delivery_answer(2, 43, 0), 5) is None
+    assert asyncio.get_running_loop().time() - started < remote.PUSH_GRACE_S / 2
