@@ -52,10 +52,11 @@ from threadlog.kernel import kafka_config
 from threadlog.kernel.errors import INVALID_ARGUMENT, INVALID_MESSAGE, NOT_OWNER, UNAVAILABLE, ThreadLogError
 from threadlog.kernel.kafka_config import Consumed, Props
 from threadlog.kernel.partitioning import partition_for
+from threadlog.kernel.topics import reply_of
 from threadlog.kernel.validation import dumps
 
 from .handlers import HANDLERS, Context, Decision
-from .verdict_push import VerdictPush, reply_of
+from .verdict_push import VerdictPush
 
 if TYPE_CHECKING:
     from .lookups import Lookups, Question

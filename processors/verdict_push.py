@@ -42,10 +42,6 @@ from collections.abc import Iterable
 
 import orjson
 
-from threadlog.kernel.topics import reply_of
-
-__all__ = ["BEAT", "BEAT_S", "MAX_BACKLOG", "VerdictPush", "reply_of", "reply_token"]
-
 log = logging.getLogger("threadlog.push")
 
 # An idle subscriber gets an empty frame this often: a client that hears

@@ -74,12 +74,8 @@ class DeliveryWriter:
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                if self._headers is None:
-                    self.producer.produce(self.topic, value, run_id.encode("utf-8"), partition=partition,
-                                          on_delivery=delivered)
-                else:
-                    self.producer.produce(self.topic, value, run_id.encode("utf-8"), partition=partition,
-                                          on_delivery=delivered, headers=self._headers)
+                self.producer.produce(self.topic, value, run_id.encode("utf-8"), partition=partition,
+                                      on_delivery=delivered, headers=self._headers)
                 break
             except BufferError:  # local queue full: the pump drains it
                 if time.monotonic() > deadline:

@@ -189,12 +189,8 @@ class ProposalBus:
 
         t0 = time.perf_counter()
         try:
-            if self._headers is None:
-                self.producer.produce(self.topics.events, value, key.encode("utf-8"), partition=partition,
-                                      on_delivery=delivered)
-            else:
-                self.producer.produce(self.topics.events, value, key.encode("utf-8"), partition=partition,
-                                      on_delivery=delivered, headers=self._headers)
+            self.producer.produce(self.topics.events, value, key.encode("utf-8"), partition=partition,
+                                  on_delivery=delivered, headers=self._headers)
         except BufferError:
             raise unavailable("proposal producer queue is full") from None
         except Exception as exc:

@@ -168,6 +168,7 @@ class DeliveryIndex(Follower):
         # clients, processors/verdict_push.py): (token, d, x, run, kind, epoch).
         self.push: VerdictPush | None = None
         self._replies: list[tuple[bytes, int, int, str, str, int]] = []
+        self._pushing = False
         self._subs = Subscribers()
         # Every record below this was handed to the subscribers of its run.
         self._dispatched = {p: self.applied(p) for p in range(partitions)}
@@ -252,8 +253,7 @@ class DeliveryIndex(Follower):
             return
         child.merge()
         self._folded.append(Item(partition, msg.offset(), rec, dropped))
-        push = self.push
-        if push is not None and push.active:
+        if self._pushing:
             token = reply_of(msg.headers())
             if token is not None:
                 self._replies.append((token, partition, msg.offset(), rec["runId"], rec["kind"], rec["epoch"]))
@@ -261,6 +261,8 @@ class DeliveryIndex(Follower):
     def _handle(self, msgs: list[Consumed]) -> None:
         self._folded = []
         self._replies = []
+        # Once per batch: does anyone take pushed answers (record headers are read only then)?
+        self._pushing = self.push is not None and self.push.active
         super()._handle(msgs)  # folds (via _fold), stores, advances positions
         reached: dict[int, int] = {}
         for msg in msgs:

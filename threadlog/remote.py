@@ -161,6 +161,7 @@ class QueryClient:
         self.closers: list[Callable[[], None]] = []  # run on the loop when closing (push connections)
         self._running: set[CFuture] = set()  # calls handed to the loop, not finished
         self._stopping = False
+        self._owners: tuple[int, dict[int, str]] = (-1, {})  # (members version, partition -> address)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -286,6 +287,19 @@ class QueryClient:
             # Wait for the next announcement (a new owner), briefly: a dead
             # owner is replaced only after the group notices it.
             await asyncio.to_thread(self.members.wait_change, version, min(RETRY_PAUSE, left))
+
+    def owner_of(self, partition: int) -> str | None:
+        """The address of the live worker that announced `partition` last (None: none now).
+        Cached per announcement: asked for every acknowledged proposal."""
+        version, owners = self._owners
+        if version != self.members.version:
+            owners = {}
+            for m in sorted(self.members.live(), key=lambda m: -m.heartbeat_at):  # the newest first
+                for p in range(self.partitions):
+                    if p not in owners and m.serves(p):
+                        owners[p] = m.address
+            self._owners = (self.members.version, owners)
+        return owners.get(partition)
 
     def _plan(self, todo: list[int] | None) -> tuple[dict[str, list[int] | None], Any]:
         """{worker address: the partitions to ask it}, and what has no owner now."""
@@ -428,13 +442,24 @@ class _PushStream:
     """A worker's push connection, as this client sees it (on the client's loop)."""
 
     def __init__(self) -> None:
-        self.live = False  # subscribed: the worker pushes our verdicts here
-        self.ready = threading.Event()  # set while live (tests await it from other threads)
+        self.ready = threading.Event()  # set while subscribed (tests await it from other threads)
         self.heard = 0.0  # loop time of the last line from the worker
         self.deliveries = False  # the worker pushes delivery records' answers too (`dlv` frames)
         self.retry_at = 0.0  # loop time before which no new connection is tried
         self.writer: asyncio.StreamWriter | None = None
         self.task: asyncio.Task | None = None
+
+    @property
+    def live(self) -> bool:
+        """Subscribed: the worker pushes our verdicts here."""
+        return self.ready.is_set()
+
+    @live.setter
+    def live(self, value: bool) -> None:
+        if value:
+            self.ready.set()
+        else:
+            self.ready.clear()
 
 
 class RemoteVerdicts:
@@ -481,7 +506,6 @@ class RemoteVerdicts:
         # The same for delivery records (answers to `dlv_verdict`, pushed by the owner's run index):
         self._dlv_waiting: dict[tuple[int, int], asyncio.Future] = {}
         self._dlv_early: dict[tuple[int, int], tuple[dict, float]] = {}
-        self._owners: tuple[int, dict[int, str]] = (-1, {})  # (members version, partition -> address)
         self._sweeping = False
         self.pushed = 0  # verdicts learned by push (tests, benchmarks)
         self.dlv_pushed = 0  # delivery records' answers pushed to this client
@@ -534,15 +558,7 @@ class RemoteVerdicts:
         client = self._client
         if client.closed:
             return None
-        version, owners = self._owners
-        if version != client.members.version:
-            owners = {}
-            for m in sorted(client.members.live(), key=lambda m: -m.heartbeat_at):
-                for p in range(client.partitions):
-                    if p not in owners and m.serves(p):
-                        owners[p] = m.address
-            self._owners = (client.members.version, owners)
-        address = owners.get(partition)
+        address = client.owner_of(partition)
         if address is None:
             return None
         stream = self._streams.get(address)
@@ -587,7 +603,6 @@ class RemoteVerdicts:
                 return  # (draining, or gone: try again soon)
             stream.deliveries = bool((answer.get("result") or {}).get("dlv"))
             stream.live = True
-            stream.ready.set()
             stream.heard = loop.time()
             watchdog = loop.call_later(BEAT_S, watch)
             while line := await reader.readline():
@@ -603,7 +618,6 @@ class RemoteVerdicts:
             if watchdog is not None:
                 watchdog.cancel()
             stream.live = False
-            stream.ready.clear()
             stream.task = None
             stream.retry_at = loop.time() + pause
             if stream.writer is not None:

@@ -44,6 +44,9 @@ class _Client:
         self.judged: dict[tuple[int, int], dict] = {}
         self.requests: list[tuple[int, list[int]]] = []
 
+    def owner_of(self, partition: int) -> str | None:
+        return next((m.address for m in self.members.live() if m.serves(partition)), None)
+
     def raise_floor(self, positions: dict[int, int]) -> None:
         for p, o in positions.items():
             self.floor[p] = max(self.floor.get(p, 0), o)
