@@ -19,10 +19,13 @@ Operations (bytes travel as base64; partitions as JSON object keys):
   the broker *after the request arrived*, once the judge has passed them -- so
   every write acknowledged before the client sent it is folded (SPEC 2,
   read-your-writes); returns those targets;
-- `get {key, floor}` / `scan {prefix, start, limit, floor}`: reads of the store,
+- `get {key, floor, barrier}` / `scan {prefix, start, limit, floor}`: reads of the store,
   first waiting until the judge reached `floor` (what the client's earlier
   barriers and verdicts saw: after a failover to a worker that lags behind,
-  a read waits for it instead of answering older state). Scans are paged:
+  a read waits for it instead of answering older state). A `get` with
+  `barrier: true` first passes a barrier on its partitions, as `barrier`
+  does, and returns its `targets` with the value: a read after a barrier in
+  one request. Scans are paged:
   `next` is the key to resume at, null at the end; pages are not one snapshot;
 - `holders {q, kind, id, asof}`: threads holding a global id on partition q as
   of offset `asof` of q (another worker's judge asks, processors/lookups.py);
@@ -227,8 +230,15 @@ class QueryServer:
     async def dispatch(self, op: str, args: dict) -> Any:
         if op == "get":
             parts = await self._owned(args)
+            # `barrier`: the read carries its own barrier (one request, not two;
+            # a client of an earlier version never sends it, and one of this
+            # version falls back to two when `targets` is missing from the answer).
+            targets = await self._barrier(parts, self._bounded(args.get("wait"))) if args.get("barrier") else None
             raw = self._read(lambda: self.stores.get(unb64(args["key"]), parts), parts)
-            return {"value": None if raw is None else b64(raw)}
+            got: dict[str, Any] = {"value": None if raw is None else b64(raw)}
+            if targets is not None:
+                got["targets"] = targets
+            return got
         if op == "scan":
             parts = await self._owned(args)
             prefix = unb64(args["prefix"])

@@ -24,10 +24,13 @@ this client already saw. Answers never come from a worker that does not own
 the partition: a worker closes a partition's store when it gives it up.
 
 `QueryClient` runs its connections on a thread of its own with its own event
-loop. Why a thread: the store facades read synchronously (`self._store.get(...)`
+loop. Why a thread: lists and scans read synchronously (`self._store.scan(...)`
 after an awaited barrier) -- the same surface as the local RocksDB stores --
-so a remote read blocks its caller for one round trip; were the connections
+so such a read blocks its caller for one round trip; were the connections
 served by the caller's loop, that blocked loop could never receive the answer.
+Single-key reads, the hot ones (`runs.update`, `claim`, `interrupts.resolve`,
+`get_head`, `load_thread`), are awaited instead (`QueryClient.read`), with
+their barrier in the same request: they never hold the caller's loop.
 """
 
 
@@ -396,6 +399,31 @@ class QueryClient:
         targets = {int(p): int(o) for result in results.values() for p, o in result["targets"].items()}
         self.raise_floor(targets)
         return targets
+
+    async def read(self, k: bytes, partitions: list[int] | None, barrier: bool) -> bytes | None:
+        """The value at `k` in the state of `partitions` (all when None; a key
+        lives in one partition's state), from any event loop without blocking it.
+
+        With `barrier`, each owner first passes a read barrier on the
+        partitions asked of it, in the same request: one round trip where a
+        barrier and then a `get` took two (and the `get`, a blocking call,
+        held the caller's loop meanwhile)."""
+        asked = self.all_partitions() if partitions is None else partitions
+        args: dict[str, Any] = {"key": _b64(k)}
+        if barrier:
+            args["barrier"] = True
+        results = await self.acall("get", args, asked)
+        if barrier and any("targets" not in result for result in results.values()):
+            # A worker of an earlier version ignored `barrier`: the two requests.
+            await self.barrier(partitions)
+            return await self.read(k, partitions, False)
+        value = None
+        for result in results.values():
+            if barrier:
+                self.raise_floor({int(p): int(o) for p, o in result["targets"].items()})
+            if result["value"] is not None:
+                value = base64.b64decode(result["value"])
+        return value
 
 
 class RemoteStore:

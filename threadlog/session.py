@@ -62,3 +62,19 @@ class Session:
         barrier = self.runtime.barrier
         assert barrier is not None
         await barrier.wait(partitions)
+
+    async def read(self, k: bytes, keys: Iterable[str] | None, barrier: bool = True) -> bytes | None:
+        """The value at `k`, which lives in the state of the partitions of `keys`
+        (any partition when None), after a read barrier on those partitions
+        unless `barrier` is False (the call passed one already).
+
+        A thin client reads barrier and value in one request per owner and
+        never blocks the caller's loop on it (`self.state.get` does)."""
+        self.check_open()
+        partitions = None if keys is None else sorted({self.runtime.partition_of(k) for k in keys})
+        query = self.runtime.query
+        if query is not None:
+            return await query.read(k, partitions, barrier)
+        if barrier:
+            await self.read_barrier(keys)
+        return self.state.get(k)

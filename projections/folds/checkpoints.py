@@ -98,7 +98,11 @@ def get_record(view: StateReader, thread_id: str, checkpoint_id: str) -> dict | 
 
 
 def get_head(view: StateReader, thread_id: str) -> str | None:
-    raw = view.get(head_key(thread_id))
+    return decode_head(view.get(head_key(thread_id)))
+
+
+def decode_head(raw: bytes | None) -> str | None:
+    """A thread's head checkpoint id, from its `head_key` value (None: no head)."""
     return None if raw is None else raw.decode("utf-8")
 
 

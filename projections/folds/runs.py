@@ -64,7 +64,11 @@ def thread_of(view: StateReader, run_id: str) -> str | None:
 
 
 def max_epoch(view: StateReader, thread_id: str, run_id: str) -> int:
-    raw = view.get(epoch_key(thread_id, run_id))
+    return decode_epoch(view.get(epoch_key(thread_id, run_id)))
+
+
+def decode_epoch(raw: bytes | None) -> int:
+    """The greatest epoch a run was granted, from its `epoch_key` value (0: none)."""
     return 0 if raw is None else int(raw)
 
 

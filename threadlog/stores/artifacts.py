@@ -41,7 +41,7 @@ class ArtifactStore(StoreFacade):
         thread_id = await self._thread_of(artifact_id)
         if thread_id is None:
             return None
-        return _artifact(self._store.get(state.record_key(thread_id, artifact_id)))
+        return _artifact(await self._read_on(state.record_key(thread_id, artifact_id), thread_id))
 
     async def list(self, run_id: str) -> list[Artifact]:
         require_id(run_id, "run_id")
@@ -80,5 +80,4 @@ class ArtifactStore(StoreFacade):
         ])
 
     async def _thread_of(self, artifact_id: str) -> str | None:
-        await self._read_barrier()
-        return state.thread_of(self._store, artifact_id)
+        return await self._thread_by(state.index_key(artifact_id))

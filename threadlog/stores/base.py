@@ -37,6 +37,22 @@ class StoreFacade:
             return found
         return result
 
+    async def _read(self, k: bytes, *keys: str) -> bytes | None:
+        """The value at `k` after a read barrier on the partitions of `keys` (all
+        when none): one request per owner through a thin client."""
+        return await self._session.read(k, keys or None)
+
+    async def _read_on(self, k: bytes, thread_id: str) -> bytes | None:
+        """The value at `k` in the state of `thread_id`'s partition, with no
+        barrier (the call passed one already)."""
+        return await self._session.read(k, (thread_id,), barrier=False)
+
+    async def _thread_by(self, index_key: bytes) -> str | None:
+        """The thread an id index entry names (None: no such id), after a read
+        barrier on every partition (an id's entry lives on its thread's)."""
+        raw = await self._read(index_key)
+        return None if raw is None else raw.decode("utf-8")
+
     async def _read_barrier(self, *keys: str) -> None:
         """Wait for every acknowledged write to the partitions of `keys`
         (all partitions when no key is given)."""

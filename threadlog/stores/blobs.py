@@ -156,8 +156,8 @@ class BlobStore(StoreFacade):
     # -- reads ---------------------------------------------------------------------
     async def head(self, key: str) -> BlobInfo | None:
         require_id(key, "blob key")
-        await self._read_barrier(state.partition_key(key))
-        return self._store.get_json(state.record_key(key))
+        raw = await self._read(state.record_key(key), state.partition_key(key))
+        return None if raw is None else json.loads(raw)
 
     async def get(self, key: str, *, range: BlobRange | None = None) -> Blob | None:
         require_id(key, "blob key")
@@ -195,8 +195,8 @@ class BlobStore(StoreFacade):
 
     async def _layout(self, key: str) -> dict | None:
         """The current manifest of `key`, reflecting every write acknowledged before this call."""
-        await self._read_barrier(state.partition_key(key))
-        return self._store.get_json(state.layout_key(key))
+        raw = await self._read(state.layout_key(key), state.partition_key(key))
+        return None if raw is None else json.loads(raw)
 
     async def _read_body(self, key: str, layout: dict, start: int, length: int) -> bytes:
         """Bytes [start, start+length) of the version `layout` names, fetching only the chunks needed."""

@@ -310,8 +310,7 @@ class CheckpointStore(StoreFacade):
 
     async def get_head(self, thread_id: str) -> str | None:
         require_id(thread_id, "thread_id")
-        await self._read_barrier(thread_id)
-        return state.get_head(self._store, thread_id)
+        return state.decode_head(await self._read(state.head_key(thread_id), thread_id))
 
     async def list_blob_references(self) -> builtins.list[BlobReference]:
         """Every referenced blob key with its count of referencing checkpoints, by key bytes."""

@@ -37,7 +37,8 @@ class GenerationRunStore(StoreFacade):
         if thread_id is None:
             return None
         # decode_generation_run checked the stored record: a GenerationRun.
-        return cast("GenerationRun | None", decode_generation_run(self._store.get(state.record_key(thread_id, run_id))))
+        return cast("GenerationRun | None", decode_generation_run(
+            await self._read_on(state.record_key(thread_id, run_id), thread_id)))
 
     async def find_latest_for_thread(self, thread_id: str) -> GenerationRun | None:
         """The generation run with the greatest startedAt (ties: the last by run id bytes)."""
@@ -50,5 +51,4 @@ class GenerationRunStore(StoreFacade):
         return max(records, key=lambda r: (r["startedAt"], r["runId"].encode("utf-8")))
 
     async def _thread_of(self, run_id: str) -> str | None:
-        await self._read_barrier()
-        return state.thread_of(self._store, run_id)
+        return await self._thread_by(state.index_key(run_id))

@@ -51,7 +51,7 @@ class InterruptStore(StoreFacade):
         thread_id = await self._thread_of(interrupt_id)
         if thread_id is None:
             return None
-        return _interrupt(self._store.get(state.record_key(thread_id, interrupt_id)))
+        return _interrupt(await self._read_on(state.record_key(thread_id, interrupt_id), thread_id))
 
     async def list(self, thread_id: str) -> list[Interrupt]:
         require_id(thread_id, "thread_id")
@@ -83,8 +83,7 @@ class InterruptStore(StoreFacade):
         })
 
     async def _thread_of(self, interrupt_id: str) -> str | None:
-        await self._read_barrier()
-        return state.thread_of(self._store, interrupt_id)
+        return await self._thread_by(state.index_key(interrupt_id))
 
     def _thread_interrupts(self, thread_id: str) -> builtins.list[Interrupt]:
         # Stored values, never None: each decodes to a record.

@@ -13,8 +13,7 @@ from .base import StoreFacade
 class MessageStore(StoreFacade):
     async def load_thread(self, thread_id: str) -> list[Any]:
         require_id(thread_id, "thread_id")
-        await self._read_barrier(thread_id)
-        raw = self._store.get(transcript_key(thread_id))
+        raw = await self._read(transcript_key(thread_id), thread_id)
         return [] if raw is None else loads(raw)
 
     async def save_thread(self, thread_id: str, messages: list[Any]) -> None:

@@ -18,8 +18,7 @@ class MetadataStore(StoreFacade):
     async def get(self, namespace: str, key: str) -> Any:
         require_id(namespace, "namespace")
         require_id(key, "key")
-        await self._read_barrier(state.partition_key(namespace, key))
-        raw = self._store.get(state.value_key(namespace, key))
+        raw = await self._read(state.value_key(namespace, key), state.partition_key(namespace, key))
         return None if raw is None else loads(raw)
 
     async def set(self, namespace: str, key: str, value: Any) -> None:

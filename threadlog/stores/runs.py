@@ -101,7 +101,7 @@ class RunStore(StoreFacade):
         thread_id = await self._thread_of(run_id)
         if thread_id is None:
             return None
-        return _run(self._store.get(state.record_key(thread_id, run_id)))
+        return _run(await self._read_on(state.record_key(thread_id, run_id), thread_id))
 
     async def list_by_thread(self, thread_id: str) -> list[Run]:
         """Every run of the thread, ascending by startedAt, then run id bytes."""
@@ -172,8 +172,10 @@ class RunStore(StoreFacade):
     async def _claim(self, run_id: str) -> tuple[str, int]:
         require_id(run_id, "run_id")
         thread_id = await self._thread_of(run_id)
-        record = None if thread_id is None else _run(self._store.get(state.record_key(thread_id, run_id)))
-        if thread_id is None or record is None:
+        if thread_id is None:
+            raise ThreadLogError(RUN_NOT_FOUND, f"run {run_id!r} does not exist")
+        record = _run(await self._read_on(state.record_key(thread_id, run_id), thread_id))
+        if record is None:
             raise ThreadLogError(RUN_NOT_FOUND, f"run {run_id!r} does not exist")
         if is_terminal(record):
             raise ThreadLogError(RUN_TERMINAL, f"run {run_id!r} is {record['status']}; "
@@ -182,7 +184,8 @@ class RunStore(StoreFacade):
         # fenced: one more than the greatest epoch the log granted or the record
         # had (`update` may have raised or cleared driverEpoch: the floor).
         current = record.get("driverEpoch", 0)
-        floor = max(state.max_epoch(self._store, thread_id, run_id), current if isinstance(current, int) else 0)
+        granted = state.decode_epoch(await self._read_on(state.epoch_key(thread_id, run_id), thread_id))
+        floor = max(granted, current if isinstance(current, int) else 0)
         delivery = self._session.delivery
         assert delivery is not None
         epoch = await delivery.claim(run_id, floor)
@@ -200,8 +203,7 @@ class RunStore(StoreFacade):
     # -- helpers ---------------------------------------------------------------
     async def _thread_of(self, run_id: str) -> str | None:
         # The index is folded from every partition: wait for all of them.
-        await self._read_barrier()
-        return state.thread_of(self._store, run_id)
+        return await self._thread_by(state.index_key(run_id))
 
     def _thread_runs(self, thread_id: str) -> list[Run]:
         records = [_stored_run(v) for _, v in self._store.scan(state.thread_prefix(thread_id))]
