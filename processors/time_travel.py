@@ -322,6 +322,9 @@ class _Frozen:
     async def read_barrier(self, keys: Any) -> None:
         return None
 
+    async def read(self, k: bytes, keys: Any, barrier: bool = True) -> bytes | None:
+        return self.state.get(k)
+
     async def send(self, type_name: str, key: str, payload: dict) -> Any:
         raise invalid_argument("a state in the past is read-only")
 

@@ -245,3 +245,29 @@ async def test_the_async_saver_serves_sync_callers_from_other_threads(open_clien
     assert tup.checkpoint["channel_values"] == {"k": [1, 2]}
     with pytest.raises(RuntimeError, match="thread other than"):
         saver.get_tuple(generate_config("t-x"))  # on its own loop it would deadlock: refused
+
+
+async def test_a_thin_saver_reads_through_its_worker_what_a_full_replica_reads(open_client):
+    """The saver on a thin client (`processors="external"`): its reads are the
+    worker's, run off the caller's loop; staged values, writes, listings with a
+    filter, a copy and a delete by run all agree with an embedded client."""
+    thin = AsyncThreadLogSaver(await open_client(processors="external"), **SMALL)
+    run = str(uuid.uuid4())
+    big = os.urandom(100 * 1024)  # staged
+    first = await put(thin, "src", {"a": big, "b": "x"}, versions={"a": "1", "b": "1"}, run_id=run)
+    await within(thin.aput_writes(first, [("w", os.urandom(70 * 1024)), ("small", 1)], "task"))
+    await put(thin, "other", {"a": "y"}, run_id="other-run")
+    # Many reads at once on one loop: each waits for its own round trips, none holds the loop.
+    tuples = await within(asyncio.gather(*(thin.aget_tuple(generate_config("src")) for _ in range(16))))
+    assert all(t.checkpoint["channel_values"] == {"a": big, "b": "x"} for t in tuples)
+    assert [w[1] for w in tuples[0].pending_writes] == ["w", "small"]
+    await within(thin.acopy_thread("src", "dst"))
+    full = AsyncThreadLogSaver(await open_client())
+    for saver in (thin, full):
+        listed = [t async for t in saver.alist(None, filter={"run_id": run})]
+        assert sorted(t.config["configurable"]["thread_id"] for t in listed) == ["dst", "src"]
+        copied = await within(saver.aget_tuple(generate_config("dst")))
+        assert copied.checkpoint == tuples[0].checkpoint and copied.pending_writes == tuples[0].pending_writes
+    await within(thin.adelete_for_runs([run]))
+    for saver in (thin, full):
+        assert [t.config["configurable"]["thread_id"] async for t in saver.alist(None)] == ["other"]

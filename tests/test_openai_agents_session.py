@@ -122,6 +122,16 @@ async def test_second_client_reads_first_clients_writes(open_client):
     assert await within(s1.get_items()) == []
 
 
+async def test_a_thin_client_reads_the_session_through_its_worker(open_client):
+    thin, full = await open_client(processors="external"), await open_client()
+    s1, s2 = ThreadLogSession("shared", thin), ThreadLogSession("shared", full)
+    await within(s1.add_items([msg(n) for n in range(5)]))
+    got = await within(asyncio.gather(*(s1.get_items(limit=3) for _ in range(8))))
+    assert got == [[msg(2), msg(3), msg(4)]] * 8
+    assert await within(s2.pop_item()) == msg(4)
+    assert await within(s1.get_items()) == [msg(n) for n in range(4)]
+
+
 async def test_concurrent_pops_never_share_an_item_and_lose_none(open_client):
     one, two = await open_client(), await open_client()
     s1, s2 = ThreadLogSession("race", one), ThreadLogSession("race", two)

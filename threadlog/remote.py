@@ -814,5 +814,15 @@ def _unknown(partition: int, offset: int, why: str) -> dict:
                        "it may still apply"}
 
 
+async def off_loop(store: object, read: Callable[..., _T], *args: Any) -> _T:
+    """Run `read(*args)`, a synchronous read of `store`. Through a thin client
+    (`RemoteStore`) every key read is a request to a worker that blocks its
+    thread for a round trip: it runs on a pool thread, so the caller's loop
+    serves its other calls meanwhile. Local RocksDB reads run in place."""
+    if isinstance(store, RemoteStore):
+        return await asyncio.to_thread(read, *args)
+    return read(*args)
+
+
 def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode("ascii")

@@ -78,7 +78,7 @@ from ..kernel.validation import is_int, require_id
 from ..projections.folds import langgraph as state
 from ..projections.partition_stores import PartitionStores
 from ..projections.store import Store
-from ..remote import RemoteStore
+from ..remote import RemoteStore, off_loop
 
 __all__ = ["AsyncThreadLogSaver", "ThreadLogSaver"]
 
@@ -178,6 +178,10 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
     @property
     def _store(self) -> Store | PartitionStores | RemoteStore:
         return self.tl.state
+
+    async def _off_loop(self, read: Callable[..., T], *args: Any) -> T:
+        # A thin client's reads block a thread per round trip (a tuple takes several).
+        return await off_loop(self._store, read, *args)
 
     def _wire(self, value: Any) -> dict:
         kind, data = self.serde.dumps_typed(value)
@@ -286,6 +290,10 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         ns = config["configurable"].get("checkpoint_ns", "")
         checkpoint_id = get_checkpoint_id(config)
         await self.tl.read_barrier([thread])
+        return await self._off_loop(self._get_tuple, thread, ns, checkpoint_id, config)
+
+    def _get_tuple(self, thread: str, ns: str, checkpoint_id: str | None,
+                   config: RunnableConfig) -> CheckpointTuple | None:
         if checkpoint_id:
             return self._load(thread, ns, checkpoint_id, config)
         for _ in range(READ_ATTEMPTS):
@@ -318,7 +326,7 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
             wanted_id = get_checkpoint_id(config)
         before_id = get_checkpoint_id(before) if before else None
         # Keys only: records are read one at a time, as the caller consumes them.
-        found = [state.split_ckpt_key(k) for k, _ in self._store.scan(prefix)]
+        found = await self._off_loop(lambda: [state.split_ckpt_key(k) for k, _ in self._store.scan(prefix)])
         found.sort(key=lambda f: (f[2], f[0], f[1]), reverse=True)
         left = limit
         for thread_id, ns, checkpoint_id in found:
@@ -328,25 +336,30 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
                 continue
             if before_id and checkpoint_id >= before_id:
                 continue
-            metadata = None
-            rec = None
-            if filter:
-                rec = self._store.get_json(state.ckpt_key(thread_id, ns, checkpoint_id))
-                if rec is None:
-                    continue
-                try:
-                    metadata = self._value(thread_id, state.ckpt_key(thread_id, ns, checkpoint_id),
-                                           state.SLOT_METADATA, rec["metadata"])
-                except _Torn:
-                    continue  # deleted under us
-                if not all(metadata.get(k) == v for k, v in filter.items()):
-                    continue
-            tup = self._load(thread_id, ns, checkpoint_id, None, rec, metadata)
+            tup = await self._off_loop(self._listed, thread_id, ns, checkpoint_id, filter)
             if tup is None:
                 continue
             if left is not None:
                 left -= 1
             yield tup
+
+    def _listed(self, thread_id: str, ns: str, checkpoint_id: str,
+                filter: dict[str, Any] | None) -> CheckpointTuple | None:
+        """One checkpoint of a listing: its tuple, or None (gone, or its metadata does not match `filter`)."""
+        metadata = None
+        rec = None
+        if filter:
+            rec = self._store.get_json(state.ckpt_key(thread_id, ns, checkpoint_id))
+            if rec is None:
+                return None
+            try:
+                metadata = self._value(thread_id, state.ckpt_key(thread_id, ns, checkpoint_id),
+                                       state.SLOT_METADATA, rec["metadata"])
+            except _Torn:
+                return None  # deleted under us
+            if not all(metadata.get(k) == v for k, v in filter.items()):
+                return None
+        return self._load(thread_id, ns, checkpoint_id, None, rec, metadata)
 
     # -- writes --------------------------------------------------------------------------------
     async def aput(
@@ -429,10 +442,14 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         # Which threads hold these runs: the run lookup, after a barrier on every partition.
         await self.tl.read_barrier(None)
         by_thread: dict[str, set[str]] = {}
-        for run in runs:
-            for k, _ in self._store.scan(state.run_prefix(run)):
-                _, thread, _, _ = state.split_run_key(k)
-                by_thread.setdefault(thread, set()).add(run)
+
+        def find() -> None:
+            for run in runs:
+                for k, _ in self._store.scan(state.run_prefix(run)):
+                    _, thread, _, _ = state.split_run_key(k)
+                    by_thread.setdefault(thread, set()).add(run)
+
+        await self._off_loop(find)
         await self._each(sorted(by_thread), lambda t: self.tl.send(
             "threadlog.cmd.LangGraphDeleteRuns", t, {"threadId": t, "runIds": sorted(by_thread[t])}))
 
@@ -446,7 +463,7 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         await self.tl.read_barrier([source])
         for _ in range(READ_ATTEMPTS):
             try:
-                checkpoints, blobs, writes = self._read_thread(source)
+                checkpoints, blobs, writes = await self._off_loop(self._read_thread, source)
                 break
             except _Torn:
                 continue

@@ -53,7 +53,7 @@ from ..processors.handlers.agent_sessions import partition_key
 from ..projections.folds import agent_sessions as state
 from ..projections.partition_stores import PartitionStores
 from ..projections.store import Store
-from ..remote import RemoteStore
+from ..remote import RemoteStore, off_loop
 
 if TYPE_CHECKING:
     from agents.items import TResponseInputItem
@@ -122,6 +122,9 @@ class ThreadLogSession(SessionABC):
         if limit is not None and not is_int(limit):
             raise invalid_argument(f"session_settings.limit must be None or an int, got {limit!r}")
         await self.tl.read_barrier([self._key])
+        return await off_loop(self._store, self._items, limit)
+
+    def _items(self, limit: int | None) -> list[TResponseInputItem]:
         store = self._store
         for _ in range(READ_ATTEMPTS):
             meta = state.read_meta(store, self.session_id)
