@@ -174,7 +174,10 @@ class RunStore(StoreFacade):
         thread_id = await self._thread_of(run_id)
         if thread_id is None:
             raise ThreadLogError(RUN_NOT_FOUND, f"run {run_id!r} does not exist")
-        record = _run(await self._read_on(state.record_key(thread_id, run_id), thread_id))
+        # Both after the barrier above, at once (a thin client: two requests in flight, not one after the other).
+        raw_record, raw_epoch = await asyncio.gather(self._read_on(state.record_key(thread_id, run_id), thread_id),
+                                                     self._read_on(state.epoch_key(thread_id, run_id), thread_id))
+        record = _run(raw_record)
         if record is None:
             raise ThreadLogError(RUN_NOT_FOUND, f"run {run_id!r} does not exist")
         if is_terminal(record):
@@ -184,7 +187,7 @@ class RunStore(StoreFacade):
         # fenced: one more than the greatest epoch the log granted or the record
         # had (`update` may have raised or cleared driverEpoch: the floor).
         current = record.get("driverEpoch", 0)
-        granted = state.decode_epoch(await self._read_on(state.epoch_key(thread_id, run_id), thread_id))
+        granted = state.decode_epoch(raw_epoch)
         floor = max(granted, current if isinstance(current, int) else 0)
         delivery = self._session.delivery
         assert delivery is not None
