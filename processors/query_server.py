@@ -229,11 +229,14 @@ class QueryServer:
     # -- operations -------------------------------------------------------------------
     async def dispatch(self, op: str, args: dict) -> Any:
         if op == "get":
+            began = time.monotonic()
             parts = await self._owned(args)
             # `barrier`: the read carries its own barrier (one request, not two;
             # a client of an earlier version never sends it, and one of this
             # version falls back to two when `targets` is missing from the answer).
-            targets = await self._barrier(parts, self._bounded(args.get("wait"))) if args.get("barrier") else None
+            # One budget for both waits: the answer must come before the client's deadline.
+            left = self._bounded(args.get("wait")) - (time.monotonic() - began)
+            targets = await self._barrier(parts, left) if args.get("barrier") else None
             raw = self._read(lambda: self.stores.get(unb64(args["key"]), parts), parts)
             got: dict[str, Any] = {"value": None if raw is None else b64(raw)}
             if targets is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import uuid
 
 import pytest
@@ -15,7 +16,7 @@ from support import within
 from threadlog.projections.folds import langgraph as state
 from threadlog.projections.keys import key
 
-from threadlog import ThreadLogError
+from threadlog import ThreadLogError, remote
 from threadlog.integrations.langgraph import AsyncThreadLogSaver, ThreadLogSaver
 
 LG_PREFIX = b"lg\x00"
@@ -247,11 +248,20 @@ async def test_the_async_saver_serves_sync_callers_from_other_threads(open_clien
         saver.get_tuple(generate_config("t-x"))  # on its own loop it would deadlock: refused
 
 
-async def test_a_thin_saver_reads_through_its_worker_what_a_full_replica_reads(open_client):
+async def test_a_thin_saver_reads_through_its_worker_what_a_full_replica_reads(open_client, monkeypatch):
     """The saver on a thin client (`processors="external"`): its reads are the
-    worker's, run off the caller's loop; staged values, writes, listings with a
-    filter, a copy and a delete by run all agree with an embedded client."""
+    worker's, run off the caller's loop (on the client's read pool); staged
+    values, writes, listings with a filter, a copy and a delete by run all
+    agree with an embedded client."""
     thin = AsyncThreadLogSaver(await open_client(processors="external"), **SMALL)
+    blocking_threads: set[str] = set()
+    real_sync = remote.QueryClient.call_sync
+
+    def call_sync(self, op, args, partitions=None):
+        blocking_threads.add(threading.current_thread().name)
+        return real_sync(self, op, args, partitions)
+
+    monkeypatch.setattr(remote.QueryClient, "call_sync", call_sync)
     run = str(uuid.uuid4())
     big = os.urandom(100 * 1024)  # staged
     first = await put(thin, "src", {"a": big, "b": "x"}, versions={"a": "1", "b": "1"}, run_id=run)
@@ -271,3 +281,4 @@ async def test_a_thin_saver_reads_through_its_worker_what_a_full_replica_reads(o
     await within(thin.adelete_for_runs([run]))
     for saver in (thin, full):
         assert [t.config["configurable"]["thread_id"] async for t in saver.alist(None)] == ["other"]
+    assert blocking_threads and all(name.startswith("thin-read") for name in blocking_threads), blocking_threads

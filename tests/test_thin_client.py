@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import threading
 import time
 
 import orjson
@@ -53,6 +54,46 @@ async def test_thin_clients_round_trip_and_read_each_others_writes(worker, open_
     assert [r["runId"] for r in await within(b.runs.list_by_thread("t"))] == [f"r{n}" for n in range(7)]
     assert await within(b.runs.list_by_thread("t")) == await within(embedded.runs.list_by_thread("t"))
     assert await within(b.messages.load_thread("nope")) == await within(embedded.messages.load_thread("nope"))
+
+
+async def test_reads_carry_their_barrier_and_never_block_the_callers_loop(worker, open_client, monkeypatch):
+    """Single-key reads are one `get` with `barrier: true` per owner (no separate
+    `barrier` request), awaited; scans and multi-key reads run on the client's
+    read pool: no blocking request is ever made from the caller's loop thread.
+    And they see what another host acknowledged just before."""
+    thin = await open_client(processors="external", own_worker=True)
+    other = await open_client()
+    sent: list[tuple[str, bool]] = []
+    blocking_threads: set[str] = set()
+    real_call, real_sync = remote.QueryClient.call, remote.QueryClient.call_sync
+
+    async def call(self, op, args, partitions=None, timeout=None):
+        sent.append((op, bool(args.get("barrier"))))
+        return await real_call(self, op, args, partitions, timeout)
+
+    def call_sync(self, op, args, partitions=None):
+        blocking_threads.add(threading.current_thread().name)
+        return real_sync(self, op, args, partitions)
+
+    monkeypatch.setattr(remote.QueryClient, "call", call)
+    monkeypatch.setattr(remote.QueryClient, "call_sync", call_sync)
+    await within(other.runs.create_or_resume(run_id="r", thread_id="t", started_at=1))
+    await within(other.interrupts.create({"interruptId": "i", "threadId": "t", "runId": "r", "requestedAt": 2,
+                                          "payload": {"a": 1}}))
+    await within(other.messages.save_thread("t", ["hi"]))
+    sent.clear()
+    assert (await within(thin.runs.get("r")))["status"] == "running"  # written by another host just before
+    assert sent == [("get", True), ("get", False)]  # the run index (with its barrier), then the record
+    assert await within(thin.messages.load_thread("t")) == ["hi"]
+    await within(thin.runs.update("r", {"status": "completed"}))
+    assert (await within(other.runs.get("r")))["status"] == "completed"
+    with pytest.raises(ThreadLogError) as refused:  # a finished run: the record read says so
+        await within(thin.runs.claim("r"))
+    assert refused.value.code == "RUN_TERMINAL"
+    assert ("barrier", False) not in sent  # every barrier travelled with its read
+    assert [r["interruptId"] for r in await within(thin.interrupts.list_by_run("r"))] == ["i"]
+    assert [r["runId"] for r in await within(thin.runs.list_by_thread("t"))] == ["r"]
+    assert blocking_threads and all(name.startswith("thin-read") for name in blocking_threads), blocking_threads
 
 
 async def test_refusals_surface_with_their_codes(worker, open_client):

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import heapq
 import itertools
 import logging
@@ -47,6 +48,7 @@ import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from concurrent.futures import Future as CFuture
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import orjson
@@ -75,6 +77,7 @@ LINE_LIMIT = 64 * 1024 * 1024
 CONNECT_TIMEOUT = 2.0
 RETRY_PAUSE = 0.1  # longest wait for a new announcement before asking again
 SHUN_S = 1.0  # a worker that refused or dropped a call is skipped this long
+READ_THREADS = 16  # blocking reads of a thin client at once (off_loop); more wait for a thread
 # A verdict not pushed this long after its ack is asked for (ownership moved to
 # a worker this client did not hold a push connection to yet); asking is
 # harmless, so this only bounds how late such a verdict can be.
@@ -165,6 +168,10 @@ class QueryClient:
         self._running: set[CFuture] = set()  # calls handed to the loop, not finished
         self._stopping = False
         self._owners: tuple[int, dict[int, str]] = (-1, {})  # (members version, partition -> address)
+        # Blocking multi-key reads run here (off_loop): a pool of our own, not the
+        # caller loop's default one, which the application and LangGraph share.
+        self.readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix=f"thin-read:{client_id}")
+        self._barrier_gets = True  # False once a worker ignored `barrier` on a get (an earlier version)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -201,6 +208,7 @@ class QueryClient:
             except Exception:  # finished meanwhile (InvalidStateError)
                 pass
         self.members.close()
+        self.readers.shutdown(wait=False, cancel_futures=True)
 
     @property
     def address(self) -> str | None:
@@ -409,12 +417,16 @@ class QueryClient:
         barrier and then a `get` took two (and the `get`, a blocking call,
         held the caller's loop meanwhile)."""
         asked = self.all_partitions() if partitions is None else partitions
+        if barrier and not self._barrier_gets:
+            await self.barrier(partitions)
+            barrier = False
         args: dict[str, Any] = {"key": _b64(k)}
         if barrier:
             args["barrier"] = True
         results = await self.acall("get", args, asked)
         if barrier and any("targets" not in result for result in results.values()):
-            # A worker of an earlier version ignored `barrier`: the two requests.
+            # A worker of an earlier version ignored `barrier`: the two requests, from now on.
+            self._barrier_gets = False
             await self.barrier(partitions)
             return await self.read(k, partitions, False)
         value = None
@@ -434,6 +446,7 @@ class RemoteStore:
     def __init__(self, client: QueryClient, page: int = 512) -> None:
         self._client = client
         self.page = page  # keys per scan request (the server caps it too)
+        self.readers = client.readers  # where off_loop runs reads of this store
 
     def get(self, k: bytes) -> bytes | None:
         results = self._client.call_sync("get", {"key": _b64(k)}, self._client.all_partitions())
@@ -820,7 +833,7 @@ async def off_loop(store: object, read: Callable[..., _T], *args: Any) -> _T:
     thread for a round trip: it runs on a pool thread, so the caller's loop
     serves its other calls meanwhile. Local RocksDB reads run in place."""
     if isinstance(store, RemoteStore):
-        return await asyncio.to_thread(read, *args)
+        return await asyncio.get_running_loop().run_in_executor(store.readers, functools.partial(read, *args))
     return read(*args)
 
 

@@ -47,9 +47,9 @@ class ArtifactStore(StoreFacade):
         require_id(run_id, "run_id")
         await self._read_barrier()
         out: list[Artifact] = []
-        for k, _ in self._store.scan(state.run_prefix(run_id)):
+        for k, _ in await self._scan(state.run_prefix(run_id)):
             _, thread_id, artifact_id = state.split_by_run(k)
-            record = _artifact(self._store.get(state.record_key(thread_id, artifact_id)))
+            record = _artifact(await self._read_on(state.record_key(thread_id, artifact_id), thread_id))
             if record is not None and record["runId"] == run_id:
                 out.append(record)
         return _ordered(out)
@@ -59,7 +59,7 @@ class ArtifactStore(StoreFacade):
         await self._read_barrier(thread_id)
         # Stored values, never None: each decodes to a record.
         return _ordered([cast(Artifact, decode_artifact(v))
-                         for _, v in self._store.scan(state.thread_prefix(thread_id))])
+                         for _, v in await self._scan(state.thread_prefix(thread_id))])
 
     async def delete(self, artifact_id: str) -> None:
         """Remove the artifact; silent when it is absent."""
@@ -74,7 +74,7 @@ class ArtifactStore(StoreFacade):
         decision per thread: atomic per thread, not across threads)."""
         require_id(run_id, "run_id")
         await self._read_barrier()
-        threads = sorted({state.split_by_run(k)[1] for k, _ in self._store.scan(state.run_prefix(run_id))})
+        threads = sorted({state.split_by_run(k)[1] for k, _ in await self._scan(state.run_prefix(run_id))})
         await asyncio.gather(*[
             self._send("threadlog.cmd.DeleteArtifactsForRun", t, {"runId": run_id, "threadId": t}) for t in threads
         ])

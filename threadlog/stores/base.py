@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..kernel.errors import unavailable
 from ..projections.partition_stores import PartitionStores
 from ..projections.store import Store
-from ..remote import RemoteStore
+from ..remote import RemoteStore, off_loop
 
 if TYPE_CHECKING:
     from ..session import Session
+
+_T = TypeVar("_T")
 
 
 class StoreFacade:
@@ -46,6 +48,15 @@ class StoreFacade:
         """The value at `k` in the state of `thread_id`'s partition, with no
         barrier (the call passed one already)."""
         return await self._session.read(k, (thread_id,), barrier=False)
+
+    async def _off_loop(self, read: Callable[..., _T], *args: Any) -> _T:
+        """Run a synchronous read of the state (a scan, several keys): through a thin
+        client on a pool thread, never holding the caller's loop on its round trips."""
+        return await off_loop(self._store, read, *args)
+
+    async def _scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        """Every (key, value) under `prefix`, ascending (no barrier: the call passed one)."""
+        return await self._off_loop(lambda: list(self._store.scan(prefix)))
 
     async def _thread_by(self, index_key: bytes) -> str | None:
         """The thread an id index entry names (None: no such id), after a read

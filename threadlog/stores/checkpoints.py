@@ -296,17 +296,21 @@ class CheckpointStore(StoreFacade):
     async def get(self, checkpoint_id: str) -> Checkpoint | None:
         require_id(checkpoint_id, "checkpoint_id")
         await self._read_barrier()  # the id may live on any thread
-        for thread in state.threads_holding(self._store, checkpoint_id):
-            record = state.get_record(self._store, thread, checkpoint_id)
-            if record is not None:
-                return cast(Checkpoint, record)  # a record the checkpoint fold stored: a Checkpoint
-        return None
+
+        def find() -> Checkpoint | None:
+            for thread in state.threads_holding(self._store, checkpoint_id):
+                record = state.get_record(self._store, thread, checkpoint_id)
+                if record is not None:
+                    return cast(Checkpoint, record)  # a record the checkpoint fold stored: a Checkpoint
+            return None
+
+        return await self._off_loop(find)
 
     async def list(self, thread_id: str) -> list[Checkpoint]:
         """The thread's checkpoints by createdAt, then id bytes (the key order)."""
         require_id(thread_id, "thread_id")
         await self._read_barrier(thread_id)
-        return [json.loads(v) for _, v in self._store.scan(state.thread_prefix(thread_id))]
+        return [json.loads(v) for _, v in await self._scan(state.thread_prefix(thread_id))]
 
     async def get_head(self, thread_id: str) -> str | None:
         require_id(thread_id, "thread_id")
@@ -316,7 +320,7 @@ class CheckpointStore(StoreFacade):
         """Every referenced blob key with its count of referencing checkpoints, by key bytes."""
         await self._read_barrier()
         out: list[BlobReference] = []
-        for k, v in self._store.scan(state.REFS):
+        for k, v in await self._scan(state.REFS):
             blob, _thread = state.split_refs_key(k)
             if out and out[-1]["key"] == blob:
                 out[-1]["references"] += int(v)

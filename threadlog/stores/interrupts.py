@@ -56,22 +56,22 @@ class InterruptStore(StoreFacade):
     async def list(self, thread_id: str) -> list[Interrupt]:
         require_id(thread_id, "thread_id")
         await self._read_barrier(thread_id)
-        return self._thread_interrupts(thread_id)
+        return await self._off_loop(self._thread_interrupts, thread_id)
 
     async def list_pending(self, thread_id: str) -> builtins.list[Interrupt]:
         require_id(thread_id, "thread_id")
         await self._read_barrier(thread_id)
-        return [r for r in self._thread_interrupts(thread_id) if r["status"] == "pending"]
+        return [r for r in await self._off_loop(self._thread_interrupts, thread_id) if r["status"] == "pending"]
 
     async def list_by_run(self, run_id: str) -> builtins.list[Interrupt]:
         require_id(run_id, "run_id")
         await self._read_barrier()
-        return self._run_interrupts(run_id)
+        return await self._off_loop(self._run_interrupts, run_id)
 
     async def list_pending_by_run(self, run_id: str) -> builtins.list[Interrupt]:
         require_id(run_id, "run_id")
         await self._read_barrier()
-        return [r for r in self._run_interrupts(run_id) if r["status"] == "pending"]
+        return [r for r in await self._off_loop(self._run_interrupts, run_id) if r["status"] == "pending"]
 
     # -- helpers ---------------------------------------------------------------
     async def _decide(self, interrupt_id: str, status: str, response: str | None) -> Interrupt | None:

@@ -107,13 +107,13 @@ class RunStore(StoreFacade):
         """Every run of the thread, ascending by startedAt, then run id bytes."""
         require_id(thread_id, "thread_id")
         await self._read_barrier(thread_id)
-        return self._thread_runs(thread_id)
+        return await self._off_loop(self._thread_runs, thread_id)
 
     async def find_active_run(self, thread_id: str) -> Run | None:
         """The `running` run with the greatest startedAt (ties: the last by id bytes)."""
         require_id(thread_id, "thread_id")
         await self._read_barrier(thread_id)
-        running = [r for r in self._thread_runs(thread_id) if r["status"] == "running"]
+        running = [r for r in await self._off_loop(self._thread_runs, thread_id) if r["status"] == "running"]
         return running[-1] if running else None
 
     async def list_reclaimable(self, *, now: Timestamp, ttl_ms: float) -> list[Run]:
@@ -127,8 +127,9 @@ class RunStore(StoreFacade):
         await self._read_barrier()
         # A run is in one index at a time; a thin client's two scans are two
         # reads, so a run moving between them meanwhile is listed once.
-        found = {(r["threadId"], r["runId"]): (since, r)
-                 for tag in (state.RUN_DETACHED, state.RUN_HEARTBEAT) for since, r in self._quiet_until(tag, cutoff)}
+        quiet = await self._off_loop(lambda: [pair for tag in (state.RUN_DETACHED, state.RUN_HEARTBEAT)
+                                              for pair in self._quiet_until(tag, cutoff)])
+        found = {(r["threadId"], r["runId"]): (since, r) for since, r in quiet}
         ordered = sorted(found.values(), key=lambda pair: (pair[0], pair[1]["runId"].encode("utf-8")))
         return [record for _, record in ordered]
 
