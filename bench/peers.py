@@ -2,7 +2,7 @@
 
     .venv/bin/pip install -e '.[test,bench]'
     THREADLOG_BOOTSTRAP=127.0.0.1:19092 .venv/bin/python bench/peers.py [--seconds 8] [--callers 16]
-        [--threads 64] [--skip-threadlog] [--skip-postgres] [--skip-sqlite] [--skip-reads]
+        [--threads 64] [--skip-threadlog] [--skip-postgres] [--skip-sqlite] [--skip-reads] [--external]
 
 Every row is a closed loop: `--callers` concurrent callers over `--threads` threads, caller c
 owning the threads t with t % callers == c and writing them in turn, each call awaited before
@@ -14,6 +14,8 @@ of conversation, ~1.5-1.9 KB however it is encoded). Rows:
 - threadlog: `checkpoints.append(checkpoint=, expected_head_id=, writer=)` under a writer lease,
   each append a compare-and-set on the thread's head (public API only, so the same script
   measures any core); reads: `checkpoints.get_head` then `checkpoints.get`;
+- with `--external`, threadlog's rows go through a thin client, a `threadlog worker` process
+  judging (one per namespace);
 - threadlog's LangGraph saver (`threadlog.integrations.langgraph.AsyncThreadLogSaver`)
   `aput` / `aget_tuple`: the very calls of the AsyncPostgresSaver rows, for a LangGraph user
   choosing between the two;
@@ -63,6 +65,7 @@ from common import (
     report,
     temp_topic,
 )
+from workers import Worker
 
 import threadlog
 
@@ -160,11 +163,25 @@ def postgres_cluster(bin_dir: str) -> Iterator[str]:
 
 
 # -- the rows ------------------------------------------------------------------------------------
+@contextmanager
+def judged_by(bootstrap: str, ns: str, state: str, partitions: int, external: bool) -> Iterator[dict]:
+    """`threadlog.open` options: embedded, or (`--external`) a thin client with a worker process judging."""
+    if not external:
+        yield {}
+        return
+    worker = Worker(bootstrap, ns, f"{state}/worker", "w", partitions=partitions)
+    try:
+        yield {"processors": "external"}
+    finally:
+        worker.stop()
+
+
 async def threadlog_rows(bootstrap: str, ns: str, shape: Shape, seconds: float, partitions: int,
-                         reads: bool) -> list[Result]:
+                         reads: bool, external: bool = False) -> list[Result]:
     runs = 0
-    with tempfile.TemporaryDirectory(prefix="threadlog-peers-state-") as state:
-        async with threadlog.open(bootstrap, namespace=ns, state_dir=state, partitions=partitions) as tl:
+    with tempfile.TemporaryDirectory(prefix="threadlog-peers-state-") as state, \
+            judged_by(bootstrap, ns, state, partitions, external) as opts:
+        async with threadlog.open(bootstrap, namespace=ns, state_dir=state, partitions=partitions, **opts) as tl:
 
             async def append_run(n: int) -> Result:
                 nonlocal runs
@@ -190,13 +207,15 @@ async def threadlog_rows(bootstrap: str, ns: str, shape: Shape, seconds: float, 
 
 
 async def threadlog_saver_rows(bootstrap: str, ns: str, shape: Shape, seconds: float, partitions: int,
-                               reads: bool) -> list[Result]:
+                               reads: bool, external: bool = False) -> list[Result]:
     """LangGraph's own put/get_tuple, through threadlog's AsyncThreadLogSaver: the same calls the
     AsyncPostgresSaver rows make, so the two rows compare the saver a LangGraph user would swap."""
     from threadlog.integrations.langgraph import AsyncThreadLogSaver
 
-    with tempfile.TemporaryDirectory(prefix="threadlog-peers-saver-") as state:
-        async with threadlog.open(bootstrap, namespace=f"{ns}-lg", state_dir=state, partitions=partitions) as tl:
+    with tempfile.TemporaryDirectory(prefix="threadlog-peers-saver-") as state, \
+            judged_by(bootstrap, f"{ns}-lg", state, partitions, external) as opts:
+        async with threadlog.open(bootstrap, namespace=f"{ns}-lg", state_dir=state, partitions=partitions,
+                                  **opts) as tl:
             lg = LangGraphWriter(AsyncThreadLogSaver(tl), shape, "tl-lg-thread")
             out = [await sized(lambda n: closed_loop("threadlog AsyncThreadLogSaver.aput", shape.callers,
                                                      n // shape.callers, lg.put), seconds, shape)]
@@ -350,11 +369,12 @@ async def amain(args: Any, bootstrap: str, conninfo: str | None) -> None:
         base.name = f"raw Kafka produce, {shape.callers} awaiting writers"
         rows.append(base)
         if not args.skip_threadlog:
-            tl_rows = await threadlog_rows(bootstrap, ns, shape, args.seconds, args.partitions, not args.skip_reads)
+            tl_rows = await threadlog_rows(bootstrap, ns, shape, args.seconds, args.partitions, not args.skip_reads,
+                                           args.external)
             tl_write, tl_read = tl_rows[0], (tl_rows[1] if len(tl_rows) > 1 else None)
             rows += tl_rows
             rows += await threadlog_saver_rows(bootstrap, ns, shape, args.seconds, args.partitions,
-                                               not args.skip_reads)
+                                               not args.skip_reads, args.external)
         if conninfo is not None:
             pg_rows = await postgres_saver_rows(conninfo, shape, args.seconds, not args.skip_reads)
             peer_writes.append(pg_rows[0])
@@ -397,6 +417,8 @@ def main() -> None:
     ap.add_argument("--conversation-bytes", type=int, default=512)
     ap.add_argument("--pg-bin", default=PG_BIN, help="directory of initdb and pg_ctl")
     ap.add_argument("--skip-threadlog", action="store_true")
+    ap.add_argument("--external", action="store_true",
+                    help="threadlog's rows through a thin client; a `threadlog worker` process judges")
     ap.add_argument("--skip-postgres", action="store_true", help="no AsyncPostgresSaver nor hand-written CAS rows")
     ap.add_argument("--skip-sqlite", action="store_true")
     ap.add_argument("--skip-reads", action="store_true", help="no get_head+get / aget_tuple rows")
