@@ -24,13 +24,14 @@ this client already saw. Answers never come from a worker that does not own
 the partition: a worker closes a partition's store when it gives it up.
 
 `QueryClient` runs its connections on a thread of its own with its own event
-loop. Why a thread: lists and scans read synchronously (`self._store.scan(...)`
-after an awaited barrier) -- the same surface as the local RocksDB stores --
-so such a read blocks its caller for one round trip; were the connections
-served by the caller's loop, that blocked loop could never receive the answer.
-Single-key reads, the hot ones (`runs.update`, `claim`, `interrupts.resolve`,
-`get_head`, `load_thread`), are awaited instead (`QueryClient.read`), with
-their barrier in the same request: they never hold the caller's loop.
+loop. Why a thread: scans and multi-key reads are synchronous
+(`self._store.scan(...)` after an awaited barrier) -- the same surface as the
+local RocksDB stores -- so such a read blocks its thread for each round trip;
+were the connections served by the caller's loop, that blocked loop could
+never receive the answer. Those reads run on the client's read pool
+(`off_loop`), never on the caller's loop. Single-key reads, the hot ones
+(`runs.update`, `claim`, `interrupts.resolve`, `get_head`, `load_thread`), are
+awaited instead (`QueryClient.read`), with their barrier in the same request.
 """
 
 
