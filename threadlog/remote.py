@@ -168,6 +168,9 @@ class QueryClient:
         self.closers: list[Callable[[], None]] = []  # run on the loop when closing (push connections)
         self._running: set[CFuture] = set()  # calls handed to the loop, not finished
         self._stopping = False
+        # Handing a call to the loop and stopping it exclude each other: a call
+        # handed over is either failed by `close` or refused, never left waiting.
+        self._handover = threading.Lock()
         self._owners: tuple[int, dict[int, str]] = (-1, {})  # (members version, partition -> address)
         # Blocking multi-key reads run here (off_loop): a pool of our own, not the
         # caller loop's default one, which the application and LangGraph share.
@@ -198,12 +201,15 @@ class QueryClient:
             self._run(shut()).result(5)
         except Exception:  # pragma: no cover
             pass
-        self._stopping = True
+        with self._handover:
+            self._stopping = True
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
         # A call the stopped loop will never finish (one waiting for a push, one
         # handed over as it stopped) must not leave its caller waiting forever.
-        for fut in list(self._running):
+        with self._handover:
+            running = list(self._running)
+        for fut in running:
             try:
                 fut.set_exception(unavailable("this ThreadLog was closed during the call"))
             except Exception:  # finished meanwhile (InvalidStateError)
@@ -232,11 +238,16 @@ class QueryClient:
 
     # -- calls --------------------------------------------------------------------------
     def _run(self, coro: Coroutine[Any, Any, Any]) -> CFuture:
-        if self._stopping:  # the loop would never run it
-            coro.close()
-            raise unavailable("this ThreadLog is closed")
-        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        self._running.add(fut)
+        # Under the lock: handing over wakes the loop with a syscall, which lets a
+        # closing thread run; checked and added apart, a call handed over while
+        # `close` stopped the loop and failed the running calls waited forever
+        # (a CI run of tests/test_delivery_thin.py).
+        with self._handover:
+            if self._stopping:  # the loop would never run it
+                coro.close()
+                raise unavailable("this ThreadLog is closed")
+            fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+            self._running.add(fut)
         fut.add_done_callback(self._running.discard)
         return fut
 
