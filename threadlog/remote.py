@@ -428,19 +428,16 @@ class QueryClient:
         partitions asked of it, in the same request: one round trip where a
         barrier and then a `get` took two (and the `get`, a blocking call,
         held the caller's loop meanwhile)."""
-        asked = self.all_partitions() if partitions is None else partitions
-        if barrier and not self._barrier_gets:
+        if barrier and not self._barrier_gets:  # a worker of an earlier version was met: two requests
             await self.barrier(partitions)
-            barrier = False
+            return await self.read(k, partitions, False)
         args: dict[str, Any] = {"key": _b64(k)}
         if barrier:
             args["barrier"] = True
-        results = await self.acall("get", args, asked)
+        results = await self.acall("get", args, self.all_partitions() if partitions is None else partitions)
         if barrier and any("targets" not in result for result in results.values()):
-            # A worker of an earlier version ignored `barrier`: the two requests, from now on.
-            self._barrier_gets = False
-            await self.barrier(partitions)
-            return await self.read(k, partitions, False)
+            self._barrier_gets = False  # that worker ignored `barrier`: from now on, the two requests
+            return await self.read(k, partitions, True)
         value = None
         for result in results.values():
             if barrier:
@@ -458,7 +455,6 @@ class RemoteStore:
     def __init__(self, client: QueryClient, page: int = 512) -> None:
         self._client = client
         self.page = page  # keys per scan request (the server caps it too)
-        self.readers = client.readers  # where off_loop runs reads of this store
 
     def get(self, k: bytes) -> bytes | None:
         results = self._client.call_sync("get", {"key": _b64(k)}, self._client.all_partitions())
@@ -845,7 +841,8 @@ async def off_loop(store: object, read: Callable[..., _T], *args: Any) -> _T:
     thread for a round trip: it runs on a pool thread, so the caller's loop
     serves its other calls meanwhile. Local RocksDB reads run in place."""
     if isinstance(store, RemoteStore):
-        return await asyncio.get_running_loop().run_in_executor(store.readers, functools.partial(read, *args))
+        pool = store._client.readers
+        return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(read, *args))
     return read(*args)
 
 

@@ -53,7 +53,7 @@ class Session:
         """Wait for every write acknowledged before this call on the partitions of
         `keys` (all partitions when None)."""
         self.check_open()
-        partitions = None if keys is None else sorted({self.runtime.partition_of(k) for k in keys})
+        partitions = self._partitions(keys)
         if self.runtime.query is not None:
             # The worker asks the broker for end offsets after our request arrived
             # and answers once its judge passed them (processors/query_server.py).
@@ -71,10 +71,12 @@ class Session:
         A thin client reads barrier and value in one request per owner and
         never blocks the caller's loop on it (`self.state.get` does)."""
         self.check_open()
-        partitions = None if keys is None else sorted({self.runtime.partition_of(k) for k in keys})
         query = self.runtime.query
         if query is not None:
-            return await query.read(k, partitions, barrier)
+            return await query.read(k, self._partitions(keys), barrier)
         if barrier:
             await self.read_barrier(keys)
         return self.state.get(k)
+
+    def _partitions(self, keys: Iterable[str] | None) -> list[int] | None:
+        return None if keys is None else sorted({self.runtime.partition_of(k) for k in keys})

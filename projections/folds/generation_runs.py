@@ -16,7 +16,6 @@ from threadlog.kernel.records import apply_patch
 from .. import global_ids
 from ..fold import EventMeta, folds
 from ..keys import key
-from ..reader import StateReader
 from ..view import View
 from . import presence
 
@@ -36,11 +35,6 @@ def thread_prefix(thread_id: str) -> bytes:
 
 def index_key(run_id: str) -> bytes:
     return key(GENERATION_INDEX, run_id)
-
-
-def thread_of(view: StateReader, run_id: str) -> str | None:
-    raw = view.get(index_key(run_id))
-    return None if raw is None else raw.decode("utf-8")
 
 
 @folds("threadlog.evt.GenerationRunCreated")

@@ -12,7 +12,6 @@ import json
 from .. import global_ids
 from ..fold import EventMeta, folds
 from ..keys import key, split
-from ..reader import StateReader
 from ..view import View
 from . import presence
 
@@ -44,11 +43,6 @@ def run_prefix(run_id: str) -> bytes:
 def split_by_run(k: bytes) -> tuple[str, str, str]:
     run_id, thread_id, interrupt_id = split(INTERRUPT_BY_RUN, k, "sss")
     return run_id, thread_id, interrupt_id
-
-
-def thread_of(view: StateReader, interrupt_id: str) -> str | None:
-    raw = view.get(index_key(interrupt_id))
-    return None if raw is None else raw.decode("utf-8")
 
 
 @folds("threadlog.evt.InterruptCreated")

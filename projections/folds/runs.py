@@ -58,11 +58,6 @@ def heartbeat_key(heartbeat_at: float, run_id: str, thread_id: str) -> bytes:
     return key(RUN_HEARTBEAT, heartbeat_at, run_id, thread_id)
 
 
-def thread_of(view: StateReader, run_id: str) -> str | None:
-    raw = view.get(index_key(run_id))
-    return None if raw is None else raw.decode("utf-8")
-
-
 def max_epoch(view: StateReader, thread_id: str, run_id: str) -> int:
     return decode_epoch(view.get(epoch_key(thread_id, run_id)))
 
