@@ -25,8 +25,16 @@ Operations (bytes travel as base64; partitions as JSON object keys):
   a read waits for it instead of answering older state). A `get` with
   `barrier: true` first passes a barrier on its partitions, as `barrier`
   does, and returns its `targets` with the value: a read after a barrier in
-  one request. Scans are paged:
+  one request. `gets {keys, floor, barrier}` reads several keys in one
+  request (at most 1024), as `get` does one: `{values: [...]}` in the order
+  asked, not one snapshot (a tuple of the LangGraph saver: its channel values
+  at once). Scans are paged:
   `next` is the key to resume at, null at the end; pages are not one snapshot;
+- `query {name, args, floor, barrier}`: one of the named read-only queries of
+  projections/queries.py run over the state of the partitions asked (a
+  LangGraph tuple: one request where reading its keys takes three dependent
+  rounds), with a barrier first as `get`'s; `{value}` with bytes as
+  `{"$b": base64}`;
 - `holders {q, kind, id, asof}`: threads holding a global id on partition q as
   of offset `asof` of q (another worker's judge asks, processors/lookups.py);
 - `push {secret}`: the last request of a connection (none other may be in
@@ -61,7 +69,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import orjson
@@ -74,6 +82,7 @@ from threadlog.projections.barrier import ReadBarrier
 from threadlog.projections.delivery_follower import DeliveryIndex
 from threadlog.projections.global_ids import holders_as_of
 from threadlog.projections.partition_stores import PartitionStores
+from threadlog.projections.queries import QUERIES, to_wire
 
 from threadlog.kernel.errors import BEHIND, INVALID_ARGUMENT, NOT_OWNER, UNAVAILABLE, ThreadLogError, not_owner
 from threadlog.kernel.topics import MAX_REPLY_SECRET_BYTES
@@ -85,6 +94,7 @@ _T = TypeVar("_T")
 # record limit, base64-inflated).
 LINE_LIMIT = 64 * 1024 * 1024
 SCAN_PAGE = 512
+MAX_GETS = 1024  # keys per `gets` request
 SCAN_PAGE_BYTES = 4 * 1024 * 1024
 MAX_VERDICTS = 10_000  # offsets per `verdicts` request
 
@@ -228,17 +238,27 @@ class QueryServer:
 
     # -- operations -------------------------------------------------------------------
     async def dispatch(self, op: str, args: dict) -> Any:
-        if op == "get":
-            began = time.monotonic()
-            parts = await self._owned(args)
-            # `barrier`: the read carries its own barrier (one request, not two;
-            # a client of an earlier version never sends it, and one of this
-            # version falls back to two when `targets` is missing from the answer).
-            # One budget for both waits: the answer must come before the client's deadline.
-            left = self._bounded(args.get("wait")) - (time.monotonic() - began)
-            targets = await self._barrier(parts, left) if args.get("barrier") else None
-            raw = self._read(lambda: self.stores.get(unb64(args["key"]), parts), parts)
-            got: dict[str, Any] = {"value": None if raw is None else b64(raw)}
+        if op in ("get", "gets"):
+            many = op == "gets"
+            asked = [unb64(k) for k in args["keys"]] if many else [unb64(args["key"])]
+            if len(asked) > MAX_GETS:
+                raise ThreadLogError(INVALID_ARGUMENT, f"gets takes at most {MAX_GETS} keys, got {len(asked)}")
+            parts, targets = await self._passed(args)
+            # Not one snapshot (the judge thread may write between two keys), as
+            # separate gets were not: readers of several keys check what they read.
+            raws = self._read(lambda: [self.stores.get(k, parts) for k in asked], parts)
+            values = [None if raw is None else b64(raw) for raw in raws]
+            got: dict[str, Any] = {"values": values} if many else {"value": values[0]}
+            if targets is not None:
+                got["targets"] = targets
+            return got
+        if op == "query":
+            query = QUERIES.get(str(args.get("name")))
+            if query is None:
+                raise ThreadLogError(INVALID_ARGUMENT, f"unknown query {args.get('name')!r}")
+            parts, targets = await self._passed(args)
+            found = self._read(lambda: query(_Owned(self.stores, parts), **(args.get("args") or {})), parts)
+            got = {"value": to_wire(found)}
             if targets is not None:
                 got["targets"] = targets
             return got
@@ -298,6 +318,18 @@ class QueryServer:
             if wanted:
                 await self._caught_up(wanted, self._bounded(args.get("wait")))
         return parts
+
+    async def _passed(self, args: dict) -> tuple[list[int], dict[str, int] | None]:
+        """`_owned`, then with `barrier` a read barrier on those partitions: the
+        read carries its own barrier (one request, not two; a client of an
+        earlier version never sends it, and one of this version falls back to
+        two when `targets` is missing from the answer). One budget for both
+        waits: the answer must come before the client's deadline."""
+        began = time.monotonic()
+        parts = await self._owned(args)
+        if not args.get("barrier"):
+            return parts, None
+        return parts, await self._barrier(parts, self._bounded(args.get("wait")) - (time.monotonic() - began))
 
     async def _caught_up(self, targets: dict[int, int], timeout: float) -> None:
         """Wait for the judge to pass `targets`; BEHIND when it did not in time
@@ -426,6 +458,24 @@ class QueryServer:
             if exc.code == NOT_OWNER:
                 raise
             raise ThreadLogError(BEHIND, f"worker behind on deliveries: {exc.message}") from None
+
+
+class _Owned:
+    """The read surface a query gets: the state of the partitions asked, only."""
+
+    def __init__(self, stores: PartitionStores, parts: list[int]) -> None:
+        self._stores = stores
+        self._parts = parts
+
+    def get(self, k: bytes) -> bytes | None:
+        return self._stores.get(k, self._parts)
+
+    def get_json(self, k: bytes) -> Any:
+        raw = self.get(k)
+        return None if raw is None else orjson.loads(raw)
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        return self._stores.scan(prefix, None, self._parts)
 
 
 _DELIVERY_OPS = frozenset({"dlv_verdict", "dlv_state", "dlv_verdicts"})

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from threadlog.projections.global_ids import holders_as_of
+from threadlog.projections.queries import QUERIES
 from threadlog.projections.store import Store
 from threadlog.projections.view import View
 from threadlog.schemas import Codec
@@ -324,6 +325,12 @@ class _Frozen:
 
     async def read(self, k: bytes, keys: Any, barrier: bool = True) -> bytes | None:
         return self.state.get(k)
+
+    async def scan(self, prefix: bytes, keys: Any) -> list[tuple[bytes, bytes]]:
+        return list(self.state.scan(prefix))
+
+    async def query(self, name: str, keys: Any, barrier: bool = True, **args: Any) -> list[Any]:
+        return [QUERIES[name](self.state, **args)]
 
     async def send(self, type_name: str, key: str, payload: dict) -> Any:
         raise invalid_argument("a state in the past is read-only")

@@ -250,25 +250,36 @@ async def test_the_async_saver_serves_sync_callers_from_other_threads(open_clien
 
 async def test_a_thin_saver_reads_through_its_worker_what_a_full_replica_reads(open_client, monkeypatch):
     """The saver on a thin client (`processors="external"`): its reads are the
-    worker's, run off the caller's loop (on the client's read pool); staged
-    values, writes, listings with a filter, a copy and a delete by run all
-    agree with an embedded client."""
+    worker's, awaited, never a blocking call; a tuple is one `langgraph.tuple`
+    query with its barrier at the thread's owner, however many channels and
+    writes it has. Staged values, writes, listings with a filter, a copy and a
+    delete by run all agree with an embedded client."""
     thin = AsyncThreadLogSaver(await open_client(processors="external"), **SMALL)
     blocking_threads: set[str] = set()
-    real_sync = remote.QueryClient.call_sync
+    sent: list[tuple[str, bool, tuple[int, ...] | None]] = []
+    real_sync, real_call = remote.QueryClient.call_sync, remote.QueryClient.call
 
     def call_sync(self, op, args, partitions=None):
         blocking_threads.add(threading.current_thread().name)
         return real_sync(self, op, args, partitions)
 
+    async def call(self, op, args, partitions=None, timeout=None):
+        sent.append((op, bool(args.get("barrier")), None if partitions is None else tuple(partitions)))
+        return await real_call(self, op, args, partitions, timeout)
+
     monkeypatch.setattr(remote.QueryClient, "call_sync", call_sync)
+    monkeypatch.setattr(remote.QueryClient, "call", call)
     run = str(uuid.uuid4())
     big = os.urandom(100 * 1024)  # staged
     first = await put(thin, "src", {"a": big, "b": "x"}, versions={"a": "1", "b": "1"}, run_id=run)
     await within(thin.aput_writes(first, [("w", os.urandom(70 * 1024)), ("small", 1)], "task"))
     await put(thin, "other", {"a": "y"}, run_id="other-run")
+    sent.clear()
+    alone = await within(thin.aget_tuple(generate_config("src")))
+    assert sent == [("query", True, (thin.tl.runtime.partition_of("src"),))]
     # Many reads at once on one loop: each waits for its own round trips, none holds the loop.
     tuples = await within(asyncio.gather(*(thin.aget_tuple(generate_config("src")) for _ in range(16))))
+    assert all(t == alone for t in tuples)
     assert all(t.checkpoint["channel_values"] == {"a": big, "b": "x"} for t in tuples)
     assert [w[1] for w in tuples[0].pending_writes] == ["w", "small"]
     await within(thin.acopy_thread("src", "dst"))
@@ -281,4 +292,56 @@ async def test_a_thin_saver_reads_through_its_worker_what_a_full_replica_reads(o
     await within(thin.adelete_for_runs([run]))
     for saver in (thin, full):
         assert [t.config["configurable"]["thread_id"] async for t in saver.alist(None)] == ["other"]
+    assert not blocking_threads, blocking_threads  # every read awaited: none blocked a thread
+
+
+async def test_a_thin_saver_reads_tuples_through_a_worker_without_queries(open_client, monkeypatch):
+    """A worker of an earlier version answers `query` INVALID_ARGUMENT (unknown
+    operation; tried here by renaming the operation on the way out): the thin
+    saver then reads the tuple's keys through it, on its read pool, with the
+    same answer as an embedded client -- and does not ask `query` again."""
+    thin = AsyncThreadLogSaver(await open_client(processors="external"), **SMALL)
+    full = AsyncThreadLogSaver(await open_client())
+    stored = await put(thin, "t-old", {"a": os.urandom(100 * 1024), "b": "x"}, run_id="r")  # "a" is staged
+    await within(thin.aput_writes(stored, [("w", 1)], "task"))
+    expected = await within(full.aget_tuple(generate_config("t-old")))
+    sent: list[str] = []
+    blocking_threads: set[str] = set()
+    real_sync, real_call = remote.QueryClient.call_sync, remote.QueryClient.call
+
+    def call_sync(self, op, args, partitions=None):
+        blocking_threads.add(threading.current_thread().name)
+        return real_sync(self, op, args, partitions)
+
+    async def call(self, op, args, partitions=None, timeout=None):
+        sent.append(op)
+        return await real_call(self, "query-of-a-later-version" if op == "query" else op, args, partitions, timeout)
+
+    monkeypatch.setattr(remote.QueryClient, "call_sync", call_sync)
+    monkeypatch.setattr(remote.QueryClient, "call", call)
+    assert await within(thin.aget_tuple(generate_config("t-old"))) == expected
+    assert await within(thin.aget_tuple(stored)) == await within(full.aget_tuple(stored))
+    assert sent.count("query") == 1 and "get" in sent, sent
     assert blocking_threads and all(name.startswith("thin-read") for name in blocking_threads), blocking_threads
+
+
+async def test_a_thin_saver_reads_values_larger_than_one_query_answer(open_client, monkeypatch):
+    """A tuple query carries at most 8 MiB of chunks (TUPLE_CHUNK_BYTES); a thin
+    saver reads the rest of a 12 MiB value with `gets` of its own, and the
+    tuple is the embedded client's."""
+    thin = AsyncThreadLogSaver(await open_client(processors="external"))
+    full = AsyncThreadLogSaver(await open_client())
+    big = os.urandom(12 * 1024 * 1024)  # 12 chunks of 1 MiB: 8 in the answer, 4 asked after
+    stored = await put(thin, "t-large", {"big": big, "small": "x"})
+    sent: list[str] = []
+    real_call = remote.QueryClient.call
+
+    async def call(self, op, args, partitions=None, timeout=None):
+        sent.append(op)
+        return await real_call(self, op, args, partitions, timeout)
+
+    monkeypatch.setattr(remote.QueryClient, "call", call)
+    tup = await within(thin.aget_tuple(generate_config("t-large")), 60)
+    assert tup.checkpoint["channel_values"] == {"big": big, "small": "x"}
+    assert sent == ["query", "gets"], sent
+    assert tup == await within(full.aget_tuple(stored), 60)

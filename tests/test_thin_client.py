@@ -18,6 +18,7 @@ import orjson
 import pytest
 from checkpoint_helpers import checkpoint
 from support import within
+from threadlog.projections.folds import runs as runs_state
 from worker_support import WorkerProcess, ask_worker
 
 from threadlog import remote
@@ -94,6 +95,44 @@ async def test_reads_carry_their_barrier_and_never_block_the_callers_loop(worker
     assert [r["interruptId"] for r in await within(thin.interrupts.list_by_run("r"))] == ["i"]
     assert [r["runId"] for r in await within(thin.runs.list_by_thread("t"))] == ["r"]
     assert blocking_threads and all(name.startswith("thin-read") for name in blocking_threads), blocking_threads
+
+
+async def test_several_keys_are_one_request_and_a_worker_without_gets_is_read_key_by_key(worker, open_client,
+                                                                                        monkeypatch):
+    """`Session.read_many` through a thin client: one `gets` (with its barrier)
+    for keys written by another host just before, values in the order asked,
+    None for a missing key -- the embedded client's answers. A worker of an
+    earlier version answers `gets` INVALID_ARGUMENT (unknown operation; tried
+    here by renaming the operation on the way out): the client then reads each
+    key with `get`, same answers, and does not try `gets` again."""
+    thin = await open_client(processors="external", own_worker=True)
+    other = await open_client()
+    for n in range(3):
+        await within(other.runs.create_or_resume(run_id=f"r{n}", thread_id="t", started_at=n))
+    keys = [runs_state.record_key("t", "r2"), runs_state.record_key("t", "nope"), runs_state.record_key("t", "r0")]
+    expected = await within(other.session.read_many(keys, ["t"]))
+    assert expected[1] is None and None not in (expected[0], expected[2])
+    sent: list[tuple[str, bool]] = []
+    real_call = remote.QueryClient.call
+    renamed = {"gets": "gets"}
+
+    async def call(self, op, args, partitions=None, timeout=None):
+        sent.append((op, bool(args.get("barrier"))))
+        return await real_call(self, renamed.get(op, op), args, partitions, timeout)
+
+    monkeypatch.setattr(remote.QueryClient, "call", call)
+    assert await within(thin.session.read_many(keys, ["t"])) == expected
+    assert sent == [("gets", True)]
+    renamed["gets"] = "gets-of-a-later-version"  # what a worker without `gets` meets
+    sent.clear()
+    await within(other.runs.create_or_resume(run_id="nope", thread_id="t", started_at=9))
+    expected = await within(other.session.read_many(keys, ["t"]))
+    assert await within(thin.session.read_many(keys, ["t"])) == expected
+    assert expected[1] is not None  # written just before: the barrier held on the fallback too
+    assert sent[0] == ("gets", True) and sorted(sent[1:]) == [("barrier", False)] + [("get", False)] * 3, sent
+    sent.clear()
+    assert await within(thin.session.read_many(keys, ["t"], barrier=False)) == expected
+    assert sorted(sent) == [("get", False)] * 3  # remembered: no `gets` tried again
 
 
 async def test_refusals_surface_with_their_codes(worker, open_client):

@@ -67,6 +67,7 @@ from .kernel.topics import REPLY_HEADER
 from .members import MembersView
 from .processors.verdict_push import BEAT_S, reply_token
 from .producers.pump import inbox
+from .projections.queries import from_wire
 
 log = logging.getLogger("threadlog.remote")
 _T = TypeVar("_T")
@@ -78,6 +79,8 @@ LINE_LIMIT = 64 * 1024 * 1024
 CONNECT_TIMEOUT = 2.0
 RETRY_PAUSE = 0.1  # longest wait for a new announcement before asking again
 SHUN_S = 1.0  # a worker that refused or dropped a call is skipped this long
+GETS_PER_REQUEST = 64  # keys per `gets` request (a worker takes up to 1 024; values may be chunks)
+SCAN_LIMIT = 512  # keys per `scan` page asked (the worker caps it too)
 READ_THREADS = 16  # blocking reads of a thin client at once (off_loop); more wait for a thread
 # A verdict not pushed this long after its ack is asked for (ownership moved to
 # a worker this client did not hold a push connection to yet); asking is
@@ -124,6 +127,10 @@ class _Conn:
             if not fut.done():
                 fut.set_exception(_ConnectionLost(self.address))
         self.writer.close()
+
+
+class NoQueries(Exception):
+    """A worker of an earlier version runs no queries (QueryClient.query)."""
 
 
 class _Retry(Exception):
@@ -176,6 +183,8 @@ class QueryClient:
         # caller loop's default one, which the application and LangGraph share.
         self.readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix=f"thin-read:{client_id}")
         self._barrier_gets = True  # False once a worker ignored `barrier` on a get (an earlier version)
+        self._multi_gets = True  # False once a worker did not know `gets` (an earlier version)
+        self._queries = True  # False once a worker did not know `query` (an earlier version)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -445,6 +454,87 @@ class QueryClient:
             if result["value"] is not None:
                 value = base64.b64decode(result["value"])
         return value
+
+    async def read_many(self, ks: list[bytes], partitions: list[int] | None, barrier: bool) -> list[bytes | None]:
+        """The values at `ks`, in that order, as `read` reads one: one request
+        per owner for up to GETS_PER_REQUEST keys (the groups asked at once)."""
+        if not ks:
+            if barrier:
+                await self.barrier(partitions)
+            return []
+        if not self._multi_gets or (barrier and not self._barrier_gets):  # an earlier worker was met
+            if barrier:
+                await self.barrier(partitions)
+            return list(await asyncio.gather(*(self.read(k, partitions, False) for k in ks)))
+        groups = [ks[i:i + GETS_PER_REQUEST] for i in range(0, len(ks), GETS_PER_REQUEST)]
+        try:
+            answers = await asyncio.gather(*(self._gets(group, partitions, barrier) for group in groups))
+        except ThreadLogError as exc:
+            if exc.code != INVALID_ARGUMENT or "unknown operation" not in exc.message:
+                raise
+            self._multi_gets = False  # a worker of an earlier version: from now on, one get per key
+            return await self.read_many(ks, partitions, barrier)
+        return [value for answer in answers for value in answer]
+
+    async def _gets(self, ks: list[bytes], partitions: list[int] | None, barrier: bool) -> list[bytes | None]:
+        args: dict[str, Any] = {"keys": [_b64(k) for k in ks]}
+        if barrier:
+            args["barrier"] = True
+        results = await self.acall("gets", args, self.all_partitions() if partitions is None else partitions)
+        values: list[bytes | None] = [None] * len(ks)
+        for result in results.values():
+            if barrier:
+                self.raise_floor({int(p): int(o) for p, o in result["targets"].items()})
+            for i, got in enumerate(result["values"]):
+                if got is not None:
+                    values[i] = base64.b64decode(got)
+        return values
+
+    async def query(self, name: str, args: dict, partitions: list[int] | None, barrier: bool) -> list[Any]:
+        """The answers of the named query (projections/queries.py), one per
+        owner of `partitions` (all when None), each run over the state of the
+        partitions asked of it, after a read barrier there if `barrier` (in the
+        same request). NoQueries if a worker is of an earlier version (no
+        `query` operation): the caller reads the keys itself."""
+        if not self._queries:
+            raise NoQueries
+        body: dict[str, Any] = {"name": name, "args": args}
+        if barrier:
+            body["barrier"] = True
+        try:
+            results = await self.acall("query", body, self.all_partitions() if partitions is None else partitions)
+        except ThreadLogError as exc:
+            if exc.code != INVALID_ARGUMENT or "unknown operation" not in exc.message:
+                raise
+            self._queries = False
+            raise NoQueries from None
+        if barrier:
+            for result in results.values():
+                self.raise_floor({int(p): int(o) for p, o in result["targets"].items()})
+        return [from_wire(result["value"]) for result in results.values()]
+
+    async def scan(self, prefix: bytes, partitions: list[int] | None) -> list[tuple[bytes, bytes]]:
+        """Every (key, value) under `prefix` in the state of `partitions` (all when
+        None), ascending, from any event loop without blocking it: every owner's
+        first pages in one round, then each partition paged on its own. Pages are
+        not one snapshot."""
+        asked = self.all_partitions() if partitions is None else partitions
+        first = await self.acall("scan", {"prefix": _b64(prefix), "start": None, "limit": SCAN_LIMIT}, asked)
+        pages = {int(p): page for result in first.values() for p, page in result["pages"].items()}
+
+        async def rest(p: int) -> list[tuple[bytes, bytes]]:
+            page = pages[p]
+            got: list[tuple[bytes, bytes]] = []
+            while True:
+                got += [(base64.b64decode(k), base64.b64decode(v)) for k, v in page["items"]]
+                if page["next"] is None:
+                    return got
+                (result,) = (await self.acall("scan", {
+                    "prefix": _b64(prefix), "start": page["next"], "limit": SCAN_LIMIT}, [p])).values()
+                page = result["pages"][str(p)]
+
+        found = await asyncio.gather(*(rest(p) for p in sorted(pages)))
+        return list(heapq.merge(*found, key=lambda kv: kv[0]))
 
 
 class RemoteStore:

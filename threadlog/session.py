@@ -9,14 +9,16 @@ store or the client's lifecycle, and nothing below the client imports it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .config import Options
 from .kernel.errors import unavailable
 from .projections.partition_stores import PartitionStores
+from .projections.queries import QUERIES
 from .projections.store import Store
-from .remote import RemoteStore
+from .remote import NoQueries, RemoteStore, off_loop
 from .runtime import Runtime
 
 if TYPE_CHECKING:
@@ -77,6 +79,48 @@ class Session:
         if barrier:
             await self.read_barrier(keys)
         return self.state.get(k)
+
+    async def read_many(self, ks: Sequence[bytes], keys: Iterable[str] | None,
+                        barrier: bool = True) -> list[bytes | None]:
+        """The values at `ks`, in that order, as `read` reads one: through a thin
+        client one request per owner (not one per key), awaited. Not one
+        snapshot: a reader of several keys checks that they agree."""
+        self.check_open()
+        query = self.runtime.query
+        if query is not None:
+            return await query.read_many(list(ks), self._partitions(keys), barrier)
+        if barrier:
+            await self.read_barrier(keys)
+        state = self.state
+        return [state.get(k) for k in ks]
+
+    async def query(self, name: str, keys: Iterable[str] | None, barrier: bool = True, **args: Any) -> list[Any]:
+        """The answers of the named query (projections/queries.py) over the state
+        of the partitions of `keys` (all when None), after a read barrier there
+        unless `barrier` is False: through a thin client one request per owner,
+        each answering for its partitions (the caller merges); embedded, one
+        answer over this process's store. A worker of an earlier version runs
+        none: the query then reads the keys through it, off the caller's loop."""
+        self.check_open()
+        query = self.runtime.query
+        if query is not None:
+            try:
+                return await query.query(name, args, self._partitions(keys), barrier)
+            except NoQueries:
+                pass
+        if barrier:
+            await self.read_barrier(keys)
+        return [await off_loop(self.state, functools.partial(QUERIES[name], self.state, **args))]
+
+    async def scan(self, prefix: bytes, keys: Iterable[str] | None) -> list[tuple[bytes, bytes]]:
+        """Every (key, value) under `prefix` in the state of the partitions of
+        `keys` (all when None), ascending, with no barrier (the call passed one);
+        through a thin client awaited, never blocking the caller's loop."""
+        self.check_open()
+        query = self.runtime.query
+        if query is not None:
+            return await query.scan(prefix, self._partitions(keys))
+        return list(self.state.scan(prefix))
 
     def _partitions(self, keys: Iterable[str] | None) -> list[int] | None:
         return None if keys is None else sorted({self.runtime.partition_of(k) for k in keys})

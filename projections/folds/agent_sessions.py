@@ -20,7 +20,7 @@ session's partition (key `agents:<session id>`) are its only writers.
 
 from __future__ import annotations
 
-from typing import Any
+import orjson
 
 from ..fold import EventMeta, folds
 from ..keys import key
@@ -46,10 +46,14 @@ def item_prefix(session: str) -> bytes:
     return key(ITEM, session)
 
 
-def read_meta(view: Any, session: str) -> dict[str, int]:
-    """The session's positions; `view` is a `View` or a `Store` (both have get_json)."""
-    found = view.get_json(meta_key(session))
-    return dict(EMPTY) if found is None else found
+def read_meta(view: View, session: str) -> dict[str, int]:
+    """The session's positions in `view`."""
+    return decode_meta(view.get(meta_key(session)))
+
+
+def decode_meta(raw: bytes | None) -> dict[str, int]:
+    """The session's positions, as stored at `meta_key` (None: an empty session)."""
+    return dict(EMPTY) if raw is None else orjson.loads(raw)
 
 
 def _put_meta(view: View, session: str, first: int, nxt: int, rev: int) -> None:

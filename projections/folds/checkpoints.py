@@ -89,6 +89,17 @@ def threads_holding(view: StateReader, checkpoint_id: str) -> list[str]:
     return [split(INDEX, k, "ss")[1] for k, _ in view.scan(prefix)]
 
 
+def find_record(view: StateReader, checkpoint_id: str) -> dict | None:
+    """The record of checkpoint `checkpoint_id` on whichever thread of `view` holds
+    it (None: none does). A query (projections/queries.py): a thin client's
+    `checkpoints.get` is one request per owner instead of a scan, then a get."""
+    for thread in threads_holding(view, checkpoint_id):
+        record = get_record(view, thread, checkpoint_id)
+        if record is not None:
+            return record
+    return None
+
+
 def get_record(view: StateReader, thread_id: str, checkpoint_id: str) -> dict | None:
     rk = view.get(index_key(checkpoint_id, thread_id))
     if rk is None:

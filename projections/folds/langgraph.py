@@ -25,6 +25,8 @@ import logging
 import struct
 from typing import Any
 
+from threadlog.kernel.errors import unavailable
+
 from ..fold import EventMeta, folds
 from ..keys import key, split
 from ..view import View
@@ -149,18 +151,64 @@ def _drop_value(view: View, thread: str, owner: bytes, slot: bytes, ref: dict | 
         view.delete(chunk_key(thread, owner, slot, i))
 
 
-def read_value(store: Any, thread: str, owner: bytes, slot: bytes, ref: dict) -> bytes | None:
-    """The bytes a stored ref names; None if a chunk is missing (deleted since the ref was read)."""
+def chunk_keys(thread: str, owner: bytes, slot: bytes, ref: dict) -> list[bytes]:
+    """The keys of a stored ref's chunks ([] for a value stored inline)."""
+    return [] if "data" in ref else [chunk_key(thread, owner, slot, i) for i in range(ref["chunks"])]
+
+
+def joined(ref: dict, chunks: list[bytes | None]) -> bytes | None:
+    """The bytes a stored ref names, given what its `chunk_keys` read; None if a
+    chunk is missing or the sizes disagree (deleted or replaced since the ref was read)."""
     if "data" in ref:
         return base64.b64decode(ref["data"])
-    parts = []
-    for i in range(ref["chunks"]):
-        raw = store.get(chunk_key(thread, owner, slot, i))
-        if raw is None:
-            return None
-        parts.append(raw)
-    data = b"".join(parts)
+    if any(c is None for c in chunks):
+        return None
+    data = b"".join(c for c in chunks if c is not None)
     return data if len(data) == ref["size"] else None
+
+
+TUPLE_CHUNK_BYTES = 8 * 1024 * 1024  # chunk bytes a tuple read carries at most; the reader asks the rest
+
+
+def read_tuple(store: Any, thread: str, ns: str, checkpoint_id: str | None) -> dict | None:
+    """Everything `get_tuple` needs of one checkpoint (the newest of (thread, ns)
+    when `checkpoint_id` is None), raw: {"id", "rec", "blobs": [[channel, ref
+    JSON | None]], "writes": [[key, JSON]], "chunks": [[key, bytes | None]]}
+    with the chunks of its values up to TUPLE_CHUNK_BYTES; None if there is no
+    such checkpoint. `store` reads the thread's state (`get`, `scan`): a
+    worker answers it as one query (processors/queries.py) where a reader of
+    the keys would make a round trip per dependent step. Not one snapshot: the
+    reader checks that chunks and sizes agree (`joined`) and reads again."""
+    for _ in range(3):
+        cid = checkpoint_id
+        if cid is None:
+            head = store.get(head_key(thread, ns))
+            if head is None:
+                return None
+            cid = head.decode("utf-8")
+        rec_raw = store.get(ckpt_key(thread, ns, cid))
+        if rec_raw is None:
+            if checkpoint_id is not None:
+                return None
+            continue  # deleted since the head was read: read the new head
+        rec = json.loads(rec_raw)
+        ck = ckpt_key(thread, ns, cid)
+        blobs = [[ch, store.get(blob_key(thread, ns, ch, v))] for ch, v in rec["versions"].items()]
+        writes = list(store.scan(write_prefix(thread, ns, cid)))
+        owned = [(ck, SLOT_BODY, rec["body"]), (ck, SLOT_METADATA, rec["metadata"])]
+        owned += [(blob_key(thread, ns, ch, rec["versions"][ch]), SLOT_VALUE, json.loads(raw))
+                  for ch, raw in blobs if raw is not None]
+        owned += [(k, SLOT_VALUE, json.loads(raw)["value"]) for k, raw in writes]
+        chunks: list[list] = []
+        budget = TUPLE_CHUNK_BYTES
+        for k in (k for owner, slot, ref in owned for k in chunk_keys(thread, owner, slot, ref)):
+            if budget <= 0:
+                break  # the reader asks for the rest
+            raw = store.get(k)
+            chunks.append([k, raw])
+            budget -= len(raw or b"")
+        return {"id": cid, "rec": rec_raw, "blobs": blobs, "writes": [[k, v] for k, v in writes], "chunks": chunks}
+    raise unavailable(f"the latest checkpoint of thread {thread!r} kept changing while being read")
 
 
 def discard_upload(view: View, thread: str, staged: dict) -> None:

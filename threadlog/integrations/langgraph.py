@@ -76,9 +76,6 @@ from .. import client as _client
 from ..kernel.errors import invalid_argument, unavailable
 from ..kernel.validation import is_int, require_id
 from ..projections.folds import langgraph as state
-from ..projections.partition_stores import PartitionStores
-from ..projections.store import Store
-from ..remote import RemoteStore, off_loop
 
 __all__ = ["AsyncThreadLogSaver", "ThreadLogSaver"]
 
@@ -92,6 +89,7 @@ DEFAULT_COMMAND_BUDGET_BYTES = 8 * 1024 * 1024
 STAGE_CONCURRENCY = 4
 # A read that meets a value deleted under it (a prune racing it) starts over.
 READ_ATTEMPTS = 3
+CHUNK_READ_BYTES = 8 * 1024 * 1024  # chunk bytes asked per request of a thin client
 STRATEGIES = ("keep_latest", "delete")
 
 
@@ -175,14 +173,6 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
             yield cls(tl, serde=serde)
 
     # -- plumbing ------------------------------------------------------------------------------
-    @property
-    def _store(self) -> Store | PartitionStores | RemoteStore:
-        return self.tl.state
-
-    async def _off_loop(self, read: Callable[..., T], *args: Any) -> T:
-        # A thin client's reads block a thread per round trip (a tuple takes several).
-        return await off_loop(self._store, read, *args)
-
     def _wire(self, value: Any) -> dict:
         kind, data = self.serde.dumps_typed(value)
         return {"type": kind, "data": bytes(data), "staged": None}
@@ -219,53 +209,85 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
             v["data"] = None
         await asyncio.gather(*sends)
 
-    def _value(self, thread: str, owner: bytes, slot: bytes, ref: dict) -> Any:
-        data = state.read_value(self._store, thread, owner, slot, ref)
-        if data is None:
-            raise _Torn
-        return self.serde.loads_typed((ref["type"], data))
+    async def _datas(self, thread: str, refs: Sequence[tuple[bytes, bytes, dict]],
+                     known: dict[bytes, bytes | None] | None = None) -> list[bytes]:
+        """The bytes each (owner, slot, ref) names: inline ones at once, chunks
+        from `known` (what a tuple query carried), the others read together, at
+        most CHUNK_READ_BYTES per request. _Torn if a chunk is missing (deleted
+        since its ref was read: read again)."""
+        known = dict(known or {})
+        wanted = [state.chunk_keys(thread, owner, slot, ref) for owner, slot, ref in refs]
+        groups: list[list[bytes]] = []
+        for (_, _, ref), ks in zip(refs, wanted, strict=True):
+            chunk = -(-ref.get("size", 0) // max(1, len(ks)))  # every chunk but the last is this size
+            per = max(1, CHUNK_READ_BYTES // max(1, chunk))
+            ks = [k for k in ks if k not in known]
+            groups += [ks[i:i + per] for i in range(0, len(ks), per)]
+        read = await asyncio.gather(*(self.tl.session.read_many(g, (thread,), barrier=False) for g in groups))
+        known.update(zip((k for g in groups for k in g), (c for got in read for c in got), strict=True))
+        out = []
+        for (_, _, ref), ks in zip(refs, wanted, strict=True):
+            data = state.joined(ref, [known[k] for k in ks])
+            if data is None:
+                raise _Torn
+            out.append(data)
+        return out
 
-    def _load(self, thread: str, ns: str, checkpoint_id: str, config: RunnableConfig | None,
-              rec: dict | None = None, metadata: Any = None) -> CheckpointTuple | None:
-        """The tuple of one stored checkpoint, or None if it is gone."""
-        store = self._store
+    async def _values(self, thread: str, refs: Sequence[tuple[bytes, bytes, dict]],
+                      known: dict[bytes, bytes | None] | None = None) -> list[Any]:
+        datas = await self._datas(thread, refs, known)
+        return [self.serde.loads_typed((ref["type"], data)) for (_, _, ref), data in zip(refs, datas, strict=True)]
+
+    async def _tuple(self, thread: str, ns: str, checkpoint_id: str | None,
+                     config: RunnableConfig | None, barrier: bool = True) -> CheckpointTuple | None:
+        """The tuple of a stored checkpoint (the newest of (thread, ns) when
+        `checkpoint_id` is None), or None; first a read barrier on its thread
+        unless `barrier` is False (the caller passed one). Through a thin
+        client one request (the `langgraph.tuple` query, run by the thread's
+        owner), however many channels and writes it has."""
         for _ in range(READ_ATTEMPTS):
-            ck = state.ckpt_key(thread, ns, checkpoint_id)
-            if rec is None:
-                rec = store.get_json(ck)
-                if rec is None:
-                    return None
+            (got,) = await self.tl.session.query("langgraph.tuple", (thread,), barrier,
+                                                 thread=thread, ns=ns, checkpoint_id=checkpoint_id)
+            barrier = False
+            if got is None:
+                return None
             try:
-                checkpoint: Checkpoint = self._value(thread, ck, state.SLOT_BODY, rec["body"])
-                if metadata is None:
-                    metadata = self._value(thread, ck, state.SLOT_METADATA, rec["metadata"])
-                values: dict[str, Any] = {}
-                for channel, version in rec["versions"].items():
-                    bk = state.blob_key(thread, ns, channel, version)
-                    ref = store.get_json(bk)
-                    if ref is None or ref["type"] == "empty":
-                        continue  # as InMemorySaver: a version without a value is an empty channel
-                    values[channel] = self._value(thread, bk, state.SLOT_VALUE, ref)
-                found = []
-                for k, raw in store.scan(state.write_prefix(thread, ns, checkpoint_id)):
-                    _, _, _, task_id, idx = state.split_write_key(k)
-                    w = json.loads(raw)
-                    found.append((w["taskPath"], task_id, idx, w["channel"], k, w["value"]))
-                found.sort(key=lambda f: f[:3])  # writes_sort_key order, as get_tuple must return
-                pending = [(task_id, channel, self._value(thread, k, state.SLOT_VALUE, ref))
-                           for _, task_id, _, channel, k, ref in found]
+                return await self._assemble(thread, ns, got, config)
             except _Torn:
-                rec = metadata = None
-                continue
-            parent = rec["parent"]
-            return CheckpointTuple(
-                config=config or _config(thread, ns, checkpoint_id),
-                checkpoint={**checkpoint, "channel_values": values},
-                metadata=metadata,
-                parent_config=_config(thread, ns, parent) if parent else None,
-                pending_writes=pending,
-            )
+                continue  # a value changed under the query: ask again
         raise unavailable(f"checkpoint {checkpoint_id!r} of thread {thread!r} kept changing while being read")
+
+    async def _assemble(self, thread: str, ns: str, got: dict, config: RunnableConfig | None) -> CheckpointTuple:
+        """A tuple from what `read_tuple` answered; _Torn if a value is missing."""
+        checkpoint_id = got["id"]
+        rec = json.loads(got["rec"])
+        ck = state.ckpt_key(thread, ns, checkpoint_id)
+        # As InMemorySaver: a version without a value is an empty channel.
+        present = [(ch, state.blob_key(thread, ns, ch, rec["versions"][ch]), json.loads(raw))
+                   for ch, raw in got["blobs"] if raw is not None]
+        present = [(ch, bk, ref) for ch, bk, ref in present if ref["type"] != "empty"]
+        found = []
+        for k, raw in got["writes"]:
+            _, _, _, task_id, idx = state.split_write_key(k)
+            w = json.loads(raw)
+            found.append((w["taskPath"], task_id, idx, w["channel"], k, w["value"]))
+        found.sort(key=lambda f: f[:3])  # writes_sort_key order, as get_tuple must return
+        decoded = iter(await self._values(thread, [
+            (ck, state.SLOT_BODY, rec["body"]), (ck, state.SLOT_METADATA, rec["metadata"]),
+            *((bk, state.SLOT_VALUE, ref) for _, bk, ref in present),
+            *((k, state.SLOT_VALUE, ref) for *_, k, ref in found)], dict(got["chunks"])))
+        checkpoint: Checkpoint = next(decoded)
+        metadata = next(decoded)
+        values = {ch: next(decoded) for ch, _, _ in present}
+        pending = [(task_id, channel, next(decoded)) for _, task_id, _, channel, _, _ in found]
+        parent = rec["parent"]
+        return CheckpointTuple(
+            config=config or _config(thread, ns, checkpoint_id),
+            checkpoint={**checkpoint, "channel_values": values},
+            metadata=metadata,
+            parent_config=_config(thread, ns, parent) if parent else None,
+            pending_writes=pending,
+        )
 
     def _sync(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run one of the async methods from another thread (LangGraph's sync API)."""
@@ -289,21 +311,7 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         thread = _thread_id(config)
         ns = config["configurable"].get("checkpoint_ns", "")
         checkpoint_id = get_checkpoint_id(config)
-        await self.tl.read_barrier([thread])
-        return await self._off_loop(self._get_tuple, thread, ns, checkpoint_id, config)
-
-    def _get_tuple(self, thread: str, ns: str, checkpoint_id: str | None,
-                   config: RunnableConfig) -> CheckpointTuple | None:
-        if checkpoint_id:
-            return self._load(thread, ns, checkpoint_id, config)
-        for _ in range(READ_ATTEMPTS):
-            head = self._store.get(state.head_key(thread, ns))
-            if head is None:
-                return None
-            found = self._load(thread, ns, head.decode("utf-8"), None)
-            if found is not None:
-                return found  # else: deleted since the head was read; read the new head
-        raise unavailable(f"the latest checkpoint of thread {thread!r} kept changing while being read")
+        return await self._tuple(thread, ns, checkpoint_id or None, config if checkpoint_id else None)
 
     async def alist(
         self,
@@ -326,7 +334,8 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
             wanted_id = get_checkpoint_id(config)
         before_id = get_checkpoint_id(before) if before else None
         # Keys only: records are read one at a time, as the caller consumes them.
-        found = await self._off_loop(lambda: [state.split_ckpt_key(k) for k, _ in self._store.scan(prefix)])
+        keys = await self.tl.session.scan(prefix, None if config is None else [_thread_id(config)])
+        found = [state.split_ckpt_key(k) for k, _ in keys]
         found.sort(key=lambda f: (f[2], f[0], f[1]), reverse=True)
         left = limit
         for thread_id, ns, checkpoint_id in found:
@@ -336,30 +345,20 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
                 continue
             if before_id and checkpoint_id >= before_id:
                 continue
-            tup = await self._off_loop(self._listed, thread_id, ns, checkpoint_id, filter)
+            tup = await self._listed(thread_id, ns, checkpoint_id, filter)
             if tup is None:
                 continue
             if left is not None:
                 left -= 1
             yield tup
 
-    def _listed(self, thread_id: str, ns: str, checkpoint_id: str,
-                filter: dict[str, Any] | None) -> CheckpointTuple | None:
+    async def _listed(self, thread_id: str, ns: str, checkpoint_id: str,
+                      filter: dict[str, Any] | None) -> CheckpointTuple | None:
         """One checkpoint of a listing: its tuple, or None (gone, or its metadata does not match `filter`)."""
-        metadata = None
-        rec = None
-        if filter:
-            rec = self._store.get_json(state.ckpt_key(thread_id, ns, checkpoint_id))
-            if rec is None:
-                return None
-            try:
-                metadata = self._value(thread_id, state.ckpt_key(thread_id, ns, checkpoint_id),
-                                       state.SLOT_METADATA, rec["metadata"])
-            except _Torn:
-                return None  # deleted under us
-            if not all(metadata.get(k) == v for k, v in filter.items()):
-                return None
-        return self._load(thread_id, ns, checkpoint_id, None, rec, metadata)
+        tup = await self._tuple(thread_id, ns, checkpoint_id, None, barrier=False)
+        if tup is None or (filter and not all(tup.metadata.get(k) == v for k, v in filter.items())):
+            return None
+        return tup
 
     # -- writes --------------------------------------------------------------------------------
     async def aput(
@@ -442,14 +441,11 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         # Which threads hold these runs: the run lookup, after a barrier on every partition.
         await self.tl.read_barrier(None)
         by_thread: dict[str, set[str]] = {}
-
-        def find() -> None:
-            for run in runs:
-                for k, _ in self._store.scan(state.run_prefix(run)):
-                    _, thread, _, _ = state.split_run_key(k)
-                    by_thread.setdefault(thread, set()).add(run)
-
-        await self._off_loop(find)
+        found = await asyncio.gather(*(self.tl.session.scan(state.run_prefix(run), None) for run in runs))
+        for run, keys in zip(runs, found, strict=True):
+            for k, _ in keys:
+                _, thread, _, _ = state.split_run_key(k)
+                by_thread.setdefault(thread, set()).add(run)
         await self._each(sorted(by_thread), lambda t: self.tl.send(
             "threadlog.cmd.LangGraphDeleteRuns", t, {"threadId": t, "runIds": sorted(by_thread[t])}))
 
@@ -463,7 +459,7 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         await self.tl.read_barrier([source])
         for _ in range(READ_ATTEMPTS):
             try:
-                checkpoints, blobs, writes = await self._off_loop(self._read_thread, source)
+                checkpoints, blobs, writes = await self._read_thread(source)
                 break
             except _Torn:
                 continue
@@ -478,38 +474,40 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
             "threadId": target, "sourceThreadId": source,
             "checkpoints": checkpoints, "blobs": blobs, "writes": writes})
 
-    def _read_thread(self, thread: str) -> tuple[list[dict], list[dict], list[dict]]:
+    async def _read_thread(self, thread: str) -> tuple[list[dict], list[dict], list[dict]]:
         """Everything of a thread as wire records, values as the serde wrote them (never re-serialized)."""
-        store = self._store
+        on = [thread]
+        ckpts, blob_recs, write_recs = await asyncio.gather(*(self.tl.session.scan(prefix, on) for prefix in (
+            state.ckpt_prefix(thread), state.blob_prefix(thread), state.write_prefix(thread))))
+        recs = [(k, json.loads(raw)) for k, raw in ckpts]
+        blob_refs = [(k, json.loads(raw)) for k, raw in blob_recs]
+        writes_of = [(k, json.loads(raw)) for k, raw in write_recs]
+        datas = iter(await self._datas(thread, [
+            *((k, slot, rec[field]) for k, rec in recs
+              for slot, field in ((state.SLOT_BODY, "body"), (state.SLOT_METADATA, "metadata"))),
+            *((k, state.SLOT_VALUE, ref) for k, ref in blob_refs),
+            *((k, state.SLOT_VALUE, w["value"]) for k, w in writes_of)]))
 
-        def wire(owner: bytes, slot: bytes, ref: dict) -> dict:
-            data = state.read_value(store, thread, owner, slot, ref)
-            if data is None:
-                raise _Torn
-            return {"type": ref["type"], "data": data, "staged": None}
+        def wire(ref: dict) -> dict:
+            return {"type": ref["type"], "data": next(datas), "staged": None}
 
         checkpoints = []
-        for k, raw in store.scan(state.ckpt_prefix(thread)):
+        for k, rec in recs:
             _, ns, checkpoint_id = state.split_ckpt_key(k)
-            rec = json.loads(raw)
             checkpoints.append({
                 "checkpointNs": ns, "checkpointId": checkpoint_id, "parentCheckpointId": rec["parent"],
                 "runId": rec["runId"], "channelVersions": rec["versions"],
-                "body": wire(k, state.SLOT_BODY, rec["body"]),
-                "metadata": wire(k, state.SLOT_METADATA, rec["metadata"]),
+                "body": wire(rec["body"]), "metadata": wire(rec["metadata"]),
             })
         blobs = []
-        for k, raw in store.scan(state.blob_prefix(thread)):
+        for k, ref in blob_refs:
             _, ns, channel, version = state.split_blob_key(k)
-            blobs.append({"checkpointNs": ns, "channel": channel, "version": version,
-                          "value": wire(k, state.SLOT_VALUE, json.loads(raw))})
+            blobs.append({"checkpointNs": ns, "channel": channel, "version": version, "value": wire(ref)})
         writes = []
-        for k, raw in store.scan(state.write_prefix(thread)):
+        for k, w in writes_of:
             _, ns, checkpoint_id, task_id, idx = state.split_write_key(k)
-            w = json.loads(raw)
             writes.append({"checkpointNs": ns, "checkpointId": checkpoint_id, "taskId": task_id, "idx": idx,
-                           "channel": w["channel"], "taskPath": w["taskPath"],
-                           "value": wire(k, state.SLOT_VALUE, w["value"])})
+                           "channel": w["channel"], "taskPath": w["taskPath"], "value": wire(w["value"])})
         return checkpoints, blobs, writes
 
     @staticmethod

@@ -51,9 +51,6 @@ from ..kernel.errors import CORRUPT_RECORD, INVALID_ARGUMENT, ThreadLogError, in
 from ..kernel.validation import is_int, loads, require_id, require_json
 from ..processors.handlers.agent_sessions import partition_key
 from ..projections.folds import agent_sessions as state
-from ..projections.partition_stores import PartitionStores
-from ..projections.store import Store
-from ..remote import RemoteStore, off_loop
 
 if TYPE_CHECKING:
     from agents.items import TResponseInputItem
@@ -121,18 +118,19 @@ class ThreadLogSession(SessionABC):
         limit = resolve_session_limit(limit, self.session_settings)
         if limit is not None and not is_int(limit):
             raise invalid_argument(f"session_settings.limit must be None or an int, got {limit!r}")
-        await self.tl.read_barrier([self._key])
-        return await off_loop(self._store, self._items, limit)
-
-    def _items(self, limit: int | None) -> list[TResponseInputItem]:
-        store = self._store
+        session = self.tl.session
+        on = (self._key,)
+        meta = state.decode_meta(await session.read(state.meta_key(self.session_id), on))  # with its read barrier
         for _ in range(READ_ATTEMPTS):
-            meta = state.read_meta(store, self.session_id)
             first = meta["first"] if limit is None or limit < 0 else max(meta["first"], meta["next"] - limit)
-            texts = [store.get(state.item_key(self.session_id, pos)) for pos in range(first, meta["next"])]
+            # The items and the positions again, in one request per owner through a thin client.
+            *texts, again = await session.read_many(
+                [*(state.item_key(self.session_id, pos) for pos in range(first, meta["next"])),
+                 state.meta_key(self.session_id)], on, barrier=False)
             # Unchanged revision: the items read belong to one state of the session.
-            if state.read_meta(store, self.session_id)["rev"] == meta["rev"] and None not in texts:
+            if state.decode_meta(again)["rev"] == meta["rev"] and None not in texts:
                 return [loads(t) for t in texts if t is not None]
+            meta = state.decode_meta(again)
         raise unavailable(f"session {self.session_id!r} kept changing during {READ_ATTEMPTS} reads")
 
     # -- writes ---------------------------------------------------------------------------
@@ -161,11 +159,6 @@ class ThreadLogSession(SessionABC):
     async def clear_session(self) -> None:
         """Remove every item of the session (one atomic step)."""
         await _outcome(self.tl.send("threadlog.cmd.AgentSessionClear", self._key, {"sessionId": self.session_id}))
-
-    # -- plumbing -------------------------------------------------------------------------
-    @property
-    def _store(self) -> Store | PartitionStores | RemoteStore:
-        return self.tl.state
 
 
 async def _outcome(aw: Awaitable[T]) -> T:

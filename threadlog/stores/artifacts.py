@@ -59,7 +59,7 @@ class ArtifactStore(StoreFacade):
         await self._read_barrier(thread_id)
         # Stored values, never None: each decodes to a record.
         return _ordered([cast(Artifact, decode_artifact(v))
-                         for _, v in await self._scan(state.thread_prefix(thread_id))])
+                         for _, v in await self._scan(state.thread_prefix(thread_id), thread_id)])
 
     async def delete(self, artifact_id: str) -> None:
         """Remove the artifact; silent when it is absent."""

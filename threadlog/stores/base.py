@@ -54,9 +54,11 @@ class StoreFacade:
         client on a pool thread, never holding the caller's loop on its round trips."""
         return await off_loop(self._store, read, *args)
 
-    async def _scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
-        """Every (key, value) under `prefix`, ascending (no barrier: the call passed one)."""
-        return await self._off_loop(lambda: list(self._store.scan(prefix)))
+    async def _scan(self, prefix: bytes, *keys: str) -> list[tuple[bytes, bytes]]:
+        """Every (key, value) under `prefix` in the state of the partitions of
+        `keys` (all when none), ascending (no barrier: the call passed one);
+        through a thin client awaited, one request per owner and page."""
+        return await self._session.scan(prefix, keys or None)
 
     async def _thread_by(self, index_key: bytes) -> str | None:
         """The thread an id index entry names (None: no such id), after a read

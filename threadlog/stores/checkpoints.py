@@ -295,22 +295,16 @@ class CheckpointStore(StoreFacade):
     # -- reads -----------------------------------------------------------------------
     async def get(self, checkpoint_id: str) -> Checkpoint | None:
         require_id(checkpoint_id, "checkpoint_id")
-        await self._read_barrier()  # the id may live on any thread
-
-        def find() -> Checkpoint | None:
-            for thread in state.threads_holding(self._store, checkpoint_id):
-                record = state.get_record(self._store, thread, checkpoint_id)
-                if record is not None:
-                    return cast(Checkpoint, record)  # a record the checkpoint fold stored: a Checkpoint
-            return None
-
-        return await self._off_loop(find)
+        # The id may live on any thread: every owner looks (after a barrier on
+        # every partition), one request each through a thin client.
+        found = [r for r in await self._session.query("checkpoints.get", None, checkpoint_id=checkpoint_id) if r]
+        return cast(Checkpoint, found[0]) if found else None  # a record the checkpoint fold stored
 
     async def list(self, thread_id: str) -> list[Checkpoint]:
         """The thread's checkpoints by createdAt, then id bytes (the key order)."""
         require_id(thread_id, "thread_id")
         await self._read_barrier(thread_id)
-        return [json.loads(v) for _, v in await self._scan(state.thread_prefix(thread_id))]
+        return [json.loads(v) for _, v in await self._scan(state.thread_prefix(thread_id), thread_id)]
 
     async def get_head(self, thread_id: str) -> str | None:
         require_id(thread_id, "thread_id")

@@ -45,7 +45,7 @@ class GenerationRunStore(StoreFacade):
         require_id(thread_id, "thread_id")
         await self._read_barrier(thread_id)
         records = [cast(GenerationRun, decode_generation_run(v))  # a stored value: never None
-                   for _, v in await self._scan(state.thread_prefix(thread_id))]
+                   for _, v in await self._scan(state.thread_prefix(thread_id), thread_id)]
         if not records:
             return None
         return max(records, key=lambda r: (r["startedAt"], r["runId"].encode("utf-8")))

@@ -56,12 +56,12 @@ class InterruptStore(StoreFacade):
     async def list(self, thread_id: str) -> list[Interrupt]:
         require_id(thread_id, "thread_id")
         await self._read_barrier(thread_id)
-        return await self._off_loop(self._thread_interrupts, thread_id)
+        return await self._thread_interrupts(thread_id)
 
     async def list_pending(self, thread_id: str) -> builtins.list[Interrupt]:
         require_id(thread_id, "thread_id")
         await self._read_barrier(thread_id)
-        return [r for r in await self._off_loop(self._thread_interrupts, thread_id) if r["status"] == "pending"]
+        return [r for r in await self._thread_interrupts(thread_id) if r["status"] == "pending"]
 
     async def list_by_run(self, run_id: str) -> builtins.list[Interrupt]:
         require_id(run_id, "run_id")
@@ -85,10 +85,10 @@ class InterruptStore(StoreFacade):
     async def _thread_of(self, interrupt_id: str) -> str | None:
         return await self._thread_by(state.index_key(interrupt_id))
 
-    def _thread_interrupts(self, thread_id: str) -> builtins.list[Interrupt]:
+    async def _thread_interrupts(self, thread_id: str) -> builtins.list[Interrupt]:
         # Stored values, never None: each decodes to a record.
         return _ordered([cast(Interrupt, decode_interrupt(v))
-                         for _, v in self._store.scan(state.thread_prefix(thread_id))])
+                         for _, v in await self._scan(state.thread_prefix(thread_id), thread_id)])
 
     def _run_interrupts(self, run_id: str) -> builtins.list[Interrupt]:
         out: builtins.list[Interrupt] = []

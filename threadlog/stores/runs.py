@@ -107,13 +107,13 @@ class RunStore(StoreFacade):
         """Every run of the thread, ascending by startedAt, then run id bytes."""
         require_id(thread_id, "thread_id")
         await self._read_barrier(thread_id)
-        return await self._off_loop(self._thread_runs, thread_id)
+        return await self._thread_runs(thread_id)
 
     async def find_active_run(self, thread_id: str) -> Run | None:
         """The `running` run with the greatest startedAt (ties: the last by id bytes)."""
         require_id(thread_id, "thread_id")
         await self._read_barrier(thread_id)
-        running = [r for r in await self._off_loop(self._thread_runs, thread_id) if r["status"] == "running"]
+        running = [r for r in await self._thread_runs(thread_id) if r["status"] == "running"]
         return running[-1] if running else None
 
     async def list_reclaimable(self, *, now: Timestamp, ttl_ms: float) -> list[Run]:
@@ -209,8 +209,8 @@ class RunStore(StoreFacade):
         # The index is folded from every partition: wait for all of them.
         return await self._thread_by(state.index_key(run_id))
 
-    def _thread_runs(self, thread_id: str) -> list[Run]:
-        records = [_stored_run(v) for _, v in self._store.scan(state.thread_prefix(thread_id))]
+    async def _thread_runs(self, thread_id: str) -> list[Run]:
+        records = [_stored_run(v) for _, v in await self._scan(state.thread_prefix(thread_id), thread_id)]
         return sorted(records, key=lambda r: _by_time(r, "startedAt", "runId"))
 
 
