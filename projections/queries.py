@@ -21,11 +21,13 @@ import base64
 from collections.abc import Callable
 from typing import Any
 
-from .folds import checkpoints, langgraph
+from .folds import checkpoints, interrupts, langgraph, runs
 
 QUERIES: dict[str, Callable[..., Any]] = {
     "checkpoints.get": checkpoints.find_record,
+    "interrupts.of_run": interrupts.records_of_run,
     "langgraph.tuple": langgraph.read_tuple,
+    "runs.quiet": runs.quiet_records,
 }
 
 _BYTES = "$b"  # {"$b": base64}: bytes in a query's answer

@@ -59,9 +59,9 @@ async def test_thin_clients_round_trip_and_read_each_others_writes(worker, open_
 
 async def test_reads_carry_their_barrier_and_never_block_the_callers_loop(worker, open_client, monkeypatch):
     """Single-key reads are one `get` with `barrier: true` per owner (no separate
-    `barrier` request), awaited; scans and multi-key reads run on the client's
-    read pool: no blocking request is ever made from the caller's loop thread.
-    And they see what another host acknowledged just before."""
+    `barrier` request), lists through an index one `query` with its barrier,
+    all awaited: no blocking request is made at all. And they see what another
+    host acknowledged just before."""
     thin = await open_client(processors="external", own_worker=True)
     other = await open_client()
     sent: list[tuple[str, bool]] = []
@@ -92,9 +92,20 @@ async def test_reads_carry_their_barrier_and_never_block_the_callers_loop(worker
         await within(thin.runs.claim("r"))
     assert refused.value.code == "RUN_TERMINAL"
     assert ("barrier", False) not in sent  # every barrier travelled with its read
+    sent.clear()
     assert [r["interruptId"] for r in await within(thin.interrupts.list_by_run("r"))] == ["i"]
+    assert sent == [("query", True)]  # the by-run index and its records, at the owner, with the barrier
     assert [r["runId"] for r in await within(thin.runs.list_by_thread("t"))] == ["r"]
-    assert blocking_threads and all(name.startswith("thin-read") for name in blocking_threads), blocking_threads
+    # Reclaimable runs (found through the reclaim indexes) are a query too; an embedded client agrees.
+    for n, patch in enumerate([{"detachedSince": 5}, {"detachedSince": 7}, {"detachedSince": 50}]):
+        await within(other.runs.create_or_resume(run_id=f"q{n}", thread_id=f"t{n}", started_at=1))
+        await within(other.runs.update(f"q{n}", patch))
+    sent.clear()
+    reclaimable = await within(thin.runs.list_reclaimable(now=10, ttl_ms=2))
+    assert [r["runId"] for r in reclaimable] == ["q0", "q1"]
+    assert reclaimable == await within(other.runs.list_reclaimable(now=10, ttl_ms=2))
+    assert sent == [("query", True)]
+    assert not blocking_threads, blocking_threads  # every read above was awaited: none blocked a thread
 
 
 async def test_several_keys_are_one_request_and_a_worker_without_gets_is_read_key_by_key(worker, open_client,

@@ -112,8 +112,7 @@ class _Sweep:
     async def run(self) -> GcReport:
         r = self.report
         await self.tl.read_barrier(None)
-        state = self.tl.state
-        layouts = {k: v for k, v in _layouts(state)}
+        layouts = {k: v for k, v in _layouts(await self.tl.scan(blob_state.LAYOUT, None))}
         references = {ref["key"] for ref in await self.references()}
         horizon = self._now() - r.grace_ms
         r.scanned = len(layouts)
@@ -122,7 +121,7 @@ class _Sweep:
         # The judge decides age by its own decision time; this only skips the obviously young.
         candidates = [k for k in unreferenced if layouts[k]["record"]["updatedAt"] <= horizon]
         r.candidates = len(candidates)
-        leftovers = [f for f in gc.standing_fences(state) if f["sweepId"] != self.id]
+        leftovers = [f for f in gc.fences_of(await self.tl.scan(gc.FENCE, None)) if f["sweepId"] != self.id]
         if not r.dry_run:
             await self._recover(leftovers)
             for start in range(0, len(candidates), MAX_FENCE_KEYS):
@@ -227,10 +226,10 @@ class _Sweep:
         await asyncio.gather(*(self._bounded(abandon(*o)) for o in orphans))
 
 
-def _layouts(state: Any) -> list[tuple[str, dict]]:
-    """Every blob's current manifest (the state read after a barrier)."""
+def _layouts(found: list[tuple[bytes, bytes]]) -> list[tuple[str, dict]]:
+    """Every blob's current manifest, from a scan of the layouts after a barrier."""
     out = []
-    for k, raw in state.scan(blob_state.LAYOUT):
+    for k, raw in found:
         (key,) = split(blob_state.LAYOUT, k, "s")
         out.append((key, json.loads(raw)))
     return out

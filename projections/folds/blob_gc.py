@@ -23,7 +23,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from threadlog.kernel.partitioning import partition_for
 
@@ -102,7 +102,12 @@ def any_standing_fence(view: StateReader, belongs: Callable[[str], bool]) -> boo
 
 def standing_fences(view: StateReader) -> list[dict]:
     """Every fence standing in `view`: `{"fenceKey", "sweepId", "keys"}`."""
-    return [json.loads(raw) for _k, raw in view.scan(FENCE)]
+    return fences_of(view.scan(FENCE))
+
+
+def fences_of(scanned: Iterable[tuple[bytes, bytes]]) -> list[dict]:
+    """The fences of a scan of FENCE."""
+    return [json.loads(raw) for _k, raw in scanned]
 
 
 @folds("threadlog.evt.BlobGcClaimed")

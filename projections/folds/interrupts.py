@@ -12,6 +12,7 @@ import json
 from .. import global_ids
 from ..fold import EventMeta, folds
 from ..keys import key, split
+from ..reader import StateReader
 from ..view import View
 from . import presence
 
@@ -43,6 +44,20 @@ def run_prefix(run_id: str) -> bytes:
 def split_by_run(k: bytes) -> tuple[str, str, str]:
     run_id, thread_id, interrupt_id = split(INTERRUPT_BY_RUN, k, "sss")
     return run_id, thread_id, interrupt_id
+
+
+def records_of_run(view: StateReader, run_id: str) -> list[bytes]:
+    """The stored records the by-run index names for `run_id`. A query
+    (projections/queries.py): one request per owner through a thin client,
+    where the index and then each record were a round trip each. The index is
+    a hint: the reader keeps the records whose runId is `run_id`."""
+    found = []
+    for k, _ in view.scan(run_prefix(run_id)):
+        _, thread_id, interrupt_id = split_by_run(k)
+        raw = view.get(record_key(thread_id, interrupt_id))
+        if raw is not None:
+            found.append(raw)
+    return found
 
 
 @folds("threadlog.evt.InterruptCreated")

@@ -22,7 +22,7 @@ from threadlog.kernel.records import apply_patch, quiet_since
 
 from .. import global_ids
 from ..fold import EventMeta, folds
-from ..keys import key
+from ..keys import dec_num, dec_str, key
 from ..reader import StateReader
 from ..view import View
 from . import presence
@@ -56,6 +56,27 @@ def detached_key(detached_since: float, run_id: str, thread_id: str) -> bytes:
 
 def heartbeat_key(heartbeat_at: float, run_id: str, thread_id: str) -> bytes:
     return key(RUN_HEARTBEAT, heartbeat_at, run_id, thread_id)
+
+
+def quiet_records(view: StateReader, cutoff: float) -> list[bytes]:
+    """The stored records the reclaim indexes (`runD`, `runH`) list as quiet
+    since `cutoff` or earlier. A query (projections/queries.py): one request
+    per owner through a thin client. The indexes are hints (a record moves
+    between them): the reader decides with `quiet_since`, exactly."""
+    found = []
+    for tag in (RUN_DETACHED, RUN_HEARTBEAT):
+        for k, _ in view.scan(tag):
+            since, pos = dec_num(k, len(tag))
+            # The key orders by the double nearest the time; rounding is
+            # monotonic, so a key past the cutoff's double is past the cutoff.
+            if since > float(cutoff):
+                break
+            run_id, pos = dec_str(k, pos)
+            thread_id, _ = dec_str(k, pos)
+            raw = view.get(record_key(thread_id, run_id))
+            if raw is not None:
+                found.append(raw)
+    return found
 
 
 def max_epoch(view: StateReader, thread_id: str, run_id: str) -> int:

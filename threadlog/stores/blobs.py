@@ -237,15 +237,20 @@ class BlobStore(StoreFacade):
         await self._read_barrier()  # keys live on every partition
         scan_prefix = state.record_scan_prefix(prefix or "")
         start = None if after is None else state.record_key(after)
-        objects: list[BlobInfo] = []
-        truncated = False
-        for k, raw in self._store.scan(scan_prefix, start):
-            if k == start:
-                continue  # strictly after the cursor
-            if limit is not None and len(objects) == limit:
-                truncated = True
-                break
-            objects.append(json.loads(raw))
+
+        def page() -> tuple[list[BlobInfo], bool]:
+            objects: list[BlobInfo] = []
+            for k, raw in self._store.scan(scan_prefix, start):
+                if k == start:
+                    continue  # strictly after the cursor
+                if limit is not None and len(objects) == limit:
+                    return objects, True
+                objects.append(json.loads(raw))
+            return objects, False
+
+        # A lazy merge of every partition's pages: through a thin client each
+        # page is a blocking request, so it runs on the read pool, not this loop.
+        objects, truncated = await self._off_loop(page)
         out: BlobListPage = {"objects": objects}
         if truncated:
             out["cursor"] = _encode_cursor(objects[-1]["key"])

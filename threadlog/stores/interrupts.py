@@ -65,13 +65,11 @@ class InterruptStore(StoreFacade):
 
     async def list_by_run(self, run_id: str) -> builtins.list[Interrupt]:
         require_id(run_id, "run_id")
-        await self._read_barrier()
-        return await self._off_loop(self._run_interrupts, run_id)
+        return await self._run_interrupts(run_id)
 
     async def list_pending_by_run(self, run_id: str) -> builtins.list[Interrupt]:
         require_id(run_id, "run_id")
-        await self._read_barrier()
-        return [r for r in await self._off_loop(self._run_interrupts, run_id) if r["status"] == "pending"]
+        return [r for r in await self._run_interrupts(run_id) if r["status"] == "pending"]
 
     # -- helpers ---------------------------------------------------------------
     async def _decide(self, interrupt_id: str, status: str, response: str | None) -> Interrupt | None:
@@ -90,11 +88,8 @@ class InterruptStore(StoreFacade):
         return _ordered([cast(Interrupt, decode_interrupt(v))
                          for _, v in await self._scan(state.thread_prefix(thread_id), thread_id)])
 
-    def _run_interrupts(self, run_id: str) -> builtins.list[Interrupt]:
-        out: builtins.list[Interrupt] = []
-        for k, _ in self._store.scan(state.run_prefix(run_id)):
-            _, thread_id, interrupt_id = state.split_by_run(k)
-            record = _interrupt(self._store.get(state.record_key(thread_id, interrupt_id)))
-            if record is not None and record["runId"] == run_id:
-                out.append(record)
-        return _ordered(out)
+    async def _run_interrupts(self, run_id: str) -> builtins.list[Interrupt]:
+        """After a read barrier on every partition: the run's interrupts may live on any thread."""
+        answers = await self._session.query("interrupts.of_run", None, run_id=run_id)
+        records = [_interrupt(raw) for found in answers for raw in found]
+        return _ordered([r for r in records if r is not None and r["runId"] == run_id])

@@ -24,7 +24,6 @@ from ..kernel.records import (
 )
 from ..kernel.validation import dumps, is_finite, require_id
 from ..projections.folds import runs as state
-from ..projections.keys import dec_num, dec_str
 from ..types import Run, RunPatch, RunStatus, Timestamp
 from .base import StoreFacade
 from .run_driver import RunDriver
@@ -124,31 +123,17 @@ class RunStore(StoreFacade):
         if not is_finite(ttl_ms) or ttl_ms < 0:
             raise invalid_argument(f"ttl_ms must be a finite number >= 0, got {ttl_ms!r}")
         cutoff = now - ttl_ms
-        await self._read_barrier()
-        # A run is in one index at a time; a thin client's two scans are two
-        # reads, so a run moving between them meanwhile is listed once.
-        quiet = await self._off_loop(lambda: [pair for tag in (state.RUN_DETACHED, state.RUN_HEARTBEAT)
-                                              for pair in self._quiet_until(tag, cutoff)])
-        found = {(r["threadId"], r["runId"]): (since, r) for since, r in quiet}
+        # After a read barrier on every partition, each owner lists its quiet
+        # runs; a run is in one index at a time, but is listed once even if it
+        # moved between the two scans. The record decides (exact comparison).
+        answers = await self._session.query("runs.quiet", None, cutoff=cutoff)
+        found: dict[tuple[str, str], tuple[float, Run]] = {}
+        for record in (_stored_run(raw) for answer in answers for raw in answer):
+            quiet = quiet_since(record)
+            if quiet is not None and quiet[1] <= cutoff:
+                found[(record["threadId"], record["runId"])] = (quiet[1], record)
         ordered = sorted(found.values(), key=lambda pair: (pair[0], pair[1]["runId"].encode("utf-8")))
         return [record for _, record in ordered]
-
-    def _quiet_until(self, tag: bytes, cutoff: float) -> list[tuple[float, Run]]:
-        """The records of one reclaim index (`runD` or `runH`) quiet since `cutoff` or earlier."""
-        out: list[tuple[float, Run]] = []
-        for k, _ in self._store.scan(tag):
-            since, pos = dec_num(k, len(tag))
-            # The key orders by the double nearest the time; rounding is
-            # monotonic, so a key past the cutoff's double is past the cutoff.
-            if since > float(cutoff):
-                break
-            run_id, thread_id = _split_tail(k, pos)
-            record = _run(self._store.get(state.record_key(thread_id, run_id)))
-            # The index is a hint; the record decides (exact comparison).
-            quiet = None if record is None else quiet_since(record)
-            if record is not None and quiet is not None and quiet[1] <= cutoff:
-                out.append((quiet[1], record))
-        return out
 
     async def claim(self, run_id: str) -> int:
         """Become the run's driver: driverEpoch := one more than any epoch it ever
@@ -213,8 +198,3 @@ class RunStore(StoreFacade):
         records = [_stored_run(v) for _, v in await self._scan(state.thread_prefix(thread_id), thread_id)]
         return sorted(records, key=lambda r: _by_time(r, "startedAt", "runId"))
 
-
-def _split_tail(k: bytes, pos: int) -> tuple[str, str]:
-    run_id, pos = dec_str(k, pos)
-    thread_id, _ = dec_str(k, pos)
-    return run_id, thread_id
