@@ -27,8 +27,7 @@ Operations (bytes travel as base64; partitions as JSON object keys):
   does, and returns its `targets` with the value: a read after a barrier in
   one request. `gets {keys, floor, barrier}` reads several keys in one
   request (at most 1024), as `get` does one: `{values: [...]}` in the order
-  asked, not one snapshot (a tuple of the LangGraph saver: its channel values
-  at once). Scans are paged:
+  asked, not one snapshot (the OpenAI Agents session's items). Scans are paged:
   `next` is the key to resume at, null at the end; pages are not one snapshot;
 - `query {name, args, floor, barrier}`: one of the named read-only queries of
   projections/queries.py run over the state of the partitions asked (a
@@ -44,6 +43,9 @@ Operations (bytes travel as base64; partitions as JSON object keys):
   `{"push": [[p, offset, verdict], ...]}` (processors/verdict_push.py), and
   `{"push": []}` every 2 s when idle; the first line back is the usual
   answer, `{"id": .., "ok": true, ...}`;
+- any answer longer than 48 MiB is refused `ANSWER_TOO_LARGE` (a `gets` of
+  large values, a query of a huge thread): the client asks for less, a key
+  at a time;
 - `stats {}`: partitions owned, records judged, decisions that waited for
   another owner's answer, restores (operators, tests);
 - `end_offsets {}`: the events partitions' end offsets (kept for thin clients of
@@ -85,7 +87,7 @@ from threadlog.projections.partition_stores import PartitionStores
 from threadlog.projections.queries import QUERIES, to_wire
 
 from threadlog.kernel.errors import BEHIND, INVALID_ARGUMENT, NOT_OWNER, UNAVAILABLE, ThreadLogError, not_owner
-from threadlog.kernel.topics import MAX_REPLY_SECRET_BYTES
+from threadlog.kernel.topics import ANSWER_TOO_LARGE, MAX_REPLY_SECRET_BYTES
 
 log = logging.getLogger("threadlog.query")
 _T = TypeVar("_T")
@@ -93,6 +95,8 @@ _T = TypeVar("_T")
 # A JSON line may hold a whole stored value (a transcript up to the 16 MiB
 # record limit, base64-inflated).
 LINE_LIMIT = 64 * 1024 * 1024
+# Longest answer line (clients read lines of up to 64 MiB; a value is at most 16 MiB).
+MAX_ANSWER_BYTES = 48 * 1024 * 1024
 SCAN_PAGE = 512
 MAX_GETS = 1024  # keys per `gets` request
 SCAN_PAGE_BYTES = 4 * 1024 * 1024
@@ -229,9 +233,15 @@ class QueryServer:
         except Exception as exc:
             log.exception("query failed")
             out = {"id": rid, "ok": False, "code": INVALID_ARGUMENT, "message": f"bad request: {exc!r}"}
+        line = orjson.dumps(out)
+        if len(line) > MAX_ANSWER_BYTES:
+            # A client drops a connection whose line passes its limit (every call
+            # on it would fail): refuse instead; it asks for less (one key at a time).
+            line = orjson.dumps({"id": rid, "ok": False, "code": ANSWER_TOO_LARGE,
+                                 "message": f"the answer is {len(line)} bytes; at most {MAX_ANSWER_BYTES}"})
         async with lock:
             try:
-                writer.write(orjson.dumps(out) + b"\n")
+                writer.write(line + b"\n")
                 await writer.drain()
             except ConnectionError:
                 pass
@@ -343,13 +353,18 @@ class QueryServer:
             raise ThreadLogError(BEHIND, f"worker behind: {exc.message}") from None
 
     def _read(self, read: Callable[[], _T], parts: list[int]) -> _T:
-        """A read of stores that may close under it when ownership moves."""
+        """A read of stores that may close under it when ownership moves. Checked
+        after it too: a partition given up meanwhile is skipped by the stores
+        (closed), which would answer "absent" for what it holds."""
         try:
-            return read()
+            got = read()
         except Exception:
             if any(p not in self.judge.owned for p in parts):
                 raise not_owner(f"partitions {parts} moved during the read") from None
             raise
+        if any(p not in self.judge.owned for p in parts):
+            raise not_owner(f"partitions {parts} moved during the read")
+        return got
 
     def _bounded(self, asked: Any) -> float:
         try:

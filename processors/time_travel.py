@@ -329,7 +329,7 @@ class _Frozen:
     async def scan(self, prefix: bytes, keys: Any) -> list[tuple[bytes, bytes]]:
         return list(self.state.scan(prefix))
 
-    async def query(self, name: str, keys: Any, barrier: bool = True, **args: Any) -> list[Any]:
+    async def query(self, name: str, keys: Any, args: Any, barrier: bool = True) -> list[Any]:
         return [QUERIES[name](self.state, **args)]
 
     async def send(self, type_name: str, key: str, payload: dict) -> Any:

@@ -14,6 +14,7 @@ from agents.memory.session import Session, SessionABC
 from openai.types.responses import ResponseOutputMessage, ResponseOutputText
 from threadlog.processors.handlers.agent_sessions import partition_key
 
+from threadlog import remote
 from threadlog.integrations.openai_agents import ThreadLogSession
 from threadlog.kernel.errors import ThreadLogError
 
@@ -21,8 +22,8 @@ from threadlog.kernel.errors import ThreadLogError
 WAIT = 30
 
 
-async def within(aw):
-    return await asyncio.wait_for(aw, WAIT)
+async def within(aw, seconds: float = WAIT):
+    return await asyncio.wait_for(aw, seconds)
 
 
 def msg(i: int, role: str = "user") -> dict:
@@ -130,6 +131,29 @@ async def test_a_thin_client_reads_the_session_through_its_worker(open_client):
     assert got == [[msg(2), msg(3), msg(4)]] * 8
     assert await within(s2.pop_item()) == msg(4)
     assert await within(s1.get_items()) == [msg(n) for n in range(4)]
+
+
+async def test_items_too_large_for_one_answer_are_read_one_at_a_time(open_client, monkeypatch):
+    """Four 13 MiB items pass the worker's 48 MiB answer: it refuses the `gets`
+    (ANSWER_TOO_LARGE) instead of sending a line the client would drop with
+    its connection, and the thin client reads them a key at a time."""
+    thin, full = await open_client(processors="external"), await open_client()
+    big = [{"role": "user", "content": str(n) * (13 * 1024 * 1024)} for n in range(4)]
+    for item in big:  # one per call: a proposal holds at most 15 MiB
+        await within(ThreadLogSession("large", full).add_items([item]), 60)
+    refused: list[str] = []
+    real_call = remote.QueryClient.call
+
+    async def call(self, op, args, partitions=None, timeout=None):
+        try:
+            return await real_call(self, op, args, partitions, timeout)
+        except ThreadLogError as exc:
+            refused.append(f"{op} {exc.code}")
+            raise
+
+    monkeypatch.setattr(remote.QueryClient, "call", call)
+    assert await within(ThreadLogSession("large", thin).get_items(), 60) == big
+    assert refused == ["gets ANSWER_TOO_LARGE"]
 
 
 async def test_concurrent_pops_never_share_an_item_and_lose_none(open_client):

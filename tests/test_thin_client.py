@@ -146,6 +146,22 @@ async def test_several_keys_are_one_request_and_a_worker_without_gets_is_read_ke
     assert sorted(sent) == [("get", False)] * 3  # remembered: no `gets` tried again
 
 
+async def test_a_checkpoint_read_by_id_is_the_embedded_clients_whatever_its_json(worker, open_client):
+    """`checkpoints.get` through a thin client is a query at every owner; the
+    record carries the user's JSON, which must come back as written -- even a
+    dict shaped like the query wire's bytes marker ({"$b": ...})."""
+    thin = await open_client(processors="external", own_worker=True)
+    embedded = await open_client()
+    cp = checkpoint("c1", "t")
+    cp["conversation"] = [{"$b": "not base64 ~"}, {"$b": "aGk="}, {"role": "user", "content": "x"}]
+    w = await within(embedded.checkpoints.acquire_writer("t"))
+    await within(embedded.checkpoints.append(checkpoint=cp, expected_head_id=None, writer=w))
+    got = await within(thin.checkpoints.get("c1"))
+    assert got == await within(embedded.checkpoints.get("c1"))
+    assert got["conversation"] == cp["conversation"]
+    assert await within(thin.checkpoints.get("nope")) is None
+
+
 async def test_refusals_surface_with_their_codes(worker, open_client):
     thin = await open_client(processors="external", own_worker=True)
     w = await within(thin.checkpoints.acquire_writer("t"))

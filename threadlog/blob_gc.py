@@ -141,13 +141,12 @@ class _Sweep:
         each key a collect ever deleted, a marker of where: handlers/blob_gc.py)."""
         where = fence_keys or [gc.fence_key(sweep, q, self.partitions) for q in range(self.partitions)]
         collected: dict[str, int] = {}
-        if not held:
-            # Read after every collect of these keys was settled (judged, or sealed).
-            await self.tl.read_barrier([blob_state.partition_key(k) for k in keys] or None)
-            for k in keys:
-                offset = gc.collected_at(self.tl.state, k)
-                if offset is not None:
-                    collected[k] = offset
+        if not held and keys:
+            # Read after every collect of these keys was settled (judged, or sealed):
+            # the barrier travels with the read, one request per owner.
+            raws = await self.tl.read_many([gc.collected_key(k) for k in keys],
+                                           [blob_state.partition_key(k) for k in keys])
+            collected = {k: gc.decode_collected(raw) for k, raw in zip(keys, raws, strict=True) if raw is not None}
         await asyncio.gather(*(self.tl.send("threadlog.cmd.FenceBlobsForGc", k,
                                             {"sweepId": sweep, "keys": keys if held else [], "held": held,
                                              "collected": collected})

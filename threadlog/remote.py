@@ -24,14 +24,16 @@ this client already saw. Answers never come from a worker that does not own
 the partition: a worker closes a partition's store when it gives it up.
 
 `QueryClient` runs its connections on a thread of its own with its own event
-loop. Why a thread: scans and multi-key reads are synchronous
-(`self._store.scan(...)` after an awaited barrier) -- the same surface as the
-local RocksDB stores -- so such a read blocks its thread for each round trip;
-were the connections served by the caller's loop, that blocked loop could
-never receive the answer. Those reads run on the client's read pool
-(`off_loop`), never on the caller's loop. Single-key reads, the hot ones
-(`runs.update`, `claim`, `interrupts.resolve`, `get_head`, `load_thread`), are
-awaited instead (`QueryClient.read`), with their barrier in the same request.
+loop, awaited from any caller's loop: single-key reads (`read`, the barrier in
+the same request), several keys (`read_many`: `gets`), scans (`scan`) and
+named queries run by the owner over its state (`query`: a LangGraph tuple,
+`checkpoints.get`, interrupts by run, reclaimable runs; projections/queries.py).
+Why a thread of its own: `RemoteStore` keeps the synchronous surface of the
+local RocksDB stores (`get`, a lazily paged `scan`) for the few reads that
+still use it (`blobs.list`, and queries read key by key when a worker will not
+run them) -- each blocks its thread for a round trip, so they run on the
+client's read pool (`off_loop`), and were the connections served by the
+caller's loop, that blocked loop could never receive the answer.
 """
 
 
@@ -63,7 +65,7 @@ from .kernel.errors import (
     ThreadLogError,
     unavailable,
 )
-from .kernel.topics import REPLY_HEADER
+from .kernel.topics import ANSWER_TOO_LARGE, REPLY_HEADER
 from .members import MembersView
 from .processors.verdict_push import BEAT_S, reply_token
 from .producers.pump import inbox
@@ -130,7 +132,8 @@ class _Conn:
 
 
 class NoQueries(Exception):
-    """A worker of an earlier version runs no queries (QueryClient.query)."""
+    """The worker will not run this query (QueryClient.query): an earlier
+    version, or an answer too large for one line."""
 
 
 class _Retry(Exception):
@@ -183,8 +186,8 @@ class QueryClient:
         # caller loop's default one, which the application and LangGraph share.
         self.readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix=f"thin-read:{client_id}")
         self._barrier_gets = True  # False once a worker ignored `barrier` on a get (an earlier version)
-        self._multi_gets = True  # False once a worker did not know `gets` (an earlier version)
-        self._queries = True  # False once a worker did not know `query` (an earlier version)
+        # Operations a worker did not know (an earlier version) -> monotonic time to try them again.
+        self._unknown_ops: dict[str, float] = {}
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -457,34 +460,30 @@ class QueryClient:
 
     async def read_many(self, ks: list[bytes], partitions: list[int] | None, barrier: bool) -> list[bytes | None]:
         """The values at `ks`, in that order, as `read` reads one: one request
-        per owner for up to GETS_PER_REQUEST keys (the groups asked at once)."""
-        if not ks:
-            if barrier:
-                await self.barrier(partitions)
-            return []
-        if not self._multi_gets or (barrier and not self._barrier_gets):  # an earlier worker was met
-            if barrier:
-                await self.barrier(partitions)
-            return list(await asyncio.gather(*(self.read(k, partitions, False) for k in ks)))
-        groups = [ks[i:i + GETS_PER_REQUEST] for i in range(0, len(ks), GETS_PER_REQUEST)]
-        try:
-            answers = await asyncio.gather(*(self._gets(group, partitions, barrier) for group in groups))
-        except ThreadLogError as exc:
-            if exc.code != INVALID_ARGUMENT or "unknown operation" not in exc.message:
-                raise
-            self._multi_gets = False  # a worker of an earlier version: from now on, one get per key
-            return await self.read_many(ks, partitions, barrier)
-        return [value for answer in answers for value in answer]
+        per owner for up to GETS_PER_REQUEST keys (the groups asked at once).
+        One `get` per key where a worker has no `gets` (an earlier version) or
+        the values are too large for one answer."""
+        if ks and self._supports("gets"):
+            groups = [ks[i:i + GETS_PER_REQUEST] for i in range(0, len(ks), GETS_PER_REQUEST)]
+            try:
+                answers = await asyncio.gather(*(self._gets(group, partitions, barrier) for group in groups))
+                return [value for answer in answers for value in answer]
+            except ThreadLogError as exc:
+                if not self._unsupported(exc, "gets") and exc.code != ANSWER_TOO_LARGE:
+                    raise
+        if barrier:
+            await self.barrier(partitions)
+        return list(await asyncio.gather(*(self.read(k, partitions, False) for k in ks)))
 
     async def _gets(self, ks: list[bytes], partitions: list[int] | None, barrier: bool) -> list[bytes | None]:
         args: dict[str, Any] = {"keys": [_b64(k) for k in ks]}
         if barrier:
             args["barrier"] = True
         results = await self.acall("gets", args, self.all_partitions() if partitions is None else partitions)
+        if barrier:
+            self._floor_from(results)
         values: list[bytes | None] = [None] * len(ks)
         for result in results.values():
-            if barrier:
-                self.raise_floor({int(p): int(o) for p, o in result["targets"].items()})
             for i, got in enumerate(result["values"]):
                 if got is not None:
                     values[i] = base64.b64decode(got)
@@ -494,9 +493,10 @@ class QueryClient:
         """The answers of the named query (projections/queries.py), one per
         owner of `partitions` (all when None), each run over the state of the
         partitions asked of it, after a read barrier there if `barrier` (in the
-        same request). NoQueries if a worker is of an earlier version (no
-        `query` operation): the caller reads the keys itself."""
-        if not self._queries:
+        same request). NoQueries if a worker will not run it (an earlier
+        version without `query`, or an answer too large for one line): the
+        caller reads the keys itself."""
+        if not self._supports("query"):
             raise NoQueries
         body: dict[str, Any] = {"name": name, "args": args}
         if barrier:
@@ -504,14 +504,29 @@ class QueryClient:
         try:
             results = await self.acall("query", body, self.all_partitions() if partitions is None else partitions)
         except ThreadLogError as exc:
-            if exc.code != INVALID_ARGUMENT or "unknown operation" not in exc.message:
-                raise
-            self._queries = False
-            raise NoQueries from None
+            if self._unsupported(exc, "query") or exc.code == ANSWER_TOO_LARGE:
+                raise NoQueries from None
+            raise
         if barrier:
-            for result in results.values():
-                self.raise_floor({int(p): int(o) for p, o in result["targets"].items()})
+            self._floor_from(results)
         return [from_wire(result["value"]) for result in results.values()]
+
+    def _floor_from(self, results: dict[tuple[int, ...], Any]) -> None:
+        """Raise the floor to the `targets` a barrier carried by a read answered."""
+        for result in results.values():
+            self.raise_floor({int(p): int(o) for p, o in result["targets"].items()})
+
+    def _supports(self, op: str) -> bool:
+        return self._unknown_ops.get(op, 0.0) <= time.monotonic()
+
+    def _unsupported(self, exc: ThreadLogError, op: str) -> bool:
+        """Is `exc` a worker's answer that it has no `op` (an earlier version:
+        query_server's "unknown operation 'op'", its only message that starts
+        so)? If so, `op` is not asked for a while (workers may be upgraded)."""
+        if exc.code != INVALID_ARGUMENT or not exc.message.startswith("unknown operation "):
+            return False
+        self._unknown_ops[op] = time.monotonic() + REFUSED_PAUSE_S
+        return True
 
     async def scan(self, prefix: bytes, partitions: list[int] | None) -> list[tuple[bytes, bytes]]:
         """Every (key, value) under `prefix` in the state of `partitions` (all when
@@ -542,7 +557,7 @@ class RemoteStore:
     the owners of the partitions: a `get` asks every owner (a key lives in one
     partition's state), a `scan` merges each partition's ordered pages."""
 
-    def __init__(self, client: QueryClient, page: int = 512) -> None:
+    def __init__(self, client: QueryClient, page: int = SCAN_LIMIT) -> None:
         self._client = client
         self.page = page  # keys per scan request (the server caps it too)
 

@@ -10,7 +10,7 @@ store or the client's lifecycle, and nothing below the client imports it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .config import Options
@@ -94,7 +94,8 @@ class Session:
         state = self.state
         return [state.get(k) for k in ks]
 
-    async def query(self, name: str, keys: Iterable[str] | None, barrier: bool = True, **args: Any) -> list[Any]:
+    async def query(self, name: str, keys: Iterable[str] | None, args: Mapping[str, Any],
+                    barrier: bool = True) -> list[Any]:
         """The answers of the named query (projections/queries.py) over the state
         of the partitions of `keys` (all when None), after a read barrier there
         unless `barrier` is False: through a thin client one request per owner,
@@ -105,7 +106,7 @@ class Session:
         query = self.runtime.query
         if query is not None:
             try:
-                return await query.query(name, args, self._partitions(keys), barrier)
+                return await query.query(name, dict(args), self._partitions(keys), barrier)
             except NoQueries:
                 pass
         if barrier:

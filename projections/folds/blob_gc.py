@@ -74,7 +74,11 @@ def marker_key(blob_key: str, partition: int) -> bytes:
 def collected_at(view: StateReader, blob_key: str) -> int | None:
     """The offset (on the blob's partition) of the last collect that deleted `blob_key`."""
     raw = view.get(collected_key(blob_key))
-    return None if raw is None else int(raw)
+    return None if raw is None else decode_collected(raw)
+
+
+def decode_collected(raw: bytes) -> int:
+    return int(raw)
 
 
 def marker(view: StateReader, blob_key: str, partition: int) -> int | None:

@@ -89,23 +89,24 @@ def threads_holding(view: StateReader, checkpoint_id: str) -> list[str]:
     return [split(INDEX, k, "ss")[1] for k, _ in view.scan(prefix)]
 
 
-def find_record(view: StateReader, checkpoint_id: str) -> dict | None:
-    """The record of checkpoint `checkpoint_id` on whichever thread of `view` holds
-    it (None: none does). A query (projections/queries.py): a thin client's
-    `checkpoints.get` is one request per owner instead of a scan, then a get."""
-    for thread in threads_holding(view, checkpoint_id):
-        record = get_record(view, thread, checkpoint_id)
-        if record is not None:
-            return record
-    return None
+def find_record(view: StateReader, checkpoint_id: str) -> list[bytes]:
+    """The stored records of checkpoint `checkpoint_id` in `view`, by thread id
+    (ids are unique: at most one). A query (projections/queries.py): a thin
+    client's `checkpoints.get` is one request per owner instead of a scan,
+    then a get. Raw bytes: the record holds the user's JSON, which only the
+    client decodes."""
+    found = (record_bytes(view, thread, checkpoint_id) for thread in threads_holding(view, checkpoint_id))
+    return [raw for raw in found if raw is not None]
 
 
 def get_record(view: StateReader, thread_id: str, checkpoint_id: str) -> dict | None:
-    rk = view.get(index_key(checkpoint_id, thread_id))
-    if rk is None:
-        return None
-    raw = view.get(rk)
+    raw = record_bytes(view, thread_id, checkpoint_id)
     return None if raw is None else json.loads(raw)
+
+
+def record_bytes(view: StateReader, thread_id: str, checkpoint_id: str) -> bytes | None:
+    rk = view.get(index_key(checkpoint_id, thread_id))
+    return None if rk is None else view.get(rk)
 
 
 def get_head(view: StateReader, thread_id: str) -> str | None:

@@ -29,6 +29,7 @@ from threadlog.kernel.errors import unavailable
 
 from ..fold import EventMeta, folds
 from ..keys import key, split
+from ..reader import StateReader
 from ..view import View
 
 log = logging.getLogger("threadlog.fold.langgraph")
@@ -167,16 +168,18 @@ def joined(ref: dict, chunks: list[bytes | None]) -> bytes | None:
     return data if len(data) == ref["size"] else None
 
 
-TUPLE_CHUNK_BYTES = 8 * 1024 * 1024  # chunk bytes a tuple read carries at most; the reader asks the rest
+# Chunk bytes a tuple query carries at most (the reader asks the rest in reads
+# of as many bytes); well under the query service's 48 MiB answer with base64.
+TUPLE_CHUNK_BYTES = 8 * 1024 * 1024
 
 
-def read_tuple(store: Any, thread: str, ns: str, checkpoint_id: str | None) -> dict | None:
+def read_tuple(store: StateReader, thread: str, ns: str, checkpoint_id: str | None) -> dict | None:
     """Everything `get_tuple` needs of one checkpoint (the newest of (thread, ns)
     when `checkpoint_id` is None), raw: {"id", "rec", "blobs": [[channel, ref
     JSON | None]], "writes": [[key, JSON]], "chunks": [[key, bytes | None]]}
     with the chunks of its values up to TUPLE_CHUNK_BYTES; None if there is no
     such checkpoint. `store` reads the thread's state (`get`, `scan`): a
-    worker answers it as one query (processors/queries.py) where a reader of
+    worker answers it as one query (projections/queries.py) where a reader of
     the keys would make a round trip per dependent step. Not one snapshot: the
     reader checks that chunks and sizes agree (`joined`) and reads again."""
     for _ in range(3):

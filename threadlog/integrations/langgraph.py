@@ -89,7 +89,6 @@ DEFAULT_COMMAND_BUDGET_BYTES = 8 * 1024 * 1024
 STAGE_CONCURRENCY = 4
 # A read that meets a value deleted under it (a prune racing it) starts over.
 READ_ATTEMPTS = 3
-CHUNK_READ_BYTES = 8 * 1024 * 1024  # chunk bytes asked per request of a thin client
 STRATEGIES = ("keep_latest", "delete")
 
 
@@ -213,14 +212,14 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
                      known: dict[bytes, bytes | None] | None = None) -> list[bytes]:
         """The bytes each (owner, slot, ref) names: inline ones at once, chunks
         from `known` (what a tuple query carried), the others read together, at
-        most CHUNK_READ_BYTES per request. _Torn if a chunk is missing (deleted
+        most TUPLE_CHUNK_BYTES per request. _Torn if a chunk is missing (deleted
         since its ref was read: read again)."""
         known = dict(known or {})
         wanted = [state.chunk_keys(thread, owner, slot, ref) for owner, slot, ref in refs]
         groups: list[list[bytes]] = []
         for (_, _, ref), ks in zip(refs, wanted, strict=True):
             chunk = -(-ref.get("size", 0) // max(1, len(ks)))  # every chunk but the last is this size
-            per = max(1, CHUNK_READ_BYTES // max(1, chunk))
+            per = max(1, state.TUPLE_CHUNK_BYTES // max(1, chunk))
             ks = [k for k in ks if k not in known]
             groups += [ks[i:i + per] for i in range(0, len(ks), per)]
         read = await asyncio.gather(*(self.tl.session.read_many(g, (thread,), barrier=False) for g in groups))
@@ -246,8 +245,8 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         client one request (the `langgraph.tuple` query, run by the thread's
         owner), however many channels and writes it has."""
         for _ in range(READ_ATTEMPTS):
-            (got,) = await self.tl.session.query("langgraph.tuple", (thread,), barrier,
-                                                 thread=thread, ns=ns, checkpoint_id=checkpoint_id)
+            (got,) = await self.tl.session.query("langgraph.tuple", (thread,), {
+                "thread": thread, "ns": ns, "checkpoint_id": checkpoint_id}, barrier)
             barrier = False
             if got is None:
                 return None
@@ -333,7 +332,7 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
             prefix = state.ckpt_prefix(thread, config["configurable"].get("checkpoint_ns"))
             wanted_id = get_checkpoint_id(config)
         before_id = get_checkpoint_id(before) if before else None
-        # Keys only: records are read one at a time, as the caller consumes them.
+        # The records' keys; each tuple is read (one query) as the caller consumes the listing.
         keys = await self.tl.session.scan(prefix, None if config is None else [_thread_id(config)])
         found = [state.split_ckpt_key(k) for k, _ in keys]
         found.sort(key=lambda f: (f[2], f[0], f[1]), reverse=True)

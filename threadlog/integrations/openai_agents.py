@@ -123,10 +123,11 @@ class ThreadLogSession(SessionABC):
         meta = state.decode_meta(await session.read(state.meta_key(self.session_id), on))  # with its read barrier
         for _ in range(READ_ATTEMPTS):
             first = meta["first"] if limit is None or limit < 0 else max(meta["first"], meta["next"] - limit)
-            # The items and the positions again, in one request per owner through a thin client.
-            *texts, again = await session.read_many(
-                [*(state.item_key(self.session_id, pos) for pos in range(first, meta["next"])),
-                 state.meta_key(self.session_id)], on, barrier=False)
+            # The items (one request per owner and 64 items through a thin client),
+            # then the positions again, read after every item was.
+            texts = await session.read_many(
+                [state.item_key(self.session_id, pos) for pos in range(first, meta["next"])], on, barrier=False)
+            again = await session.read(state.meta_key(self.session_id), on, barrier=False)
             # Unchanged revision: the items read belong to one state of the session.
             if state.decode_meta(again)["rev"] == meta["rev"] and None not in texts:
                 return [loads(t) for t in texts if t is not None]

@@ -18,6 +18,9 @@ HOUR_MS = 3600 * 1000
 # hash of the secret (at most MAX_REPLY_SECRET_BYTES) it subscribes with.
 REPLY_HEADER = "threadlog.reply"
 MAX_REPLY_SECRET_BYTES = 64
+# The query service's refusal of an answer too long for one line (a code of
+# the wire protocol between clients and workers, not of the public API).
+ANSWER_TOO_LARGE = "ANSWER_TOO_LARGE"
 
 
 def reply_of(headers: list[tuple[str, bytes | None]] | None) -> bytes | None:

@@ -50,8 +50,9 @@ class StoreFacade:
         return await self._session.read(k, (thread_id,), barrier=False)
 
     async def _off_loop(self, read: Callable[..., _T], *args: Any) -> _T:
-        """Run a synchronous read of the state (a scan, several keys): through a thin
-        client on a pool thread, never holding the caller's loop on its round trips."""
+        """Run a synchronous read of the state (a lazily merged scan: blobs.list):
+        through a thin client on a pool thread, never holding the caller's loop
+        on its round trips."""
         return await off_loop(self._store, read, *args)
 
     async def _scan(self, prefix: bytes, *keys: str) -> list[tuple[bytes, bytes]]:

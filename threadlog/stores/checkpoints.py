@@ -297,7 +297,8 @@ class CheckpointStore(StoreFacade):
         require_id(checkpoint_id, "checkpoint_id")
         # The id may live on any thread: every owner looks (after a barrier on
         # every partition), one request each through a thin client.
-        found = [r for r in await self._session.query("checkpoints.get", None, checkpoint_id=checkpoint_id) if r]
+        answers = await self._session.query("checkpoints.get", None, {"checkpoint_id": checkpoint_id})
+        found = sorted((json.loads(raw) for answer in answers for raw in answer), key=lambda r: r["threadId"])
         return cast(Checkpoint, found[0]) if found else None  # a record the checkpoint fold stored
 
     async def list(self, thread_id: str) -> list[Checkpoint]:

@@ -90,6 +90,6 @@ class InterruptStore(StoreFacade):
 
     async def _run_interrupts(self, run_id: str) -> builtins.list[Interrupt]:
         """After a read barrier on every partition: the run's interrupts may live on any thread."""
-        answers = await self._session.query("interrupts.of_run", None, run_id=run_id)
+        answers = await self._session.query("interrupts.of_run", None, {"run_id": run_id})
         records = [_interrupt(raw) for found in answers for raw in found]
         return _ordered([r for r in records if r is not None and r["runId"] == run_id])

@@ -126,7 +126,7 @@ class RunStore(StoreFacade):
         # After a read barrier on every partition, each owner lists its quiet
         # runs; a run is in one index at a time, but is listed once even if it
         # moved between the two scans. The record decides (exact comparison).
-        answers = await self._session.query("runs.quiet", None, cutoff=cutoff)
+        answers = await self._session.query("runs.quiet", None, {"cutoff": float(cutoff)})
         found: dict[tuple[str, str], tuple[float, Run]] = {}
         for record in (_stored_run(raw) for answer in answers for raw in answer):
             quiet = quiet_since(record)
