@@ -425,8 +425,12 @@ class QueryClient:
     def all_partitions(self) -> list[int]:
         return list(range(self.partitions))
 
+    def _asked(self, partitions: list[int] | None) -> list[int]:
+        """The partitions a read of `partitions` asks about (None: every one)."""
+        return self.all_partitions() if partitions is None else partitions
+
     async def barrier(self, partitions: list[int] | None) -> dict[int, int]:
-        asked = self.all_partitions() if partitions is None else partitions
+        asked = self._asked(partitions)
         results = await self.acall("barrier", {}, asked)
         targets = {int(p): int(o) for result in results.values() for p, o in result["targets"].items()}
         self.raise_floor(targets)
@@ -446,14 +450,14 @@ class QueryClient:
         args: dict[str, Any] = {"key": _b64(k)}
         if barrier:
             args["barrier"] = True
-        results = await self.acall("get", args, self.all_partitions() if partitions is None else partitions)
+        results = await self.acall("get", args, self._asked(partitions))
         if barrier and any("targets" not in result for result in results.values()):
             self._barrier_gets = False  # that worker ignored `barrier`: from now on, the two requests
             return await self.read(k, partitions, True)
+        if barrier:
+            self._floor_from(results)
         value = None
         for result in results.values():
-            if barrier:
-                self.raise_floor({int(p): int(o) for p, o in result["targets"].items()})
             if result["value"] is not None:
                 value = base64.b64decode(result["value"])
         return value
@@ -479,7 +483,7 @@ class QueryClient:
         args: dict[str, Any] = {"keys": [_b64(k) for k in ks]}
         if barrier:
             args["barrier"] = True
-        results = await self.acall("gets", args, self.all_partitions() if partitions is None else partitions)
+        results = await self.acall("gets", args, self._asked(partitions))
         if barrier:
             self._floor_from(results)
         values: list[bytes | None] = [None] * len(ks)
@@ -502,7 +506,7 @@ class QueryClient:
         if barrier:
             body["barrier"] = True
         try:
-            results = await self.acall("query", body, self.all_partitions() if partitions is None else partitions)
+            results = await self.acall("query", body, self._asked(partitions))
         except ThreadLogError as exc:
             if self._unsupported(exc, "query") or exc.code == ANSWER_TOO_LARGE:
                 raise NoQueries from None
@@ -533,8 +537,8 @@ class QueryClient:
         None), ascending, from any event loop without blocking it: every owner's
         first pages in one round, then each partition paged on its own. Pages are
         not one snapshot."""
-        asked = self.all_partitions() if partitions is None else partitions
-        first = await self.acall("scan", {"prefix": _b64(prefix), "start": None, "limit": SCAN_LIMIT}, asked)
+        asked = self._asked(partitions)
+        first = await self.acall("scan", _scan_args(prefix, None, SCAN_LIMIT), asked)
         pages = {int(p): page for result in first.values() for p, page in result["pages"].items()}
 
         async def rest(p: int) -> list[tuple[bytes, bytes]]:
@@ -544,8 +548,7 @@ class QueryClient:
                 got += [(base64.b64decode(k), base64.b64decode(v)) for k, v in page["items"]]
                 if page["next"] is None:
                     return got
-                (result,) = (await self.acall("scan", {
-                    "prefix": _b64(prefix), "start": page["next"], "limit": SCAN_LIMIT}, [p])).values()
+                (result,) = (await self.acall("scan", _scan_args(prefix, page["next"], SCAN_LIMIT), [p])).values()
                 page = result["pages"][str(p)]
 
         found = await asyncio.gather(*(rest(p) for p in sorted(pages)))
@@ -575,9 +578,8 @@ class RemoteStore:
     def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Keys with `prefix` ascending from `start`: every partition's first
         page in one round, then each partition paged on its own, merged."""
-        first = self._client.call_sync("scan", {
-            "prefix": _b64(prefix), "start": None if start is None else _b64(start), "limit": self.page},
-            self._client.all_partitions())
+        start_b64 = None if start is None else _b64(start)
+        first = self._client.call_sync("scan", _scan_args(prefix, start_b64, self.page), self._client.all_partitions())
         pages = {int(p): page for result in first.values() for p, page in result["pages"].items()}
         return heapq.merge(*(self._pages(prefix, p, pages[p]) for p in sorted(pages)), key=lambda kv: kv[0])
 
@@ -587,8 +589,7 @@ class RemoteStore:
                 yield base64.b64decode(k), base64.b64decode(v)
             if page["next"] is None:
                 return
-            (result,) = self._client.call_sync("scan", {
-                "prefix": _b64(prefix), "start": page["next"], "limit": self.page}, [p]).values()
+            (result,) = self._client.call_sync("scan", _scan_args(prefix, page["next"], self.page), [p]).values()
             page = result["pages"][str(p)]
 
 
@@ -949,6 +950,11 @@ async def off_loop(store: object, read: Callable[..., _T], *args: Any) -> _T:
         pool = store._client.readers
         return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(read, *args))
     return read(*args)
+
+
+def _scan_args(prefix: bytes, start: str | None, limit: int) -> dict:
+    """A `scan` request's arguments: `start` is a page's `next` (base64) or None."""
+    return {"prefix": _b64(prefix), "start": start, "limit": limit}
 
 
 def _b64(raw: bytes) -> str:

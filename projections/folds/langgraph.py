@@ -189,18 +189,18 @@ def read_tuple(store: StateReader, thread: str, ns: str, checkpoint_id: str | No
             if head is None:
                 return None
             cid = head.decode("utf-8")
-        rec_raw = store.get(ckpt_key(thread, ns, cid))
+        ck = ckpt_key(thread, ns, cid)
+        rec_raw = store.get(ck)
         if rec_raw is None:
             if checkpoint_id is not None:
                 return None
             continue  # deleted since the head was read: read the new head
         rec = json.loads(rec_raw)
-        ck = ckpt_key(thread, ns, cid)
-        blobs = [[ch, store.get(blob_key(thread, ns, ch, v))] for ch, v in rec["versions"].items()]
+        blob_keys = {ch: blob_key(thread, ns, ch, v) for ch, v in rec["versions"].items()}
+        blobs = [[ch, store.get(bk)] for ch, bk in blob_keys.items()]
         writes = list(store.scan(write_prefix(thread, ns, cid)))
         owned = [(ck, SLOT_BODY, rec["body"]), (ck, SLOT_METADATA, rec["metadata"])]
-        owned += [(blob_key(thread, ns, ch, rec["versions"][ch]), SLOT_VALUE, json.loads(raw))
-                  for ch, raw in blobs if raw is not None]
+        owned += [(blob_keys[ch], SLOT_VALUE, json.loads(raw)) for ch, raw in blobs if raw is not None]
         owned += [(k, SLOT_VALUE, json.loads(raw)["value"]) for k, raw in writes]
         chunks: list[list] = []
         budget = TUPLE_CHUNK_BYTES

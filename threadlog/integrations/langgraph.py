@@ -211,10 +211,10 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
     async def _datas(self, thread: str, refs: Sequence[tuple[bytes, bytes, dict]],
                      known: dict[bytes, bytes | None] | None = None) -> list[bytes]:
         """The bytes each (owner, slot, ref) names: inline ones at once, chunks
-        from `known` (what a tuple query carried), the others read together, at
-        most TUPLE_CHUNK_BYTES per request. _Torn if a chunk is missing (deleted
-        since its ref was read: read again)."""
-        known = dict(known or {})
+        from `known` (what a tuple query carried; filled in place with what is
+        read), the others read together, at most TUPLE_CHUNK_BYTES per request.
+        _Torn if a chunk is missing (deleted since its ref was read: read again)."""
+        known = {} if known is None else known
         wanted = [state.chunk_keys(thread, owner, slot, ref) for owner, slot, ref in refs]
         groups: list[list[bytes]] = []
         for (_, _, ref), ks in zip(refs, wanted, strict=True):
