@@ -135,7 +135,9 @@ async def main() -> None:
                     meter.stop()
                     # The engine's simplest command (a transcript save, same bytes) in the same run:
                     # what any decided command costs here, whatever it decides.
+                    save_meter = CpuMeter(meter.processes).start()
                     save = await save_threads(tl, len(payload), args.count, args.threads, args.clients)
+                    save_meter.stop()
                     # A thin client has no judge (its worker judges).
                     stats = dict(tl.runtime.judge.stats) if tl.runtime.judge is not None else {}
                     learned = tl.session.bus.verdicts
@@ -161,6 +163,7 @@ async def main() -> None:
         print(f"\nratio = rate / raw closed-loop produce rate at {args.clients} awaiting writers; "
               f"appends vs pipelined: {res.rate / pipe.rate:.3f}; appends vs save_thread: {res.rate / save.rate:.2f}")
         print(meter.line(res.count, res.seconds))
+        print("save_thread " + save_meter.line(save.count, save.seconds))
         if stats:
             print(judge_line(stats))
     finally:

@@ -21,7 +21,7 @@ from threadlog.kernel.errors import invalid_argument, unavailable
 from threadlog.kernel.partitioning import partition_for
 from threadlog.kernel.topics import MAX_MESSAGE_BYTES
 
-from .pump import ProducerPump, settle_threadsafe
+from .pump import ProducerPump, settle_threadsafe, within
 
 
 class DeliveryWriter:
@@ -87,7 +87,7 @@ class DeliveryWriter:
         # broker's failover took 6.9 s). The call keeps its own deadline; past
         # it the outcome is as unknown as librdkafka's timeout would have said.
         try:
-            return await asyncio.wait_for(fut, max(0.05, deadline - time.monotonic()))
+            return await within(fut, max(0.05, deadline - time.monotonic()))
         except TimeoutError:
             raise unavailable(f"delivery record not acknowledged within {self.timeout}s: it may or may not "
                               "have been written (read the log to know)") from None

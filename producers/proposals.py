@@ -41,7 +41,7 @@ from threadlog.kernel.errors import OUTCOME_UNKNOWN, ThreadLogError, invalid_arg
 from threadlog.kernel.partitioning import partition_for
 from threadlog.kernel.topics import TopicLayout, Topics
 
-from .pump import ProducerPump, settle_threadsafe
+from .pump import ProducerPump, settle_threadsafe, within
 
 # A proposal's effects are about as large as the proposal: keep 1 MiB of
 # headroom under the topics' 16 MiB record limit.
@@ -198,7 +198,7 @@ class ProposalBus:
         try:
             # One deadline for the whole call, `seen` included: otherwise a call during a
             # broker outage took twice the request timeout (tests/test_broker_outage.py).
-            verdict = await asyncio.wait_for(fut, max(0.05, timeout - (time.monotonic() - began)))
+            verdict = await within(fut, max(0.05, timeout - (time.monotonic() - began)))
         except TimeoutError:
             if where:
                 self.verdicts.forget(partition, where[0], judged)

@@ -31,11 +31,16 @@ def dec_str(data: bytes, pos: int = 0) -> tuple[str, int]:
         return out.decode("utf-8"), i + 2
 
 
+_DOUBLE = struct.Struct(">d")
+_U64 = struct.Struct(">Q")
+_SIGN = 1 << 63
+_ALL = 0xFFFFFFFFFFFFFFFF
+
+
 def enc_num(value: float) -> bytes:
     """8 bytes whose unsigned order equals the numeric order of the double."""
-    (bits,) = struct.unpack(">Q", struct.pack(">d", float(value)))
-    bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits & (1 << 63) else bits | (1 << 63)
-    return struct.pack(">Q", bits)
+    (bits,) = _U64.unpack(_DOUBLE.pack(float(value)))
+    return _U64.pack(bits ^ _ALL if bits & _SIGN else bits | _SIGN)
 
 
 def dec_num(data: bytes, pos: int = 0) -> tuple[float, int]:
@@ -45,9 +50,18 @@ def dec_num(data: bytes, pos: int = 0) -> tuple[float, int]:
 
 
 def key(tag: bytes, *parts: str | float) -> bytes:
-    out = [tag]  # hot (dozens of keys per judged proposal): one join
+    # Hot: dozens of keys per judged proposal. enc_str is inlined (a call per
+    # part was a tenth of the judge's CPU) and the parts are joined once.
+    out = [tag]
     for part in parts:
-        out.append(enc_str(part) if isinstance(part, str) else enc_num(part))
+        if part.__class__ is str:
+            raw = part.encode("utf-8")
+            out.append(raw.replace(b"\x00", _ESC) if b"\x00" in raw else raw)
+            out.append(_END)
+        elif isinstance(part, str):  # a str subclass: the same bytes
+            out.append(enc_str(part))
+        else:
+            out.append(enc_num(part))
     return b"".join(out)
 
 

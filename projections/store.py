@@ -19,7 +19,7 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
-from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch
+from rocksdict import AccessType, BlockBasedOptions, Cache, Checkpoint, Options, Rdict, WriteBatch
 
 from .keys import dec_str, key
 
@@ -44,11 +44,40 @@ def offset_key_parts(k: bytes) -> tuple[str, int] | None:
     return topic, struct.unpack(">I", k[pos:])[0]
 
 
+# One block cache for every store of the process (a worker has one store per
+# partition it owns; RocksDB's default is a cache per store).
+BLOCK_CACHE_BYTES = 128 * 1024 * 1024
+_cache: Cache | None = None
+_cache_lock = threading.Lock()
+
+
+def _block_cache() -> Cache:
+    global _cache
+    with _cache_lock:
+        if _cache is None:
+            _cache = Cache(BLOCK_CACHE_BYTES)
+        return _cache
+
+
 def _options() -> Options:
     opt = Options(raw_mode=True)
     opt.create_if_missing(True)
     opt.set_max_background_jobs(2)
     opt.set_write_buffer_size(16 * 1024 * 1024)
+    # Most point reads of a judged proposal miss: the id it claims, the blobs
+    # it references, its proposal id (was it applied before?), GC markers.
+    # Without filters a miss searched every table file: 13.7 us a get against
+    # 6.2 us with them (bench/judge_cpu.py --appends 30000 --profile), about
+    # 0.15 ms of the judge's CPU per checkpoint append. Whole-key bloom filters
+    # on the tables (pinned for level 0, the youngest files) and the memtable.
+    table = BlockBasedOptions()
+    table.set_bloom_filter(10, False)
+    table.set_block_cache(_block_cache())
+    table.set_cache_index_and_filter_blocks(True)
+    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+    opt.set_block_based_table_factory(table)
+    opt.set_memtable_prefix_bloom_ratio(0.1)
+    opt.set_memtable_whole_key_filtering(True)
     return opt
 
 

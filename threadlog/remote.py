@@ -68,7 +68,7 @@ from .kernel.errors import (
 from .kernel.topics import ANSWER_TOO_LARGE, REPLY_HEADER
 from .members import MembersView
 from .processors.verdict_push import BEAT_S, reply_token
-from .producers.pump import inbox
+from .producers.pump import inbox, within
 from .projections.queries import from_wire
 
 log = logging.getLogger("threadlog.remote")
@@ -376,7 +376,7 @@ class QueryClient:
             async with conn.lock:
                 conn.writer.write(orjson.dumps({"id": rid, "op": op, "args": body}) + b"\n")
                 await conn.writer.drain()
-            msg = await asyncio.wait_for(fut, max(0.01, deadline - time.monotonic()))
+            msg = await within(fut, max(0.01, deadline - time.monotonic()))
         except (_ConnectionLost, ConnectionError):
             conn.fail()
             self.failovers += 1
@@ -828,7 +828,7 @@ class RemoteVerdicts:
         fut: asyncio.Future = self._client._loop.create_future()
         self._dlv_waiting[(d, x)] = fut
         try:
-            answer = await asyncio.wait_for(fut, PUSH_GRACE_S)
+            answer = await within(fut, PUSH_GRACE_S)
         except TimeoutError:
             return None
         finally:

@@ -132,70 +132,70 @@ def check_checkpoint(checkpoint: Any) -> None:
     check_checkpoint_body(checkpoint)
 
 
-def _path_problem(path: Any) -> str | None:
+def _path_problem(path: Any) -> tuple[str | None, list[str]]:
+    """(why `path` is not a normalized workspace-relative path or None, its segments)."""
     if not isinstance(path, str) or not path:
-        return "must be a non-empty string"
+        return "must be a non-empty string", []
     if not is_text(path):
-        return "is not well-formed Unicode"
+        return "is not well-formed Unicode", []
     if "\0" in path:
-        return "contains NUL"
-    if path.startswith(("/", "\\")):
-        return "is absolute"
-    if DRIVE_PREFIX.match(path):
-        return "has a drive prefix"
+        return "contains NUL", []
+    if path[0] in "/\\":
+        return "is absolute", []
+    if path[1:2] == ":" and DRIVE_PREFIX.match(path):
+        return "has a drive prefix", []
     if "\\" in path:
-        return "contains a backslash"
-    if any(part in ("", ".", "..") for part in path.split("/")):
-        return "has an empty, '.' or '..' segment"
-    return None
+        return "contains a backslash", []
+    parts = path.split("/")
+    if "" in parts or "." in parts or ".." in parts:
+        return "has an empty, '.' or '..' segment", []
+    return None, parts
 
 
 def check_files(files: Any) -> None:
+    # Judged for every checkpoint by the client and again by the judge: the
+    # common case (a valid entry) allocates nothing it does not keep.
     if not isinstance(files, list):
         raise invalid_entry(f"checkpoint files must be a list, got {type(files).__name__}")
     seen: set[str] = set()
     file_paths: set[str] = set()
     ancestors: set[str] = set()  # every proper ancestor of every entry so far
     for n, entry in enumerate(files):
-        where = f"files[{n}]"
         if not isinstance(entry, dict):
-            raise invalid_entry(f"{where} must be a dict, got {type(entry).__name__}")
-        extra = sorted(map(repr, set(entry) - FILE_KEYS))
-        if extra:
-            raise invalid_entry(f"{where} has unexpected key(s) {', '.join(extra)}")
+            raise invalid_entry(f"files[{n}] must be a dict, got {type(entry).__name__}")
+        if not FILE_KEYS.issuperset(entry):
+            extra = sorted(map(repr, set(entry) - FILE_KEYS))
+            raise invalid_entry(f"files[{n}] has unexpected key(s) {', '.join(extra)}")
         path: Any = entry.get("path")  # user input: _path_problem checks it is a str
-        problem = _path_problem(path)
+        problem, parts = _path_problem(path)
         if problem:
-            raise invalid_entry(f"{where} path {path!r} {problem}: it must be a normalized workspace-relative path")
+            raise invalid_entry(f"files[{n}] path {path!r} {problem}: it must be a normalized workspace-relative "
+                                "path")
         if path in seen:
-            raise invalid_entry(f"{where}: duplicate entry path {path!r}")
-        parents = _ancestors(path)
-        under = next((p for p in parents if p in file_paths), None)
-        if under is not None:
-            raise invalid_entry(f"{where}: entry {path!r} is beneath file {under!r}")
+            raise invalid_entry(f"files[{n}]: duplicate entry path {path!r}")
+        parents = ["/".join(parts[:i]) for i in range(1, len(parts))]
+        if file_paths and not file_paths.isdisjoint(parents):
+            under = next(p for p in parents if p in file_paths)
+            raise invalid_entry(f"files[{n}]: entry {path!r} is beneath file {under!r}")
         kind = entry.get("kind")
-        if kind == "file" and path in ancestors:
-            raise invalid_entry(f"{where}: file {path!r} is an ancestor of another entry")
         if kind == "file":
+            if path in ancestors:
+                raise invalid_entry(f"files[{n}]: file {path!r} is an ancestor of another entry")
             blob_key = entry.get("blobKey")
             if not isinstance(blob_key, str) or not FILE_BLOB_KEY.match(blob_key):
-                raise invalid_entry(f"{where}: file blobKey must match sandbox-files/sha256/<64 hex>, "
+                raise invalid_entry(f"files[{n}]: file blobKey must match sandbox-files/sha256/<64 hex>, "
                                     f"got {blob_key!r}")
             if "size" not in entry or not is_safe_size(entry["size"]):
-                raise invalid_entry(f"{where}: file size must be an int in 0..2**53-1, got {entry.get('size')!r}")
+                raise invalid_entry(f"files[{n}]: file size must be an int in 0..2**53-1, got "
+                                    f"{entry.get('size')!r}")
             file_paths.add(path)
         elif kind == "dir":
             if "blobKey" in entry or "size" in entry:
-                raise invalid_entry(f"{where}: a dir entry has no blobKey or size")
+                raise invalid_entry(f"files[{n}]: a dir entry has no blobKey or size")
         else:
-            raise invalid_entry(f"{where}: kind must be 'file' or 'dir', got {kind!r}")
+            raise invalid_entry(f"files[{n}]: kind must be 'file' or 'dir', got {kind!r}")
         seen.add(path)
         ancestors.update(parents)
-
-
-def _ancestors(path: str) -> list[str]:
-    parts = path.split("/")
-    return ["/".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def check_artifacts(artifacts: Any) -> None:

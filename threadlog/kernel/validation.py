@@ -105,9 +105,14 @@ def json_problem(value: Any, path: str = "value") -> str | None:
     return None
 
 
+# Built once: `json.dumps` with options builds an encoder per call, a few us
+# each, paid several times per judged proposal (its verdict, its record).
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def dumps(value: Any) -> str:
     """Canonical compact JSON; floats round-trip exactly (repr)."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return _ENCODER.encode(value)
 
 
 def loads(text: str | bytes) -> Any:
