@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
-from threadlog.projections.barrier import ReadBarrier
+from threadlog.projections.barrier import LatestOffsets, ReadBarrier
 from threadlog.projections.fold import load_all
 from threadlog.projections.partition_stores import PartitionStores, hold_slot, slot_holder
 from threadlog.schemas import default_codec
@@ -69,9 +69,11 @@ def _rebuild(bootstrap: str, namespace: str, store_path: str | Path, progress: C
     store = PartitionStores(store_path, topics.events)
     follower = Judge(bootstrap, topics.events, layout.events, store, default_codec(), f"{namespace}.rebuild",
                      kafka=kafka)
-    barrier = ReadBarrier(admin, follower)
+    ends: LatestOffsets | None = None
     started = time.monotonic()
     try:
+        ends = LatestOffsets(bootstrap, f"{namespace}.rebuild", kafka)
+        barrier = ReadBarrier(ends, follower)
         targets = barrier.end_offsets_sync()
         total = sum(targets.values())
         follower.start()
@@ -89,5 +91,7 @@ def _rebuild(bootstrap: str, namespace: str, store_path: str | Path, progress: C
                 pass
         return {"offsets": total, "seconds": time.monotonic() - started, "skipped": follower.stats["poison"]}
     finally:
+        if ends is not None:
+            ends.close()
         follower.stop()
         store.close()

@@ -28,19 +28,89 @@ write the read must see).
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
-from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 from threadlog.producers.pump import within
 
+from threadlog.kernel import kafka_config
 from threadlog.kernel.errors import unavailable
 
 from .follower import Follower
 
 # How long a round waits for its answers before it also asks the current leaders again.
 PROBE_S = 1.0
+
+
+class LatestOffsets:
+    """The latest offsets (high watermarks) of a topic's partitions, asked of the
+    cluster by one consumer that never reads a record.
+
+    Why a consumer and not `AdminClient.list_offsets`: measured here, a round of
+    four partitions through the admin client cost ~1 050 us of CPU (a future
+    per partition, the admin thread's events, the loop's wake-ups) and 1.33 ms;
+    through `Consumer.offsets_for_times` at "latest" (the same ListOffsets
+    request) the call itself costs 130 us and 0.30 ms, a whole awaited round
+    (`EndOffsets.end_offsets`) 402 us and 0.66 ms. Every proposal that names
+    positions (`seen`) and every read barrier waits for a round.
+
+    librdkafka serialises calls on one handle, so every call runs as one job
+    on one thread: a leader refresh is part of the job that needs it, bounded
+    by that job's time, never a separate call a resend would queue behind.
+    """
+
+    def __init__(self, bootstrap: str, client_id: str, kafka: kafka_config.Props | None = None) -> None:
+        # read_uncommitted: the high watermark, not the last stable offset (see the module doc).
+        self._consumer = Consumer(kafka_config.consumer(bootstrap, f"{client_id}.ends", kafka,
+                                                        **{"isolation.level": "read_uncommitted"}))
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"ends:{client_id}")
+        self._closed = False
+
+    def ends(self, topic: str, partitions: int, timeout: float, refresh: bool = False) -> dict[int, int]:
+        """Every partition's latest offset, within `timeout` (blocking); with
+        `refresh`, after asking who leads the topic's partitions now. A
+        partition whose leader could not be asked raises its error, or comes
+        back negative (`_complete`). UNAVAILABLE once closed."""
+        if self._closed:
+            raise unavailable("this client is closed")
+        deadline = time.monotonic() + timeout
+        asked = [TopicPartition(topic, p, OFFSET_END) for p in range(partitions)]
+        try:
+            if refresh:
+                try:
+                    self._consumer.list_topics(topic, timeout=max(0.05, timeout / 2))
+                except KafkaException:
+                    pass  # the request below fails again, or the old leaders answer
+            got = self._consumer.offsets_for_times(asked, max(0.05, deadline - time.monotonic()))
+            self._consumer.poll(0)  # serve the handle's logs and error events
+        except RuntimeError:  # closed meanwhile
+            raise unavailable("this client is closed") from None
+        out: dict[int, int] = {}
+        for tp in got:
+            if tp.error is not None:
+                raise KafkaException(tp.error)
+            out[tp.partition] = tp.offset
+        return out
+
+    async def ends_async(self, topic: str, partitions: int, timeout: float, refresh: bool = False
+                         ) -> dict[int, int]:
+        try:
+            job = asyncio.get_running_loop().run_in_executor(self._pool, self.ends, topic, partitions, timeout,
+                                                             refresh)
+            return await job
+        except RuntimeError:  # submitted after close
+            raise unavailable("this client is closed") from None
+        except asyncio.CancelledError:
+            if self._closed:  # dropped from the queue by close(), not cancelled by its caller
+                raise unavailable("this client is closed") from None
+            raise
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._consumer.close()
 
 
 class EndOffsets:
@@ -52,101 +122,78 @@ class EndOffsets:
     (as a client does: it runs on the loop that opened it).
     """
 
-    def __init__(self, admin: AdminClient, topic: str, partitions: int, timeout: float = 30.0) -> None:
-        self.admin = admin
+    def __init__(self, source: LatestOffsets, topic: str, partitions: int, timeout: float = 30.0) -> None:
+        self.source = source
         self.topic = topic
         self.partitions = partitions
         self.timeout = timeout
         self._inflight: asyncio.Future | None = None
         self._next: asyncio.Future | None = None
         self._tasks: set[asyncio.Task] = set()
-        self._refreshing: asyncio.Task | None = None
+        # Ask who leads before the next request. Why: a client sends ListOffsets
+        # with the leader epoch of its cached metadata and may keep that cache
+        # for topic.metadata.refresh.interval.ms (5 min). After a broker restart
+        # the epoch had moved on and every round failed FENCED_LEADER_EPOCH for
+        # minutes (tests/test_broker_outage.py); after a node of a cluster died,
+        # rounds kept going to it long after another replica led its partitions
+        # (tests/test_cluster_failover.py). So a round that failed that way, or
+        # was not answered within PROBE_S, or lacked a leader, refreshes first.
+        self._stale = False
 
-    def _request(self) -> dict:
-        req = {TopicPartition(self.topic, p): OffsetSpec.latest() for p in range(self.partitions)}
-        return self.admin.list_offsets(
-            req, isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=self.timeout
-        )
+    def _attempt(self, left: float) -> tuple[float, bool]:
+        """(timeout, refresh first?) of the next request: a retry gets what is left of
+        the deadline, not a whole timeout again, and at most PROBE_S before it is sent
+        again (rather than wait the whole timeout on a leader that died: measured, a
+        client's first read after a failover failed a whole 5 s timeout)."""
+        refresh, self._stale = self._stale, False
+        return max(0.05, min(PROBE_S, left)), refresh
+
+    def _failed(self, exc: KafkaException, deadline: float) -> bool:
+        """After a failed request: True to send again at once, False to pause first;
+        raises UNAVAILABLE when it cannot succeed or the deadline has passed."""
+        self._stale = True  # whatever failed, the next request asks who leads first
+        if time.monotonic() >= deadline:
+            if _timed_out(exc):
+                raise unavailable(f"end offsets of {self.topic} not answered in {self.timeout}s") from None
+            raise unavailable(f"cannot read end offsets of {self.topic}: {exc}") from None
+        if _timed_out(exc):
+            return True
+        # Retriable (e.g. a just-created topic without a leader yet) until the deadline.
+        if not _retriable(exc):
+            raise unavailable(f"cannot read end offsets of {self.topic}: {exc}") from None
+        return False
+
+    def _incomplete(self, out: dict[int, int], deadline: float) -> None:
+        self._stale = True  # a partition without a known leader: ask who leads now
+        if time.monotonic() >= deadline:
+            raise unavailable(f"end offsets of {self.topic} unknown (no leader?): {out}")
 
     def end_offsets_sync(self) -> dict[int, int]:
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                futures = self._request()
-                out = {tp.partition: f.result(timeout=self.timeout).offset for tp, f in futures.items()}
+                out = self.source.ends(self.topic, self.partitions, *self._attempt(deadline - time.monotonic()))
                 if _complete(out):
                     return out
-                if time.monotonic() > deadline:
-                    raise unavailable(f"end offsets of {self.topic} unknown (no leader?): {out}")
+                self._incomplete(out, deadline)
             except KafkaException as exc:
-                # Retriable (e.g. a just-created topic without a leader yet) until the deadline.
-                if not _retriable(exc) or time.monotonic() > deadline:
-                    raise unavailable(f"cannot read end offsets of {self.topic}: {exc}") from None
-                if _stale_leader(exc):
-                    self._refresh_metadata()
-            except TimeoutError:
-                raise unavailable(f"end offsets of {self.topic} not answered in {self.timeout}s") from None
+                if self._failed(exc, deadline):
+                    continue
             time.sleep(0.05)
-
-    def _refresh_metadata(self) -> None:
-        """Ask the cluster for the topic's leaders again (updates the admin client's cache).
-
-        The admin client sends ListOffsets with the leader epoch of its cached
-        metadata and refreshes that cache only every topic.metadata.refresh.interval.ms
-        (5 min): after a broker restart the epoch has moved on and every round
-        failed FENCED_LEADER_EPOCH for minutes (tests/test_broker_outage.py),
-        i.e. no read passed its barrier though the cluster was back."""
-        try:
-            self.admin.list_topics(self.topic, timeout=min(5.0, self.timeout))
-        except KafkaException:
-            pass  # the next round fails again and retries, until the deadline
 
     async def _round(self) -> dict[int, int]:
         deadline = time.monotonic() + self.timeout
         while True:
-            futures = self._request()
-            left = deadline - time.monotonic()
             try:
-                # A retry gets what is left of the deadline, not a whole timeout again.
-                # Unanswered after PROBE_S: ask who leads now and send again, rather than
-                # wait the whole timeout on a request sent to a leader that died (its
-                # partitions fail over within seconds; measured: a client's first read
-                # after the failover failed a whole 5 s timeout, holding the load back).
-                await asyncio.wait_for(_all_done(list(futures.values())), max(0.05, min(PROBE_S, left)))
-                out = {tp.partition: f.result().offset for tp, f in futures.items()}
+                out = await self.source.ends_async(self.topic, self.partitions,
+                                                   *self._attempt(deadline - time.monotonic()))
                 if _complete(out):
                     return out
-                self._refresh_later()  # a partition without a known leader: ask who leads now
-                if time.monotonic() > deadline:
-                    raise unavailable(f"end offsets of {self.topic} unknown (no leader?): {out}")
+                self._incomplete(out, deadline)
             except KafkaException as exc:
-                if not _retriable(exc) or time.monotonic() > deadline:
-                    self._refresh_later()
-                    raise unavailable(f"cannot read end offsets of {self.topic}: {exc}") from None
-                if _stale_leader(exc):
-                    left = deadline - time.monotonic()
-                    try:  # bounded: a refresh must not stretch the read past its timeout
-                        await asyncio.wait_for(asyncio.to_thread(self._refresh_metadata), max(0.1, left))
-                    except TimeoutError:
-                        pass  # the deadline check above ends the next failing round
-            except TimeoutError:
-                self._refresh_later()
-                if time.monotonic() >= deadline:
-                    raise unavailable(f"end offsets of {self.topic} not answered in {self.timeout}s") from None
-                continue  # sent again at once, to the leaders the refresh finds
+                if self._failed(exc, deadline):
+                    continue
             await asyncio.sleep(0.05)
-
-    def _refresh_later(self) -> None:
-        """Refresh the leaders in the background after a round that failed or was not answered.
-
-        When a broker of a cluster dies, another replica leads its partitions
-        within seconds, but the admin client keeps sending ListOffsets to the
-        dead one until its metadata is refreshed (5 min by itself): every read
-        failed UNAVAILABLE long after the cluster had failed over
-        (tests/test_cluster_failover.py). Not awaited: the failing call keeps
-        its deadline; the next round asks the new leaders. One at a time."""
-        if self._refreshing is None or self._refreshing.done():
-            self._refreshing = asyncio.get_running_loop().create_task(asyncio.to_thread(self._refresh_metadata))
 
     async def end_offsets(self) -> dict[int, int]:
         """End offsets of every partition, asked after this call began (shared rounds)."""
@@ -213,8 +260,8 @@ class EndOffsets:
 class ReadBarrier(EndOffsets):
     """End offsets, then a wait until `follower` has folded past them."""
 
-    def __init__(self, admin: AdminClient, follower: Follower, timeout: float = 30.0) -> None:
-        super().__init__(admin, follower.topic, follower.partitions, timeout)
+    def __init__(self, source: LatestOffsets, follower: Follower, timeout: float = 30.0) -> None:
+        super().__init__(source, follower.topic, follower.partitions, timeout)
         self.follower = follower
 
     async def wait(self, partitions: list[int] | None = None) -> None:
@@ -233,35 +280,6 @@ class ReadBarrier(EndOffsets):
         self.follower.wait_sync(offsets, self.timeout)
 
 
-def _all_done(futures: list) -> asyncio.Future:
-    """One wake-up of the event loop when every (concurrent.futures) future is done.
-
-    Awaiting each through `asyncio.wrap_future` costs a loop round trip per
-    partition: measured 1.85 ms per ListOffsets round against 0.87 ms for the
-    request itself; every read barrier and every proposal's `seen` pays it."""
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-    remaining = [len(futures)]
-    lock = threading.Lock()
-
-    def settle() -> None:
-        if not done.done():
-            done.set_result(None)
-
-    def one_done(_f: object) -> None:
-        with lock:
-            remaining[0] -= 1
-            last = remaining[0] == 0
-        if last:
-            loop.call_soon_threadsafe(settle)
-
-    if not futures:
-        settle()
-    for f in futures:
-        f.add_done_callback(one_done)
-    return done
-
-
 def _complete(offsets: dict[int, int]) -> bool:
     """Every partition has a real end offset. librdkafka reports a partition it
     could not ask (its leader is down) as a negative sentinel (-1001) rather than
@@ -270,17 +288,34 @@ def _complete(offsets: dict[int, int]) -> bool:
     return all(o >= 0 for o in offsets.values())
 
 
+# Local errors of a request cut off by a broker going away: the next round asks
+# the leaders the refreshed metadata names. (On the 3-node cluster a round in
+# flight to the killed node failed _DESTROY_BROKER when librdkafka dropped it.)
+_CUT_OFF = frozenset({KafkaError._DESTROY_BROKER, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN})
+
+
 def _retriable(exc: KafkaException) -> bool:
     err = exc.args[0] if exc.args else None
-    return bool(getattr(err, "retriable", lambda: False)()) or "leader" in str(exc).lower() or _stale_leader(exc)
+    return (bool(getattr(err, "retriable", lambda: False)()) or "leader" in str(exc).lower() or _stale_leader(exc)
+            or _cut_off(exc))
 
 
 # Errors that mean "your idea of the partition's leader is out of date": cured
-# by fresh metadata, which the admin client does not fetch by itself.
+# by fresh metadata, which a client may not fetch by itself for minutes.
 _STALE_LEADER = frozenset({
     KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH,
     KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
 })
+
+
+def _cut_off(exc: KafkaException) -> bool:
+    err = exc.args[0] if exc.args else None
+    return getattr(err, "code", lambda: None)() in _CUT_OFF
+
+
+def _timed_out(exc: KafkaException) -> bool:
+    err = exc.args[0] if exc.args else None
+    return getattr(err, "code", lambda: None)() == KafkaError._TIMED_OUT
 
 
 def _stale_leader(exc: KafkaException) -> bool:

@@ -100,3 +100,59 @@ async def test_a_transaction_left_open_by_a_dead_writer_delays_reads_only_until_
     assert len(stalled) == 0  # never flushed again, never committed
     await within(tl.messages.save_thread("t", ["after"]))
     assert await within(tl.messages.load_thread("t")) == ["after"]
+
+
+async def test_end_offsets_are_every_partitions_high_watermark(tl, bootstrap):
+    """`seen` and every barrier read the ends through `LatestOffsets` (a consumer's
+    ListOffsets at "latest", read_uncommitted): the high watermark of each
+    partition, counting records of a transaction still open."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic, parts = tl.runtime.topics.events, tl.runtime.layout.events
+    plain = Producer({"bootstrap.servers": bootstrap})
+    for n in range(7):
+        plain.produce(topic, _proposal(tl, f"[{n}]"), b"t", partition=n % parts)
+    assert plain.flush(30) == 0
+    open_tx = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"test-ends-{uuid.uuid4().hex[:6]}"})
+    open_tx.init_transactions(30)
+    open_tx.begin_transaction()
+    try:
+        open_tx.produce(topic, _proposal(tl, "[99]"), b"t", partition=0)
+        assert open_tx.flush(30) == 0  # written, not committed
+        probe = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{uuid.uuid4().hex[:6]}",
+                          "isolation.level": "read_uncommitted"})
+        try:
+            marks = {p: probe.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(parts)}
+        finally:
+            probe.close()
+        assert marks[0] >= 3  # the open transaction's record counts
+        assert await within(tl.runtime.barrier.end_offsets(), 30) == marks
+        assert tl.runtime.barrier.end_offsets_sync() == marks
+    finally:
+        open_tx.abort_transaction(30)
+
+
+async def test_rounds_of_a_closed_source_fail_unavailable(tl, bootstrap):
+    """A client closing while calls wait for end offsets: each of them gets its
+    offsets or UNAVAILABLE -- never a cancellation or a RuntimeError of the
+    closed consumer -- and so does every later call, async or blocking."""
+    from threadlog.projections.barrier import EndOffsets, LatestOffsets
+
+    from threadlog import ThreadLogError
+
+    source = LatestOffsets(bootstrap, f"test-close-{uuid.uuid4().hex[:6]}")
+    ends = EndOffsets(source, tl.runtime.topics.events, tl.runtime.layout.events, timeout=5)
+    assert len(await within(ends.end_offsets(), 10)) == tl.runtime.layout.events
+    calls = [asyncio.ensure_future(ends.end_offsets()) for _ in range(8)]
+    await asyncio.sleep(0)  # a round in flight, the others queued behind it
+    await asyncio.to_thread(source.close)
+    for result in await within(asyncio.gather(*calls, return_exceptions=True), 15):
+        assert isinstance(result, dict) or (isinstance(result, ThreadLogError) and result.code == "UNAVAILABLE"), \
+            repr(result)
+    for attempt in (lambda: within(ends.end_offsets(), 10), lambda: asyncio.to_thread(ends.end_offsets_sync)):
+        try:
+            await attempt()
+        except ThreadLogError as exc:
+            assert exc.code == "UNAVAILABLE"
+        else:
+            raise AssertionError("end offsets read through a closed source")

@@ -40,7 +40,7 @@ from .processors.handlers import load_all as load_handlers
 from .processors.judge import Judge
 from .processors.lookups import Lookups
 from .processors.snapshotter import EVERY_RECORDS, INTERVAL_S, Snapshotter
-from .projections.barrier import EndOffsets, ReadBarrier
+from .projections.barrier import EndOffsets, LatestOffsets, ReadBarrier
 from .projections.delivery_follower import DeliveryIndex
 from .projections.fold import load_all as load_folds
 from .projections.partition_stores import PartitionStores, Slot, claim_slot
@@ -70,6 +70,7 @@ class Runtime:
         self.codec: Codec = default_codec()
         self.client_id = f"{opts.namespace}.{uuid.uuid4().hex[:12]}"
         self.admin: AdminClient | None = None
+        self.ends: LatestOffsets | None = None  # end offsets for `seen` and read barriers
         self.layout: TopicLayout | None = None
         self.slot: Slot | None = None
         self.stores: PartitionStores | None = None  # events state, by partition (not in a thin client)
@@ -118,8 +119,9 @@ class Runtime:
             self.query = QueryClient(self.opts.bootstrap_servers, self.topics.members, self.client_id,
                                      self.opts.request_timeout, self.opts.kafka, partitions=self.layout.events)
             self.query.start()
+        self.ends = LatestOffsets(self.opts.bootstrap_servers, self.client_id, kafka)
         if self.thin:
-            self.seen_offsets = EndOffsets(self.admin, self.topics.events, self.layout.events,
+            self.seen_offsets = EndOffsets(self.ends, self.topics.events, self.layout.events,
                                            self.opts.request_timeout)
             self.timings["started"] = time.monotonic() - t0
             return
@@ -128,7 +130,7 @@ class Runtime:
         self.deliveries = DeliveryIndex(self.opts.bootstrap_servers, self.topics.deliveries,
                                         self.layout.deliveries, self.index_store, self.codec, self.client_id,
                                         kafka=kafka, owned=set() if self.worker else None)
-        self.delivery_barrier = ReadBarrier(self.admin, self.deliveries, timeout=self.opts.request_timeout)
+        self.delivery_barrier = ReadBarrier(self.ends, self.deliveries, timeout=self.opts.request_timeout)
         self.deliveries.start()
         group = None
         restore = None
@@ -148,7 +150,7 @@ class Runtime:
                                     tracking_topic=self.topics.events, timeout=self.opts.request_timeout * 2)
             self.snapshotter = Snapshotter(self.judge, writer, self.snapshot_every, self.snapshot_interval_s)
             self.snapshotter.start()
-        self.barrier = self.seen_offsets = ReadBarrier(self.admin, self.judge, timeout=self.opts.request_timeout)
+        self.barrier = self.seen_offsets = ReadBarrier(self.ends, self.judge, timeout=self.opts.request_timeout)
         self.timings["started"] = time.monotonic() - t0
 
     def _restore(self, partition: int, store: Store) -> RestoreInfo | None:
@@ -191,5 +193,7 @@ class Runtime:
             self.stores.close()
         if self.index_store is not None:
             self.index_store.close()
+        if self.ends is not None:
+            self.ends.close()
         if self.slot is not None:
             self.slot.release()

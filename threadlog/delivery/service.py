@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from confluent_kafka import IsolationLevel, TopicPartition
-from confluent_kafka.admin import OffsetSpec
-
 from ..kernel import delivery_records as records
 from ..kernel.errors import unavailable
 from ..producers.deliveries import DeliveryWriter
+from ..projections.barrier import EndOffsets
 from ..remote import RemoteVerdicts
 from ..run_access import runs_for
 from .reader import ConsumerPool
@@ -29,12 +26,13 @@ class DeliveryService:
 
     def __init__(self, session: Session) -> None:
         rt = session.runtime
-        assert rt.layout is not None and rt.admin is not None
+        assert rt.layout is not None
         self.session = session
         self.topic = rt.topics.deliveries
         self.partitions = rt.layout.deliveries
         self.codec = rt.codec
-        self.admin = rt.admin
+        assert rt.ends is not None
+        self.ends = EndOffsets(rt.ends, self.topic, self.partitions, session.opts.request_timeout)
         self.timeout = session.opts.request_timeout
         self.first_chunk_wait = session.opts.first_chunk_wait_ms / 1000.0
         assert session.bus is not None  # the client starts its proposal bus first
@@ -81,15 +79,9 @@ class DeliveryService:
         return x, verdict, fence
 
     async def high_watermark(self, partition: int) -> int:
-        """Next offset of the partition: everything below it is stored (committed or not)."""
-        futures = self.admin.list_offsets({TopicPartition(self.topic, partition): OffsetSpec.latest()},
-                                          isolation_level=IsolationLevel.READ_UNCOMMITTED,
-                                          request_timeout=self.timeout)
-        (fut,) = futures.values()
-        try:
-            res = await asyncio.wait_for(asyncio.wrap_future(fut), self.timeout)
-        except TimeoutError:
-            raise unavailable(f"end offset of {self.topic}[{partition}] not answered in {self.timeout}s") from None
-        except Exception as exc:
-            raise unavailable(f"cannot read the end offset of {self.topic}[{partition}]: {exc}") from None
-        return res.offset
+        """Next offset of the partition: everything below it is stored (committed or not).
+
+        Asked like every read barrier (`EndOffsets`, which also asks who leads
+        again after a broker restart or failover), in rounds shared with
+        other readers joining "now"."""
+        return (await self.ends.end_offsets())[partition]
