@@ -31,8 +31,11 @@ class DeliveryService:
         self.topic = rt.topics.deliveries
         self.partitions = rt.layout.deliveries
         self.codec = rt.codec
+        # The ends of `deliveries` for reads from "now": a client folding the run
+        # index already has them (its delivery barrier, whose rounds they share).
         assert rt.ends is not None
-        self.ends = EndOffsets(rt.ends, self.topic, self.partitions, session.opts.request_timeout)
+        self.ends: EndOffsets = rt.delivery_barrier or EndOffsets(rt.ends, self.topic, self.partitions,
+                                                                  session.opts.request_timeout)
         self.timeout = session.opts.request_timeout
         self.first_chunk_wait = session.opts.first_chunk_wait_ms / 1000.0
         assert session.bus is not None  # the client starts its proposal bus first
