@@ -151,6 +151,9 @@ async def main() -> None:
                         n = res.count + args.clients * 20
                         print(f"per checkpoint append (warm-up included): {asked / n:.2f} questions asked of the "
                               f"other worker, {blocked / n:.2f} decisions that waited for an answer")
+                        ahead = sum(st.get("holders", {}).get("ahead", 0) for st in wstats)
+                        print(f"questions answered before the partition asked about was judged that far: "
+                              f"{ahead} of {asked}")
             finally:
                 for w in workers:
                     w.stop()

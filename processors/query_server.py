@@ -35,7 +35,10 @@ Operations (bytes travel as base64; partitions as JSON object keys):
   rounds), with a barrier first as `get`'s; `{value}` with bytes as
   `{"$b": base64}`;
 - `holders {q, kind, id, asof}`: threads holding a global id on partition q as
-  of offset `asof` of q (another worker's judge asks, processors/lookups.py);
+  of offset `asof` of q (another worker's judge asks, processors/lookups.py),
+  answered once q is judged as far as the answer needs (processors/ahead.py);
+  `holders_many {q, asked: [[kind, id, asof], ...]}`: several, `{threads: [...]}`
+  in the order asked;
 - `push {secret}`: the last request of a connection (none other may be in
   flight when it arrives): from then on the judge writes the verdict of every
   proposal whose `threadlog.reply` header is `reply_token(secret)` to this
@@ -130,6 +133,8 @@ class QueryServer:
             deliveries.push = self.push  # delivery writers' answers ride the same connections
         self.barrier = barrier
         self.timeout = timeout
+        self.holders_asked = 0  # other workers' id questions (stats)
+        self.holders_ahead = 0  # ... answered before the partition was judged that far
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.StreamWriter] = set()
         self._inflight: set[asyncio.Task] = set()  # requests being answered
@@ -290,6 +295,8 @@ class QueryServer:
                                                    self._bounded(args.get("wait")))}
         if op == "holders":
             return await self._holders(args)
+        if op == "holders_many":
+            return await self._holders_many(args)
         if op in _DELIVERY_OPS:
             return await self._delivery_op(op, args)
         if op == "stats":
@@ -308,6 +315,7 @@ class QueryServer:
                 "restored": {str(p): info for p, info in judge.restores.items()},
                 "applied": {str(p): judge.applied(p) for p in sorted(judge.owned)},
                 "lookups": judge.lookups.asked if judge.lookups is not None else 0,
+                "holders": {"asked": self.holders_asked, "ahead": self.holders_ahead},
                 "pushed": self.push.pushed,
                 "deliveries": sorted(self.deliveries.owned) if self.deliveries is not None else [],
                 "snapshots": self.snapshots() if self.snapshotter is not None else []}
@@ -428,11 +436,28 @@ class QueryServer:
     async def _holders(self, args: dict) -> dict:
         """Who holds a global id on partition q as of offset `asof` of q (for
         another worker's judge; see processors/judge.py). Waits until q is
-        judged that far here: the answer is then final."""
-        q, asof = int(args["q"]), int(args["asof"])
-        await self._owned({"partitions": [q], "floor": {str(q): asof}})
-        threads = self._read(lambda: holders_as_of(self.stores.store_of(q), args["kind"], args["id"], asof), [q])
+        judged that far here, or only as far as the records in between can
+        change the answer (processors/ahead.py): the answer is then final."""
+        (threads,) = await self._holders_of(int(args["q"]), [(str(args["kind"]), str(args["id"]), int(args["asof"]))])
         return {"threads": threads}
+
+    async def _holders_many(self, args: dict) -> dict:
+        """`holders` of several ids on one partition q: {"threads": [...]}, in the order asked."""
+        asked = [(str(kind), str(ident), int(asof)) for kind, ident, asof in args["asked"]]
+        return {"threads": await self._holders_of(int(args["q"]), asked)}
+
+    async def _holders_of(self, q: int, asked: list[tuple[str, str, int]]) -> list[list[str]]:
+        ahead = self.judge.ahead
+        need = 0
+        for kind, ident, asof in asked:
+            settles = asof if ahead is None else ahead.settles_at(q, kind, ident, asof)
+            need = max(need, settles)
+            self.holders_asked += 1
+            if settles < asof and q in self.judge.owned and self.judge.applied(q) < asof:
+                self.holders_ahead += 1  # answered before q was judged up to asof
+        await self._owned({"partitions": [q], "floor": {str(q): need}})
+        return self._read(lambda: [holders_as_of(self.stores.store_of(q), kind, ident, asof)
+                                   for kind, ident, asof in asked], [q])
 
     # -- the delivery log's run index (threadlog/run_access.py, RemoteRuns) -------------------
     async def _delivery_op(self, op: str, args: dict) -> dict:

@@ -100,6 +100,10 @@ class Codec:
     def known(self, name: str) -> bool:
         return name in self.current
 
+    def writer(self, fingerprint: bytes) -> SchemaVersion | None:
+        """The schema (current or historical) with this fingerprint, if known."""
+        return self._writers.get(fingerprint)
+
     def encode(self, name: str, record: dict) -> bytes:
         try:
             version = self.current[name]

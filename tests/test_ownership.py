@@ -18,6 +18,7 @@ import signal
 
 from checkpoint_helpers import checkpoint
 from support import within
+from threadlog.processors.judge import all_verdicts
 from worker_support import WorkerProcess, ask_worker, owned_by
 
 from threadlog.kernel.errors import DUPLICATE_ID, ThreadLogError
@@ -80,6 +81,119 @@ async def test_two_workers_split_the_partitions_and_judge_only_their_own(bootstr
     finally:
         await w1.stop()
         await w2.stop()
+
+
+async def _chain(tl, thread: str, lease, ids: list[str]) -> list[str]:
+    """Appends `ids` to `thread` one after the other, each on the head the last
+    accepted one left; returns the outcome of each (the id, or the error code)."""
+    head = None
+    out = []
+    for cid in ids:
+        try:
+            head = await within(tl.checkpoints.append(checkpoint=checkpoint(cid, thread, head),
+                                                      expected_head_id=head, writer=lease), 60)
+            out.append(head)
+        except ThreadLogError as exc:
+            out.append(exc.code)
+    return out
+
+
+async def test_ids_raced_across_two_owners_are_judged_as_a_judge_of_everything_judges_them(
+        bootstrap, namespace, tmp_path, open_client):
+    """Each worker answers the other's id questions, often before it has judged
+    its partition as far as asked (processors/ahead.py): as soon as no fetched
+    record in between can mark the id. Racing appends that share ids across
+    the two owners' partitions, a head deletion releasing an id, and a re-use
+    of it: every verdict of both workers equals the verdict of an embedded
+    client judging the whole log itself, which never answers ahead."""
+    w1 = await WorkerProcess(bootstrap, namespace, tmp_path / "w1", "w1").start()
+    w2 = await WorkerProcess(bootstrap, namespace, tmp_path / "w2", "w2").start()
+    try:
+        thin = await open_client(processors="external", own_worker=True)
+        total = thin.runtime.layout.events
+        owned = await owned_by([w1, w2], total)
+        threads = [thread_on(owned[name], total, f"race-{name}", k) for name in ("w1", "w2") for k in range(4)]
+        leases = await within(asyncio.gather(*(thin.checkpoints.acquire_writer(t) for t in threads)))
+        # Every 3rd id is shared by all 8 threads (racing first writes of one id
+        # on both owners' partitions), the others are fresh.
+        ids = {t: [f"shared-{i}" if i % 3 == 0 else f"{t}-{i}" for i in range(12)] for t in threads}
+        outcomes = await within(asyncio.gather(*(_chain(thin, t, lease, ids[t])
+                                                 for t, lease in zip(threads, leases, strict=True))), 120)
+        for i in range(0, 12, 3):
+            won = [t for t, out in zip(threads, outcomes, strict=True) if out[i] == f"shared-{i}"]
+            assert won, f"shared-{i} accepted nowhere"
+            assert all(out[i] in (f"shared-{i}", DUPLICATE_ID)
+                       for out in outcomes), [out[i] for out in outcomes]
+        # Acknowledged on one owner's thread, then refused on the other's.
+        a, b = threads[0], threads[4]
+        head_a = await within(thin.checkpoints.get_head(a))
+        head_b = await within(thin.checkpoints.get_head(b))
+        try:
+            await within(thin.checkpoints.append(checkpoint=checkpoint(head_a, b, head_b), expected_head_id=head_b,
+                                                 writer=leases[4]))
+        except ThreadLogError as exc:
+            assert exc.code == DUPLICATE_ID
+        else:
+            raise AssertionError("an id acknowledged on the other owner's partition was accepted")
+        # Released by a head deletion (a record that may mark any id), then free again.
+        await within(thin.checkpoints.delete_head(thread_id=a, checkpoint_id=head_a, writer=leases[0]))
+        assert await within(thin.checkpoints.append(checkpoint=checkpoint(head_a, b, head_b),
+                                                    expected_head_id=head_b, writer=leases[4])) == head_a
+        # The race an early answer could get wrong: the record holding the id is in
+        # the log but its owner (w1, stopped) has not even fetched it when the
+        # other owner's question about it arrives. It must wait, then say "held".
+        x, a2, b2 = "frozen-race", threads[1], threads[5]
+        pa = partition_for(a2, total)
+        heads = [await within(thin.checkpoints.get_head(t)) for t in (a2, b2)]
+        before = (await within(thin.runtime.seen_offsets.end_offsets()))[pa]
+        questions = (await ask_worker(w2.address, "stats"))["lookups"]
+
+        async def until(check) -> None:
+            while not await check():
+                await asyncio.sleep(0.02)  # polling the broker's or a worker's counters, bounded by `within`
+
+        w1.signal(signal.SIGSTOP)
+        try:
+            first = asyncio.ensure_future(thin.checkpoints.append(
+                checkpoint=checkpoint(x, a2, heads[0]), expected_head_id=heads[0], writer=leases[1]))
+            await within(until(lambda: _past(thin, pa, before)))
+            second = asyncio.ensure_future(thin.checkpoints.append(
+                checkpoint=checkpoint(x, b2, heads[1]), expected_head_id=heads[1], writer=leases[5]))
+
+            async def asked() -> bool:
+                return (await ask_worker(w2.address, "stats"))["lookups"] > questions
+
+            await within(until(asked))
+        finally:
+            w1.signal(signal.SIGCONT)
+        assert await within(first, 60) == x
+        try:
+            await within(second, 60)
+        except ThreadLogError as exc:
+            assert exc.code == DUPLICATE_ID
+        else:
+            raise AssertionError("an id in the log but not yet judged on the other owner's partition was accepted")
+        stats = [await ask_worker(w.address, "stats") for w in (w1, w2)]
+        asked = sum(st["holders"]["asked"] for st in stats)
+        print(f"id questions answered for the other worker: {asked}, "
+              f"before judging that far: {sum(st['holders']['ahead'] for st in stats)}")
+        assert asked > 0
+        # An embedded client judges the whole log itself, waiting for every answer.
+        embedded = await open_client()
+        await within(embedded.read_barrier(None), 60)
+        for w in (w1, w2):
+            for p in owned[w.name]:
+                mine = all_verdicts(embedded.runtime.store, p)
+                assert mine, p
+                got = await ask_worker(w.address, "verdicts", {"p": p, "os": [o for o, _ in mine]})
+                assert got["verdicts"] == [v for _, v in mine], (w.name, p)
+    finally:
+        await w1.stop()
+        await w2.stop()
+
+
+async def _past(tl, p: int, offset: int) -> bool:
+    return (await tl.runtime.seen_offsets.end_offsets())[p] > offset
 
 
 async def _writer(tl, thread: str, acked: list[int], stop: asyncio.Event) -> None:
