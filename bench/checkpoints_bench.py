@@ -149,8 +149,10 @@ async def main() -> None:
                         asked = sum(st["lookups"] for st in wstats)
                         blocked = sum(st.get("blocked", 0) for st in wstats)
                         n = res.count + args.clients * 20
+                        requests = sum(st.get("lookup_requests", 0) for st in wstats)
                         print(f"per checkpoint append (warm-up included): {asked / n:.2f} questions asked of the "
-                              f"other worker, {blocked / n:.2f} decisions that waited for an answer")
+                              f"other worker in {requests / n:.2f} requests, {blocked / n:.2f} decisions that "
+                              f"waited for an answer")
                         ahead = sum(st.get("holders", {}).get("ahead", 0) for st in wstats)
                         print(f"questions answered before the partition asked about was judged that far: "
                               f"{ahead} of {asked}")

@@ -37,8 +37,8 @@ Operations (bytes travel as base64; partitions as JSON object keys):
 - `holders {q, kind, id, asof}`: threads holding a global id on partition q as
   of offset `asof` of q (another worker's judge asks, processors/lookups.py),
   answered once q is judged as far as the answer needs (processors/ahead.py);
-  `holders_many {q, asked: [[kind, id, asof], ...]}`: several, `{threads: [...]}`
-  in the order asked;
+  `holders_many {asked: [[q, kind, id, asof], ...], partitions}`: several, on
+  the partitions routed to this worker, `{threads: [...]}` in the order asked;
 - `push {secret}`: the last request of a connection (none other may be in
   flight when it arrives): from then on the judge writes the verdict of every
   proposal whose `threadlog.reply` header is `reply_token(secret)` to this
@@ -315,6 +315,7 @@ class QueryServer:
                 "restored": {str(p): info for p, info in judge.restores.items()},
                 "applied": {str(p): judge.applied(p) for p in sorted(judge.owned)},
                 "lookups": judge.lookups.asked if judge.lookups is not None else 0,
+                "lookup_requests": judge.lookups.requests if judge.lookups is not None else 0,
                 "holders": {"asked": self.holders_asked, "ahead": self.holders_ahead},
                 "pushed": self.push.pushed,
                 "deliveries": sorted(self.deliveries.owned) if self.deliveries is not None else [],
@@ -438,26 +439,29 @@ class QueryServer:
         another worker's judge; see processors/judge.py). Waits until q is
         judged that far here, or only as far as the records in between can
         change the answer (processors/ahead.py): the answer is then final."""
-        (threads,) = await self._holders_of(int(args["q"]), [(str(args["kind"]), str(args["id"]), int(args["asof"]))])
+        (threads,) = await self._holders_of([(int(args["q"]), str(args["kind"]), str(args["id"]), int(args["asof"]))])
         return {"threads": threads}
 
     async def _holders_many(self, args: dict) -> dict:
-        """`holders` of several ids on one partition q: {"threads": [...]}, in the order asked."""
-        asked = [(str(kind), str(ident), int(asof)) for kind, ident, asof in args["asked"]]
-        return {"threads": await self._holders_of(int(args["q"]), asked)}
+        """`holders` of several ids: of those asked about the partitions routed
+        here (`partitions`), {"threads": [...]} in the order asked."""
+        parts = {int(p) for p in args.get("partitions") or ()}
+        asked = [(int(q), str(kind), str(ident), int(asof)) for q, kind, ident, asof in args["asked"]
+                 if int(q) in parts]
+        return {"threads": await self._holders_of(asked)}
 
-    async def _holders_of(self, q: int, asked: list[tuple[str, str, int]]) -> list[list[str]]:
+    async def _holders_of(self, asked: list[tuple[int, str, str, int]]) -> list[list[str]]:
         ahead = self.judge.ahead
-        need = 0
-        for kind, ident, asof in asked:
+        need: dict[int, int] = {}
+        for q, kind, ident, asof in asked:
             settles = asof if ahead is None else ahead.settles_at(q, kind, ident, asof)
-            need = max(need, settles)
+            need[q] = max(need.get(q, 0), settles)
             self.holders_asked += 1
             if settles < asof and q in self.judge.owned and self.judge.applied(q) < asof:
                 self.holders_ahead += 1  # answered before q was judged up to asof
-        await self._owned({"partitions": [q], "floor": {str(q): need}})
+        await self._owned({"partitions": sorted(need), "floor": {str(q): n for q, n in need.items()}})
         return self._read(lambda: [holders_as_of(self.stores.store_of(q), kind, ident, asof)
-                                   for kind, ident, asof in asked], [q])
+                                   for q, kind, ident, asof in asked], sorted(need))
 
     # -- the delivery log's run index (threadlog/run_access.py, RemoteRuns) -------------------
     async def _delivery_op(self, op: str, args: dict) -> dict:
