@@ -208,13 +208,16 @@ class Judge(Follower):
         self.reply_header = None  # a local proposer learns its verdicts by callback (producers.proposals.Verdicts)
         self.stats = {"judged": 0, "accepted": 0, "refused": 0, "poison": 0, "blocked": 0, "restored": 0}
         self.restores: dict[int, dict[str, Any]] = {}  # partition -> summary of its restore
-        # What fetched records can mark, so another worker's id question is answered
-        # before its partition is judged that far when the answer cannot change
-        # (processors/ahead.py). Only a group member is asked by other owners.
-        self.ahead: Ahead | None = Ahead(codec, RULES) if group is not None else None
+        # What fetched records can mark, so an id question about a partition (ours or,
+        # for another worker, its owner's) is answered before that partition is
+        # judged as far as asked when the answer cannot change (processors/ahead.py).
+        self.ahead = Ahead(codec, RULES)
         super().__init__(bootstrap, topic, partitions, stores, codec, client_id, kafka=kafka)  # type: ignore[arg-type]
         if group is not None:
             self.owned = set()
+        else:
+            for p in range(partitions):  # every partition, from its stored position (Follower._begin)
+                self.ahead.reset(p, stores.offset(topic, p))
 
     # -- ownership ----------------------------------------------------------------------
     def _consumer_extra(self) -> dict:
@@ -250,8 +253,7 @@ class Judge(Follower):
         for tp in tps:
             pos = self.stores.offset(self.topic, tp.partition)
             tp.offset = pos if pos > 0 else OFFSET_BEGINNING
-            if self.ahead is not None:
-                self.ahead.reset(tp.partition, pos)
+            self.ahead.reset(tp.partition, pos)
         consumer.incremental_assign(tps)
         with self._cond:
             for tp in tps:
@@ -293,8 +295,7 @@ class Judge(Follower):
         for p in gone:
             self._pending.pop(p, None)
             self._paused.discard(p)
-            if self.ahead is not None:
-                self.ahead.drop(p)
+            self.ahead.drop(p)
         try:
             consumer.incremental_unassign(tps)
         except Exception:  # pragma: no cover - on_lost: the assignment is already gone
@@ -392,8 +393,9 @@ class Judge(Follower):
         for p, records in by_partition.items():
             if p in owned:  # records fetched before a revocation are dropped
                 self._pending.setdefault(p, _Pending(deque())).msgs.extend(records)
-                if self.ahead is not None and self.lookups is not None:
-                    early.extend(self._early_questions(p, self.ahead.fetched(p, records), owned))
+                appends = self.ahead.fetched(p, records)  # (offset, checkpoint id, seen) of each append
+                if self.lookups is not None:
+                    early.extend(self._early_questions(p, appends, owned))
         if early and self.lookups is not None:
             self.lookups.ask(early)  # one request per other owner for the whole batch
         verdicts: dict[tuple[int, int], dict] = {}
@@ -465,8 +467,7 @@ class Judge(Follower):
             for p, nxt in positions.items():
                 # State, verdicts and position of one partition: one atomic batch.
                 self.stores.store_of(p).apply(views[p].buffer, {(self.topic, p): nxt})
-                if self.ahead is not None:
-                    self.ahead.judged(p, nxt)
+                self.ahead.judged(p, nxt)
         for p, off in eof.items():
             pend = self._pending.get(p)
             if p in owned and (pend is None or not pend.msgs):
@@ -499,8 +500,6 @@ class Judge(Follower):
 
     def _settles_at(self, question: Question) -> int:
         """How far the partition asked about must be judged here to answer (processors/ahead.py)."""
-        if self.ahead is None:
-            return question[3]
         return self.ahead.settles_at(*question)
 
     def _others(self, owned: set[int], view_of: Callable[[int], View], progress: dict[int, int]) -> Others:
@@ -595,7 +594,7 @@ class Judge(Follower):
         except CodecError:
             return False
         ptype = env["type"]
-        return reads_other_partitions(ptype) and not (ptype == APPEND and self.ahead is not None)
+        return reads_other_partitions(ptype) and ptype != APPEND
 
     def _flow_control(self) -> None:
         """Stop fetching a partition that waits with many records in hand."""
@@ -628,8 +627,7 @@ class Judge(Follower):
         self._pending.clear()
         self._early.clear()
         for p in sorted(self.owned):
-            if self.ahead is not None:
-                self.ahead.reset(p, self.stores.offset(self.topic, p))
+            self.ahead.reset(p, self.stores.offset(self.topic, p))
             try:
                 self._consumer.seek(TopicPartition(self.topic, p, self.stores.offset(self.topic, p)))
             except Exception:

@@ -454,7 +454,7 @@ class QueryServer:
         ahead = self.judge.ahead
         need: dict[int, int] = {}
         for q, kind, ident, asof in asked:
-            settles = asof if ahead is None else ahead.settles_at(q, kind, ident, asof)
+            settles = ahead.settles_at(q, kind, ident, asof)
             need[q] = max(need.get(q, 0), settles)
             self.holders_asked += 1
             if settles < asof and q in self.judge.owned and self.judge.applied(q) < asof:
