@@ -15,12 +15,15 @@ marking any id, and no other proposal type marks checkpoint ids. So if
 q's owner has *fetched* q up to s and no fetched record in [t, s) can mark the
 id, the holders as of s are the holders as of t: the answer is the same fixed
 value, known once q is judged up to t instead of s (`Ahead.settles_at`). For
-fresh ids (the usual case) t is simply q's judged position: no wait at all.
+a fresh id (the usual case), once the owner has fetched up to s and no head
+deletion or fork is pending in between, that is no wait at all.
 
 The answer itself is still read from the judge's versioned id index, as of s;
 only *when* it may be read moves. Verdicts stay a function of fixed log
-positions: a judge that answers ahead and one that waits (a rebuild, an
-embedded client) give the same answer.
+positions: a judge that answers ahead and one that waits for every position
+asked (the judging step alone, `judge_record`, replaying partitions in order,
+as tests/unit/test_ahead.py and tests/test_ownership.py do) give the same
+answer. Every judge uses this rule: workers, embedded clients, rebuilds.
 """
 
 from __future__ import annotations
@@ -117,7 +120,9 @@ def _append_id(payload: bytes, codec: Codec) -> str | _Any:
     ok = _ID_FIRST.get(fp)
     if ok is None:
         writer = codec.writer(fp)
-        ok = _ID_FIRST[fp] = writer is not None and writer.name == APPEND and _starts_with_checkpoint_id(writer.schema)
+        if writer is None:
+            return ANY  # not a schema we know (not cached: anyone may write such bytes)
+        ok = _ID_FIRST[fp] = writer.name == APPEND and _starts_with_checkpoint_id(writer.schema)
     if not ok:
         return ANY
     n = shift = 0
@@ -147,7 +152,7 @@ class _Partition:
         self.fetched_to = position  # every record below this is judged or in `marks`
         self.marks: deque[tuple[int, Mark]] = deque()  # (offset, mark), not judged yet, ascending
         self.last: dict[str, int] = {}  # checkpoint id -> the last offset in `marks` that marks it
-        self.anys: list[int] = []  # offsets in `marks` that may mark any id, ascending
+        self.anys: list[int] = []  # offsets in `marks` that may mark any id, ascending (rare: a list)
 
 
 class Ahead:

@@ -56,7 +56,7 @@ from threadlog.kernel.partitioning import partition_for
 from threadlog.kernel.topics import reply_of
 from threadlog.kernel.validation import dumps
 
-from .ahead import APPEND, Ahead
+from .ahead import Ahead
 from .handlers import HANDLERS, Context, Decision, reads_other_partitions
 from .verdict_push import VerdictPush
 
@@ -108,6 +108,9 @@ RETRY_WAITING_S = 0.005
 MAX_BATCH = 2000
 # How many proposals queued behind a waiting one have their lookups started ahead.
 PREFETCH_AHEAD = 64
+# At most this many questions asked on arrival wait for their appends (Judge._ask_early):
+# well under the lookups' cache (processors/lookups.py MAX_CACHED), so none is evicted first.
+MAX_EARLY = 50_000
 
 
 def verdict_key(partition: int, offset: int) -> bytes:
@@ -199,8 +202,9 @@ class Judge(Follower):
                 stores.open(p)
         self._pending: dict[int, _Pending] = {}
         self._paused: set[int] = set()
-        # (partition, offset) -> the questions asked on arrival for that append (`_early_questions`).
+        # (partition, offset) -> the questions asked on arrival for that append (`_ask_early`).
         self._early: dict[tuple[int, int], list[Question]] = {}
+        self._early_n = 0  # questions in `_early`
         # Callbacks waiting for the verdict at (partition, offset).
         self._verdict_waiters: dict[tuple[int, int], list[Callable[[dict], None]]] = {}
         # Verdicts written to their proposers' connections (a worker's thin clients).
@@ -292,6 +296,7 @@ class Judge(Follower):
         for cb in calls:
             cb(refusal(NOT_OWNER, "the partition moved to another worker"))
         self._early = {pos: x for pos, x in self._early.items() if pos[0] not in gone}
+        self._early_n = sum(len(x) for x in self._early.values())
         for p in gone:
             self._pending.pop(p, None)
             self._paused.discard(p)
@@ -389,15 +394,12 @@ class Judge(Follower):
     def _handle(self, msgs: list[Consumed]) -> None:
         by_partition, eof = self._sort(msgs)
         owned = set(self.owned)
-        early: list[Question] = []
         for p, records in by_partition.items():
             if p in owned:  # records fetched before a revocation are dropped
                 self._pending.setdefault(p, _Pending(deque())).msgs.extend(records)
                 appends = self.ahead.fetched(p, records)  # (offset, checkpoint id, seen) of each append
                 if self.lookups is not None:
-                    early.extend(self._early_questions(p, appends, owned))
-        if early and self.lookups is not None:
-            self.lookups.ask(early)  # one request per other owner for the whole batch
+                    self._ask_early(p, appends, owned)
         verdicts: dict[tuple[int, int], dict] = {}
         positions: dict[int, int] = {}
         push = self.push  # read once: the query server unsets it when it closes
@@ -436,7 +438,7 @@ class Judge(Follower):
                         msg = pend.msgs[0]
                         if msg.offset() < progress[p]:
                             pend.msgs.popleft()  # already judged (a re-fetch after a rewind)
-                            self._early.pop((p, msg.offset()), None)
+                            self._forget_early(p, msg.offset())
                             continue
                         unanswered = self._unanswered(p, msg.offset(), owned) if self._early else None
                         if unanswered:
@@ -520,9 +522,9 @@ class Judge(Follower):
 
         return others
 
-    def _early_questions(self, p: int, asks: list[tuple[int, str, list[int]]], owned: set[int]) -> list[Question]:
-        """The questions to ask the other owners about fetched checkpoint appends'
-        ids now, before judging reaches them.
+    def _ask_early(self, p: int, asks: list[tuple[int, str, list[int]]], owned: set[int]) -> None:
+        """Ask the other owners about fetched checkpoint appends' ids now, before
+        judging reaches them.
 
         Why: a proposal whose answers are not in when it is judged waits, is
         decided again once they are, and every proposal queued behind it is
@@ -531,23 +533,35 @@ class Judge(Follower):
         known from the proposal alone (its checkpoint id as of `seen` on each
         other partition), so they are asked on arrival; by the time judging
         reaches the append its answers are usually in.
+
+        One request per append (per owner asked), never the questions of several
+        appends in one: an owner answers a request once every question in it is
+        settled, and a question of one append can wait for another append to be
+        judged (two appends racing for one id on two partitions). Bundled, two
+        such could wait for each other until the request timed out.
+
+        At most MAX_EARLY questions wait for their appends at once (a worker
+        catching up on a backlog fetches thousands): beyond that an append is
+        asked about when judging comes near it, as any other proposal
+        (`_prefetch`), so early answers are never evicted from the lookups'
+        cache before their appends use them.
         """
-        everything: list[Question] = []
+        assert self.lookups is not None
         for offset, ident, seen in asks:
-            if len(seen) != self.partitions:
-                continue  # names no positions: only its own partition is consulted
+            if len(seen) != self.partitions or self._early_n >= MAX_EARLY:
+                continue  # names no positions (only its own partition is consulted); or too many waiting
             questions = [(q, CHECKPOINT, ident, need) for q, need in enumerate(seen)
                          if q != p and need > 0 and q not in owned]
             if questions:
                 self._early[(p, offset)] = questions
-                everything.extend(questions)
-        return everything
+                self._early_n += len(questions)
+                self.lookups.ask(questions)
 
     def _unanswered(self, p: int, offset: int, owned: set[int]) -> list[Question]:
         """The questions asked on arrival for the proposal at (p, offset) whose
         answers are not in yet: it is not decided before they are (deciding it
         would only stop at its first question, a wasted partial decision)."""
-        questions = self._early.pop((p, offset), None)
+        questions = self._forget_early(p, offset)
         if not questions or self.lookups is None:
             return []
         remote = _remote(questions, owned)
@@ -576,7 +590,7 @@ class Judge(Follower):
             if n == 0 or msg.offset() <= pend.prefetched:
                 continue  # the waiting proposal asked already; these were asked ahead before
             pend.prefetched = msg.offset()
-            if not self._asks_when_judged(msg):
+            if not self._asks_when_judged(p, msg):
                 continue
             try:
                 _decide(view.child(), Record.of(p, msg), self.codec, self.partitions, progress, self.topic, ask,
@@ -584,17 +598,24 @@ class Judge(Follower):
             except Exception:  # a guess; the real judging decides and reports
                 continue
 
-    def _asks_when_judged(self, msg: Consumed) -> bool:
+    def _forget_early(self, p: int, offset: int) -> list[Question] | None:
+        questions = self._early.pop((p, offset), None)
+        if questions is not None:
+            self._early_n -= len(questions)
+        return questions
+
+    def _asks_when_judged(self, p: int, msg: Consumed) -> bool:
         """Whether guessing this proposal ahead may start questions not asked yet:
-        its type asks other partitions, and it is not a checkpoint append (asked
-        on arrival, `_early_questions`). One envelope decode (~15 us) instead of a guess
+        its type asks other partitions, and it is not an append asked about on
+        arrival (`_ask_early`). One envelope decode (~15 us) instead of a guess
         (a whole decision)."""
+        if (p, msg.offset()) in self._early:
+            return False
         try:
             _, env = self.codec.decode(msg.value(), expect="threadlog.Proposal")
         except CodecError:
             return False
-        ptype = env["type"]
-        return reads_other_partitions(ptype) and ptype != APPEND
+        return reads_other_partitions(env["type"])
 
     def _flow_control(self) -> None:
         """Stop fetching a partition that waits with many records in hand."""
@@ -626,6 +647,7 @@ class Judge(Follower):
     def _rewind(self) -> None:
         self._pending.clear()
         self._early.clear()
+        self._early_n = 0
         for p in sorted(self.owned):
             self.ahead.reset(p, self.stores.offset(self.topic, p))
             try:

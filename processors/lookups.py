@@ -73,10 +73,12 @@ class Lookups:
         return None
 
     def ask(self, questions: list[Question]) -> None:
-        """Start these questions (those not answered nor in flight) in one go:
-        one request per owner asked, however many questions and partitions it
-        carries. Why: a request costs both workers ~0.2 ms of CPU each way, more
-        than answering the questions in it."""
+        """Start the questions of one proposal (those not answered nor in
+        flight) in one go: one request per owner asked, however many partitions
+        it carries -- the proposal needs every answer anyway. Why: a request
+        costs both workers ~0.2 ms of CPU each way. Not the questions of several
+        proposals in one request: the owner answers once all are settled, and
+        one proposal's question can wait for another proposal to be judged."""
         now = time.monotonic()
         batch: list[Question] = []
         with self._lock:

@@ -439,7 +439,8 @@ class QueryServer:
         another worker's judge; see processors/judge.py). Waits until q is
         judged that far here, or only as far as the records in between can
         change the answer (processors/ahead.py): the answer is then final."""
-        (threads,) = await self._holders_of([(int(args["q"]), str(args["kind"]), str(args["id"]), int(args["asof"]))])
+        (threads,) = await self._holders_of([(int(args["q"]), str(args["kind"]), str(args["id"]), int(args["asof"]))],
+                                            args.get("wait"))
         return {"threads": threads}
 
     async def _holders_many(self, args: dict) -> dict:
@@ -448,9 +449,12 @@ class QueryServer:
         parts = {int(p) for p in args.get("partitions") or ()}
         asked = [(int(q), str(kind), str(ident), int(asof)) for q, kind, ident, asof in args["asked"]
                  if int(q) in parts]
-        return {"threads": await self._holders_of(asked)}
+        return {"threads": await self._holders_of(asked, args.get("wait"))}
 
-    async def _holders_of(self, asked: list[tuple[int, str, str, int]]) -> list[list[str]]:
+    async def _holders_of(self, asked: list[tuple[int, str, str, int]], wait: Any) -> list[list[str]]:
+        """Answered once each partition asked about is judged as far as its
+        questions need (all of one proposal: see processors/lookups.py), within
+        the asker's `wait`."""
         ahead = self.judge.ahead
         need: dict[int, int] = {}
         for q, kind, ident, asof in asked:
@@ -459,7 +463,7 @@ class QueryServer:
             self.holders_asked += 1
             if settles < asof and q in self.judge.owned and self.judge.applied(q) < asof:
                 self.holders_ahead += 1  # answered before q was judged up to asof
-        await self._owned({"partitions": sorted(need), "floor": {str(q): n for q, n in need.items()}})
+        await self._owned({"partitions": sorted(need), "floor": {str(q): n for q, n in need.items()}, "wait": wait})
         return self._read(lambda: [holders_as_of(self.stores.store_of(q), kind, ident, asof)
                                    for q, kind, ident, asof in asked], sorted(need))
 

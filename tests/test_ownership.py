@@ -17,6 +17,7 @@ import asyncio
 import signal
 
 from checkpoint_helpers import checkpoint
+from replay_support import replayed_verdicts
 from support import within
 from threadlog.processors.judge import all_verdicts
 from worker_support import WorkerProcess, ask_worker, owned_by
@@ -104,8 +105,9 @@ async def test_ids_raced_across_two_owners_are_judged_as_a_judge_of_everything_j
     its partition as far as asked (processors/ahead.py): as soon as no fetched
     record in between can mark the id. Racing appends that share ids across
     the two owners' partitions, a head deletion releasing an id, and a re-use
-    of it: every verdict of both workers equals the verdict of an embedded
-    client judging the whole log itself, which never answers ahead."""
+    of it: every verdict of both workers equals the verdict of the judging
+    step alone replaying the log and waiting for every position asked (and an
+    embedded client's)."""
     w1 = await WorkerProcess(bootstrap, namespace, tmp_path / "w1", "w1").start()
     w2 = await WorkerProcess(bootstrap, namespace, tmp_path / "w2", "w2").start()
     try:
@@ -178,15 +180,20 @@ async def test_ids_raced_across_two_owners_are_judged_as_a_judge_of_everything_j
         print(f"id questions answered for the other worker: {asked}, "
               f"before judging that far: {sum(st['holders']['ahead'] for st in stats)}")
         assert asked > 0
-        # An embedded client judges the whole log itself, waiting for every answer.
+        # The judging step alone replays the log, waiting for every position asked;
+        # an embedded client judges it too. Both agree with the workers, verdict by verdict.
+        replayed = await asyncio.to_thread(replayed_verdicts, bootstrap, thin.runtime.topics.events, total,
+                                           tmp_path / "replayed")
         embedded = await open_client()
         await within(embedded.read_barrier(None), 60)
         for w in (w1, w2):
             for p in owned[w.name]:
-                mine = all_verdicts(embedded.runtime.store, p)
-                assert mine, p
+                mine = replayed[p]
+                assert mine and all_verdicts(embedded.runtime.store, p) == mine, p
                 got = await ask_worker(w.address, "verdicts", {"p": p, "os": [o for o, _ in mine]})
                 assert got["verdicts"] == [v for _, v in mine], (w.name, p)
+        refused = [v for vs in replayed.values() for _, v in vs if not v["ok"]]
+        assert any(v["code"] == DUPLICATE_ID for v in refused), refused
     finally:
         await w1.stop()
         await w2.stop()
