@@ -14,6 +14,7 @@ an older state, and clients carry on by themselves.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 
 from checkpoint_helpers import checkpoint
@@ -38,14 +39,23 @@ def thread_on(partitions: set[int] | list[int], total: int, prefix: str, skip: i
         n += 1
 
 
-async def test_two_workers_split_the_partitions_and_judge_only_their_own(bootstrap, namespace, tmp_path,
-                                                                         open_client):
+@contextlib.asynccontextmanager
+async def _two_workers(bootstrap, namespace, tmp_path, open_client):
+    """Workers w1 and w2 splitting the partitions, a thin client: (w1, w2, thin, partitions, owned)."""
     w1 = await WorkerProcess(bootstrap, namespace, tmp_path / "w1", "w1").start()
     w2 = await WorkerProcess(bootstrap, namespace, tmp_path / "w2", "w2").start()
     try:
         thin = await open_client(processors="external", own_worker=True)
         total = thin.runtime.layout.events
-        owned = await owned_by([w1, w2], total)
+        yield w1, w2, thin, total, await owned_by([w1, w2], total)
+    finally:
+        await w1.stop()
+        await w2.stop()
+
+
+async def test_two_workers_split_the_partitions_and_judge_only_their_own(bootstrap, namespace, tmp_path,
+                                                                         open_client):
+    async with _two_workers(bootstrap, namespace, tmp_path, open_client) as (w1, w2, thin, total, owned):
         assert set(owned["w1"]).isdisjoint(owned["w2"])
         threads = [f"split-{n}" for n in range(24)]
         await within(asyncio.gather(*(thin.messages.save_thread(t, [t]) for t in threads)), 60)
@@ -79,9 +89,6 @@ async def test_two_workers_split_the_partitions_and_judge_only_their_own(bootstr
         for t in (t1, t2, *threads):
             assert await within(embedded.checkpoints.list(t)) == await within(thin.checkpoints.list(t))
             assert await within(embedded.messages.load_thread(t)) == await within(thin.messages.load_thread(t))
-    finally:
-        await w1.stop()
-        await w2.stop()
 
 
 async def _chain(tl, thread: str, lease, ids: list[str]) -> list[str]:
@@ -108,12 +115,7 @@ async def test_ids_raced_across_two_owners_are_judged_as_a_judge_of_everything_j
     of it: every verdict of both workers equals the verdict of the judging
     step alone replaying the log and waiting for every position asked (and an
     embedded client's)."""
-    w1 = await WorkerProcess(bootstrap, namespace, tmp_path / "w1", "w1").start()
-    w2 = await WorkerProcess(bootstrap, namespace, tmp_path / "w2", "w2").start()
-    try:
-        thin = await open_client(processors="external", own_worker=True)
-        total = thin.runtime.layout.events
-        owned = await owned_by([w1, w2], total)
+    async with _two_workers(bootstrap, namespace, tmp_path, open_client) as (w1, w2, thin, total, owned):
         threads = [thread_on(owned[name], total, f"race-{name}", k) for name in ("w1", "w2") for k in range(4)]
         leases = await within(asyncio.gather(*(thin.checkpoints.acquire_writer(t) for t in threads)))
         # Every 3rd id is shared by all 8 threads (racing first writes of one id
@@ -194,9 +196,6 @@ async def test_ids_raced_across_two_owners_are_judged_as_a_judge_of_everything_j
                 assert got["verdicts"] == [v for _, v in mine], (w.name, p)
         refused = [v for vs in replayed.values() for _, v in vs if not v["ok"]]
         assert any(v["code"] == DUPLICATE_ID for v in refused), refused
-    finally:
-        await w1.stop()
-        await w2.stop()
 
 
 async def _past(tl, p: int, offset: int) -> bool:
