@@ -65,11 +65,7 @@ class Lookups:
             if found is not None:
                 self._answers.move_to_end(question)
                 return found
-            if self._asking.get(question, 0.0) > time.monotonic():
-                return None  # asked (or failed) a moment ago
-            self._asking[question] = float("inf")
-            self.asked += 1
-        self.query._run(self._ask([question]))
+        self.ask([question])  # unless in flight (or failed a moment ago)
         return None
 
     def ask(self, questions: list[Question]) -> None:
