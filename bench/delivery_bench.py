@@ -18,7 +18,10 @@
    (offset, chunk) pairs from memory, no Kafka at all.
 3. SSE end to end: the real `@tanstack/ai-client` (Node) joins a run on a
    separate `threadlog serve` process; latency from just before `append` to the
-   client yielding the chunk, p50/p99; next to raw produce -> consume latency.
+   client yielding the chunk, p50/p99; next to raw produce -> consume latency
+   and to the floor of any Kafka-fed SSE stream here: the same client and pace
+   on a bare relay (`bench/sse_relay.py`: raw producer, raw consumer,
+   Starlette under the same uvicorn; no threadlog on the path).
 """
 
 from __future__ import annotations
@@ -248,39 +251,88 @@ def raw_latency(bootstrap: str, count: int) -> Result:
         delete_topic(bootstrap, topic)
 
 
+async def _node_join(base: str, run: str) -> asyncio.subprocess.Process:
+    """The real `@tanstack/ai-client` joining `run` at `base`; returns once it has its first chunk."""
+    node = await asyncio.create_subprocess_exec(
+        "node", "sse_latency.mjs", cwd=NODE_DIR, stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "THREADLOG_URL": base, "RUN_ID": run})
+    assert (await asyncio.wait_for(node.stdout.readline(), 60)).strip() == b"ready"
+    return node
+
+
+async def _node_latencies(node: asyncio.subprocess.Process, count: int) -> list[float]:
+    out = json.loads((await asyncio.wait_for(node.stdout.readline(), 60)).decode())
+    await node.wait()
+    lat = [x / 1000.0 for x in out["latenciesMs"]]
+    assert len(lat) == count, (len(lat), count)
+    return lat
+
+
+def _timed_chunk(i: int) -> dict:
+    # `t`: this process's wall clock just before the write, which the Node client subtracts.
+    return {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m", "delta": "x" * 150, "i": i, "t": time.time() * 1000.0}
+
+
+async def _server(*argv: str) -> tuple[asyncio.subprocess.Process, str]:
+    """A server subprocess printing `... at http://host:port/api/chat`; (process, base URL)."""
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE)
+    line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+    return proc, line.strip().split(" at ", 1)[1].rsplit("/api/chat", 1)[0]
+
+
 async def sse_latency(bootstrap: str, ns: str, tl, count: int) -> Result:
     if not (NODE_DIR / "node_modules" / "@tanstack" / "ai-client").is_dir():
         raise SystemExit("run scripts/setup first (npm install in tests/node)")
     with tempfile.TemporaryDirectory() as state:
-        serve = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "threadlog", "serve", "--bootstrap", bootstrap, "--namespace", ns,
-            "--port", "0", "--state-dir", state, stdout=asyncio.subprocess.PIPE)
+        serve, base = await _server(sys.executable, "-m", "threadlog", "serve", "--bootstrap", bootstrap,
+                                    "--namespace", ns, "--port", "0", "--state-dir", state)
         try:
-            line = (await asyncio.wait_for(serve.stdout.readline(), 60)).decode()
-            base = line.strip().split(" at ", 1)[1].rsplit("/api/chat", 1)[0]
             run = f"bench-sse-{uuid.uuid4().hex[:8]}"
             log = tl.delivery(run)
             await log.append([{"type": "RUN_STARTED", "runId": run, "threadId": "t"}])
-            node = await asyncio.create_subprocess_exec(
-                "node", "sse_latency.mjs", cwd=NODE_DIR, stdout=asyncio.subprocess.PIPE,
-                env={**os.environ, "THREADLOG_URL": base, "RUN_ID": run})
-            assert (await asyncio.wait_for(node.stdout.readline(), 60)).strip() == b"ready"
+            node = await _node_join(base, run)
             t0 = time.perf_counter()
             for i in range(count):
-                await log.append([{"type": "TEXT_MESSAGE_CONTENT", "messageId": "m", "delta": "x" * 150,
-                                   "i": i, "t": time.time() * 1000.0}])
+                await log.append([_timed_chunk(i)])
                 await asyncio.sleep(0.005)  # a model's pace, not a flood: latency, not throughput
             elapsed = time.perf_counter() - t0
             await log.append([{"type": "RUN_FINISHED", "runId": run, "threadId": "t"}])
             await log.close()
-            out = json.loads((await asyncio.wait_for(node.stdout.readline(), 60)).decode())
-            await node.wait()
-            lat = [x / 1000.0 for x in out["latenciesMs"]]
-            assert len(lat) == count, (len(lat), count)
+            lat = await _node_latencies(node, count)
             return Result("SSE append -> @tanstack/ai-client latency", count, elapsed, 0, lat)
         finally:
             serve.terminate()
             await serve.wait()
+
+
+async def sse_floor_latency(bootstrap: str, count: int) -> Result:
+    """The same client and pace on a bare relay (`bench/sse_relay.py`): a raw
+    producer awaiting each ack, a raw consumer, Starlette under uvicorn. No
+    threadlog on the path: the floor of a Kafka-fed SSE stream on this machine."""
+    topic = temp_topic(bootstrap, 1, "bench-sse-floor")
+    relay, base = await _server(sys.executable, str(ROOT / "bench" / "sse_relay.py"), bootstrap, topic)
+    try:
+        p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 0,
+                      "socket.nagle.disable": True})  # as threadlog's writers
+
+        def write(chunk: dict) -> None:
+            p.produce(topic, json.dumps(chunk).encode(), b"run")
+            p.flush(10)
+
+        write({"type": "RUN_STARTED", "runId": "r", "threadId": "t"})
+        node = await _node_join(base, "r")
+        t0 = time.perf_counter()
+        for i in range(count):
+            write(_timed_chunk(i))
+            await asyncio.sleep(0.005)
+        elapsed = time.perf_counter() - t0
+        write({"type": "RUN_FINISHED", "runId": "r", "threadId": "t"})
+        lat = await _node_latencies(node, count)
+        return Result("bare Kafka -> SSE relay -> @tanstack/ai-client latency (floor)", count, elapsed, 0, lat)
+    finally:
+        relay.terminate()
+        await relay.wait()
+        delete_topic(bootstrap, topic)
 
 
 async def thin_rows(bootstrap: str, ns: str, state: str, args, batch: list[dict],
@@ -357,6 +409,7 @@ async def main() -> None:
                 rows.append((as_chunks(pipe, args.batch, "raw produce, pipelined (chunks; ceiling)"), None))
                 rows += await replay(bootstrap, args.replay_chunks, batch)
                 rows.append((raw_latency(bootstrap, args.latency_chunks), None))
+                rows.append((await sse_floor_latency(bootstrap, args.latency_chunks), None))
                 rows.append((await sse_latency(bootstrap, ns, tl, args.latency_chunks), None))
         print(f"\nbroker {bootstrap}; {args.partitions} partitions\n")
         report(rows, unit="chunks/s")
