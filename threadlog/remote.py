@@ -144,6 +144,21 @@ class _Behind(_Retry):
     """The owner is still catching up with the position asked for."""
 
 
+def _settle(fut: CFuture, task: asyncio.Task) -> None:
+    """A handed-over call's future from its task, unless settled already (by close)."""
+    if fut.done():
+        return
+    try:
+        if task.cancelled():
+            fut.cancel()
+        elif (exc := task.exception()) is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(task.result())
+    except Exception:  # settled meanwhile by another thread (InvalidStateError)
+        pass
+
+
 class QueryClient:
     """Calls to the workers, routed by partition to their owners.
 
@@ -209,14 +224,18 @@ class QueryClient:
             for close in self.closers:
                 close()
 
-        try:
-            self._run(shut()).result(5)
-        except Exception:  # pragma: no cover
-            pass
+        shut_down = False
+        if self._thread.is_alive():
+            try:
+                self._run(shut()).result(5)
+                shut_down = True
+            except Exception:  # pragma: no cover
+                pass
         with self._handover:
             self._stopping = True
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
         # A call the stopped loop will never finish (one waiting for a push, one
         # handed over as it stopped) must not leave its caller waiting forever.
         with self._handover:
@@ -226,8 +245,35 @@ class QueryClient:
                 fut.set_exception(unavailable("this ThreadLog was closed during the call"))
             except Exception:  # finished meanwhile (InvalidStateError)
                 pass
+        if not self._thread.is_alive():
+            self._drain(None if shut_down else shut())
         self.members.close()
         self.readers.shutdown(wait=False, cancel_futures=True)
+
+    def _drain(self, shut: Coroutine[Any, Any, None] | None, timeout: float = 2.0) -> None:
+        """End what the stopped loop left, on this thread (the loop's is gone):
+        `shut` if the loop stopped before it could run it, then every task (their
+        callers were failed above), cancelled and run to their end, bounded.
+
+        Why: a task created as the loop stopped never ran a step; dropped, its
+        coroutine warned "was never awaited" at exit."""
+        try:
+            # Cancelled before the loop runs again: a task that never ran a step
+            # gets the cancellation at its first, so none of its code runs after
+            # close. The calls' `_start`s still queued find their futures failed
+            # and close their coroutines.
+            tasks = asyncio.all_tasks(self._loop)
+            for task in tasks:
+                task.cancel()
+
+            async def end() -> None:
+                if shut is not None:
+                    await asyncio.wait_for(shut, timeout)
+                await (asyncio.wait(tasks, timeout=timeout) if tasks else asyncio.sleep(0))
+
+            self._loop.run_until_complete(end())
+        except Exception:  # pragma: no cover - best effort at close
+            log.exception("ending the query client's tasks at close")
 
     @property
     def address(self) -> str | None:
@@ -258,10 +304,26 @@ class QueryClient:
             if self._stopping:  # the loop would never run it
                 coro.close()
                 raise unavailable("this ThreadLog is closed")
-            fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+            fut: CFuture = CFuture()
+            self._loop.call_soon_threadsafe(self._start, coro, fut)
             self._running.add(fut)
         fut.add_done_callback(self._running.discard)
         return fut
+
+    def _start(self, coro: Coroutine[Any, Any, Any], fut: CFuture) -> None:
+        """On the loop: run a handed-over call as a task settling `fut`.
+
+        Not `asyncio.run_coroutine_threadsafe`: `close` fails the calls a
+        stopped loop will not finish, then ends their tasks (`_drain`), and a
+        task chained to a future already failed would report a RuntimeError
+        as it ended. Here whichever settles `fut` first wins, quietly."""
+        if fut.done():  # failed by close, or cancelled by its caller, before it started
+            coro.close()
+            return
+        task = self._loop.create_task(coro)
+        task.add_done_callback(functools.partial(_settle, fut))
+        # The caller gave up (its own cancellation): so does the call.
+        fut.add_done_callback(lambda f: f.cancelled() and self._loop.call_soon_threadsafe(task.cancel))
 
     def call_sync(self, op: str, args: dict, partitions: list[int] | None = None) -> dict[tuple[int, ...], Any]:
         """Blocking `call` (from any thread but the client's own loop thread)."""
