@@ -126,7 +126,12 @@ class EventStreamResponse(StreamingResponse):
     async def stream_response(self, send: Send) -> None:
         """The body, plus a comment line whenever nothing was sent for
         `keepalive` seconds (proxies close idle streams). The two share `send`
-        under a lock; the body's sends never wait on the timer."""
+        under a lock; the body's sends never wait on the timer.
+
+        The timer is a plain task, not a task group: an error from `send` (the
+        client went away) reaches the caller as itself, not wrapped in an
+        ExceptionGroup. The body is closed on every way out, a disconnect
+        included, so its reader gives its subscription back at once."""
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         # asyncio's lock: taken uncontended it never yields (anyio's takes a loop iteration).
         lock = asyncio.Lock()
@@ -135,19 +140,29 @@ class EventStreamResponse(StreamingResponse):
         async def keepalive() -> None:
             nonlocal sent_at
             while True:
-                await anyio.sleep(max(0.0, sent_at + self.keepalive - time.monotonic()))
+                await asyncio.sleep(max(0.0, sent_at + self.keepalive - time.monotonic()))
                 if time.monotonic() - sent_at >= self.keepalive:
                     async with lock:
-                        await send({"type": "http.response.body", "body": b": keepalive\n\n", "more_body": True})
+                        try:
+                            await send({"type": "http.response.body", "body": b": keepalive\n\n",
+                                        "more_body": True})
+                        except OSError:
+                            return  # the client went away: the body's next send or the disconnect ends the stream
                     sent_at = time.monotonic()
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(keepalive)
+        timer = asyncio.ensure_future(keepalive())
+        try:
             async for chunk in self.body_iterator:
                 async with lock:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 sent_at = time.monotonic()
-            tg.cancel_scope.cancel()
+        finally:
+            timer.cancel()
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                with anyio.CancelScope(shield=True):  # a disconnect cancels us: close it all the same
+                    await aclose()
+        await asyncio.wait({timer})  # cancelled above: it ends at its next step, before the last send
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _serve(self, receive: Receive, send: Send) -> None:
