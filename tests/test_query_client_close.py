@@ -49,6 +49,7 @@ def test_calls_racing_close_each_end_answered_or_unavailable(bootstrap) -> None:
     qc = QueryClient(bootstrap, f"qc-race-{uuid.uuid4().hex[:6]}.members", "qc-race", timeout=5)
     qc._thread.start()
     outcomes: list[str] = []
+    wrong: list[BaseException] = []
     stop = threading.Event()
     busy = threading.Event()
 
@@ -63,8 +64,12 @@ def test_calls_racing_close_each_end_answered_or_unavailable(bootstrap) -> None:
                 if len(outcomes) >= 200:
                     busy.set()
             except ThreadLogError as exc:
-                assert exc.code == UNAVAILABLE
+                if exc.code != UNAVAILABLE:
+                    wrong.append(exc)
                 outcomes.append("unavailable")
+                return
+            except BaseException as exc:  # a CancelledError, a timeout: the call did not end as it should
+                wrong.append(exc)
                 return
 
     threads = [threading.Thread(target=caller) for _ in range(4)]
@@ -76,5 +81,6 @@ def test_calls_racing_close_each_end_answered_or_unavailable(bootstrap) -> None:
     for t in threads:
         t.join(15)
         assert not t.is_alive()
+    assert not wrong, wrong
     assert "done" in outcomes and outcomes.count("unavailable") >= 1
     assert not [t for t in asyncio.all_tasks(qc._loop) if not t.done()]

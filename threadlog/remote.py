@@ -146,12 +146,13 @@ class _Behind(_Retry):
 
 def _settle(fut: CFuture, task: asyncio.Task) -> None:
     """A handed-over call's future from its task, unless settled already (by close)."""
+    exc = None if task.cancelled() else task.exception()  # read even if unused: no "never retrieved"
     if fut.done():
         return
     try:
         if task.cancelled():
             fut.cancel()
-        elif (exc := task.exception()) is not None:
+        elif exc is not None:
             fut.set_exception(exc)
         else:
             fut.set_result(task.result())
@@ -224,54 +225,81 @@ class QueryClient:
             for close in self.closers:
                 close()
 
-        shut_down = False
-        if self._thread.is_alive():
+        running_loop = self._thread.is_alive()
+        if running_loop:
             try:
                 self._run(shut()).result(5)
-                shut_down = True
             except Exception:  # pragma: no cover
                 pass
         with self._handover:
             self._stopping = True
-        if self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(5)
-        # A call the stopped loop will never finish (one waiting for a push, one
-        # handed over as it stopped) must not leave its caller waiting forever.
-        with self._handover:
             running = list(self._running)
+        # Every call handed over is failed for its caller first: the loop ends
+        # their tasks next, and a task cancelled while its future was pending
+        # would give the caller CancelledError instead of UNAVAILABLE.
         for fut in running:
             try:
                 fut.set_exception(unavailable("this ThreadLog was closed during the call"))
             except Exception:  # finished meanwhile (InvalidStateError)
                 pass
-        if not self._thread.is_alive():
-            self._drain(None if shut_down else shut())
+        if running_loop:
+            # On the loop, after every `_start` queued before it (first in, first
+            # out): end the tasks, then stop.
+            self._loop.call_soon_threadsafe(self._begin_end)
+            self._thread.join(5)
+        else:
+            self._drain(shut())  # the loop never ran (or died): end what it left from here
         self.members.close()
         self.readers.shutdown(wait=False, cancel_futures=True)
 
-    def _drain(self, shut: Coroutine[Any, Any, None] | None, timeout: float = 2.0) -> None:
-        """End what the stopped loop left, on this thread (the loop's is gone):
-        `shut` if the loop stopped before it could run it, then every task (their
-        callers were failed above), cancelled and run to their end, bounded.
+    def _begin_end(self) -> None:
+        self._loop.create_task(self._end())
 
-        Why: a task created as the loop stopped never ran a step; dropped, its
+    async def _end(self, timeout: float = 2.0) -> None:
+        """The loop's last task: cancel every other task, wait for them (bounded), stop.
+
+        Why: a task dropped with the loop never runs its `finally`s, and one
+        created in the loop's last iteration never ran a step at all -- its
         coroutine warned "was never awaited" at exit."""
+        me = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not me]
+        for task in tasks:
+            task.cancel()
         try:
-            # Cancelled before the loop runs again: a task that never ran a step
-            # gets the cancellation at its first, so none of its code runs after
-            # close. The calls' `_start`s still queued find their futures failed
-            # and close their coroutines.
-            tasks = asyncio.all_tasks(self._loop)
-            for task in tasks:
-                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=timeout)
+        finally:
+            self._loop.stop()
 
-            async def end() -> None:
-                if shut is not None:
-                    await asyncio.wait_for(shut, timeout)
-                await (asyncio.wait(tasks, timeout=timeout) if tasks else asyncio.sleep(0))
+    def _drain(self, shut: Coroutine[Any, Any, None]) -> None:
+        """What `_end` does (and `shut`), for a loop no thread runs: run here,
+        unless this thread runs a loop of its own (a loop cannot run inside
+        another) -- then `shut` is closed unrun and the tasks are left."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            shut.close()
+            return
+        # Cancelled before the loop runs again: a task that never ran a step
+        # gets the cancellation at its first, so none of its code runs after
+        # close; the `_start`s still queued find their futures failed and close
+        # their coroutines.
+        tasks = asyncio.all_tasks(self._loop)
+        for task in tasks:
+            task.cancel()
 
-            self._loop.run_until_complete(end())
+        async def finish() -> None:
+            try:
+                await asyncio.wait_for(shut, 2.0)
+            except Exception:  # pragma: no cover - best effort at close
+                log.exception("closing the query client's connections")
+            if tasks:
+                await asyncio.wait(tasks, timeout=2.0)
+
+        try:
+            self._loop.run_until_complete(finish())
         except Exception:  # pragma: no cover - best effort at close
             log.exception("ending the query client's tasks at close")
 
@@ -320,7 +348,12 @@ class QueryClient:
         if fut.done():  # failed by close, or cancelled by its caller, before it started
             coro.close()
             return
-        task = self._loop.create_task(coro)
+        try:
+            task = self._loop.create_task(coro)
+        except BaseException as exc:  # not a coroutine: the caller hears it, as from run_coroutine_threadsafe
+            if not fut.done():
+                fut.set_exception(exc)
+            return
         task.add_done_callback(functools.partial(_settle, fut))
         # The caller gave up (its own cancellation): so does the call.
         fut.add_done_callback(lambda f: f.cancelled() and self._loop.call_soon_threadsafe(task.cancel))
