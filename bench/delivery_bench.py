@@ -19,8 +19,7 @@
 3. SSE end to end: the real `@tanstack/ai-client` (Node) joins a run on a
    separate `threadlog serve` process; latency from just before `append` to the
    client yielding the chunk, p50/p99; next to raw produce -> consume latency
-   and to the floor of any Kafka-fed SSE stream here: the same client and pace
-   on a bare relay (`bench/sse_relay.py`: raw producer, raw consumer,
+   and to a floor: the same client and pace on a minimal Python relay (`bench/sse_relay.py`: raw producer, raw consumer,
    Starlette under the same uvicorn; no threadlog on the path).
 """
 
@@ -310,8 +309,9 @@ async def sse_floor_latency(bootstrap: str, count: int) -> Result:
     producer awaiting each ack, a raw consumer, Starlette under uvicorn. No
     threadlog on the path: the floor of a Kafka-fed SSE stream on this machine."""
     topic = temp_topic(bootstrap, 1, "bench-sse-floor")
-    relay, base = await _server(sys.executable, str(ROOT / "bench" / "sse_relay.py"), bootstrap, topic)
+    relay = None
     try:
+        relay, base = await _server(sys.executable, str(ROOT / "bench" / "sse_relay.py"), bootstrap, topic)
         p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 0,
                       "socket.nagle.disable": True})  # as threadlog's writers
 
@@ -330,8 +330,9 @@ async def sse_floor_latency(bootstrap: str, count: int) -> Result:
         lat = await _node_latencies(node, count)
         return Result("bare Kafka -> SSE relay -> @tanstack/ai-client latency (floor)", count, elapsed, 0, lat)
     finally:
-        relay.terminate()
-        await relay.wait()
+        if relay is not None:
+            relay.terminate()
+            await relay.wait()
         delete_topic(bootstrap, topic)
 
 

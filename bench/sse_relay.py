@@ -1,4 +1,4 @@
-"""The floor of any SSE stream fed by Kafka here: a bare relay, no threadlog.
+"""A floor for SSE fed by Kafka here: a minimal Python relay, no threadlog.
 
     .venv/bin/python bench/sse_relay.py BOOTSTRAP TOPIC
 
