@@ -328,7 +328,7 @@ async def sse_floor_latency(bootstrap: str, count: int) -> Result:
         elapsed = time.perf_counter() - t0
         write({"type": "RUN_FINISHED", "runId": "r", "threadId": "t"})
         lat = await _node_latencies(node, count)
-        return Result("bare Kafka -> SSE relay -> @tanstack/ai-client latency (floor)", count, elapsed, 0, lat)
+        return Result("SSE floor: bare relay -> ai-client latency", count, elapsed, 0, lat)
     finally:
         if relay is not None:
             relay.terminate()
