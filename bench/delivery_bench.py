@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import orjson
 from common import (
     Result,
+    _producer,
     bench_args,
     bootstrap_or_local,
     delete_namespace,
@@ -312,8 +313,7 @@ async def sse_floor_latency(bootstrap: str, count: int) -> Result:
     relay = None
     try:
         relay, base = await _server(sys.executable, str(ROOT / "bench" / "sse_relay.py"), bootstrap, topic)
-        p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 0,
-                      "socket.nagle.disable": True})  # as threadlog's writers
+        p = _producer(bootstrap, **{"linger.ms": 0, "socket.nagle.disable": True})  # as threadlog's writers
 
         def write(chunk: dict) -> None:
             p.produce(topic, json.dumps(chunk).encode(), b"run")

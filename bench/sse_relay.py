@@ -22,7 +22,6 @@ import asyncio
 import json
 import sys
 import threading
-from pathlib import Path
 
 import uvicorn
 from confluent_kafka import Consumer, TopicPartition
@@ -31,7 +30,6 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-sys.path.insert(0, str(Path(__file__).parent.parent))
 from threadlog.kernel.kafka_config import FOLLOWER_WAIT_MS
 
 

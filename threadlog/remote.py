@@ -255,8 +255,8 @@ class QueryClient:
     def _begin_end(self) -> None:
         self._loop.create_task(self._end())
 
-    async def _end(self, timeout: float = 2.0) -> None:
-        """The loop's last task: cancel every other task, wait for them (bounded), stop.
+    async def _end(self, timeout: float = 2.0, stop: bool = True) -> None:
+        """The loop's last step: cancel every other task, wait for them (bounded), stop.
 
         Why: a task dropped with the loop never runs its `finally`s, and one
         created in the loop's last iteration never ran a step at all -- its
@@ -269,12 +269,13 @@ class QueryClient:
             if tasks:
                 await asyncio.wait(tasks, timeout=timeout)
         finally:
-            self._loop.stop()
+            if stop:
+                self._loop.stop()
 
     def _drain(self, shut: Coroutine[Any, Any, None]) -> None:
-        """What `_end` does (and `shut`), for a loop no thread runs: run here,
-        unless this thread runs a loop of its own (a loop cannot run inside
-        another) -- then `shut` is closed unrun and the tasks are left."""
+        """`shut` and `_end`, for a loop no thread runs: run here, unless this
+        thread runs a loop of its own (a loop cannot run inside another) --
+        then `shut` is closed unrun and the tasks are left."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -286,8 +287,7 @@ class QueryClient:
         # gets the cancellation at its first, so none of its code runs after
         # close; the `_start`s still queued find their futures failed and close
         # their coroutines.
-        tasks = asyncio.all_tasks(self._loop)
-        for task in tasks:
+        for task in asyncio.all_tasks(self._loop):
             task.cancel()
 
         async def finish() -> None:
@@ -295,8 +295,7 @@ class QueryClient:
                 await asyncio.wait_for(shut, 2.0)
             except Exception:  # pragma: no cover - best effort at close
                 log.exception("closing the query client's connections")
-            if tasks:
-                await asyncio.wait(tasks, timeout=2.0)
+            await self._end(stop=False)  # run_until_complete stops the loop itself
 
         try:
             self._loop.run_until_complete(finish())
