@@ -55,9 +55,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 from checkpoints_bench import appends, make_checkpoint
 from common import (
+    CpuMeter,
     Result,
     bench_args,
     bootstrap_or_local,
+    broker_pids,
     closed_loop,
     delete_namespace,
     delete_topic,
@@ -73,6 +75,14 @@ PG_BIN = "/usr/lib/postgresql/15/bin"
 POOL_SIZE = 16
 # The 1-min load average as each measured row ended: this 2-core machine may be shared.
 LOAD_AFTER: dict[int, float] = {}
+# CPU seconds each process of a row used per operation in its measured run, by role.
+CPU_PER_OP: dict[int, dict[str, float]] = {}
+# The processes whose CPU a row's operations use, by role (see `sized`).
+Processes = Callable[[], dict[str, list[int]]]
+
+
+def client_only() -> dict[str, list[int]]:
+    return {"client": [os.getpid()]}
 
 
 @dataclass(frozen=True)
@@ -90,10 +100,13 @@ class Shape:
         return make_checkpoint(cid, thread, parent, n, self.files, self.conv_bytes)
 
 
-async def sized(run: Callable[[int], Awaitable[Result]], seconds: float, shape: Shape, floor: int = 0) -> Result:
+async def sized(run: Callable[[int], Awaitable[Result]], seconds: float, shape: Shape, floor: int = 0,
+                processes: Processes = client_only) -> Result:
     """Warm `run` up with growing counts until a run lasts >= 0.5 s (or four tries), then run it
     for about `seconds` at the rate the warm-up reached. `run(n)` makes n calls; n is a
-    multiple of the callers and at least `floor`."""
+    multiple of the callers and at least `floor`. The measured run's CPU is metered in
+    `processes()` (role -> pids: this client, a worker, the broker, PostgreSQL's backends):
+    on a 2-core machine every one of them competes for the same cores."""
     step = shape.callers
     n = step * 8
     for _ in range(4):
@@ -102,8 +115,11 @@ async def sized(run: Callable[[int], Awaitable[Result]], seconds: float, shape: 
             break
         n = max(n * 2, int(warm.rate * 0.75) // step * step)
     total = max(floor, step, int(warm.rate * seconds) // step * step)
+    meter = CpuMeter(processes()).start()
     res = await run(-(-total // step) * step)
+    used = meter.stop()
     LOAD_AFTER[id(res)] = os.getloadavg()[0]
+    CPU_PER_OP[id(res)] = {role: cpu / res.count for role, cpu in used.items()} if res.count else {}
     return res
 
 
@@ -114,11 +130,37 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass(frozen=True)
+class PgCluster:
+    conninfo: str
+    data: str
+
+    def processes(self) -> dict[str, list[int]]:
+        """This client and the server: the postmaster and every process it started (backends,
+        WAL writer, checkpointer...), whose CPU a PostgreSQL row's operations use."""
+        try:
+            with open(f"{self.data}/postmaster.pid") as f:
+                master = int(f.readline())
+        except (OSError, ValueError):
+            return client_only()
+        pids = [master]
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as f:
+                        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue
+                if ppid == master:
+                    pids.append(int(entry))
+        return {**client_only(), "postgres": pids}
+
+
 @contextmanager
-def postgres_cluster(bin_dir: str) -> Iterator[str]:
-    """initdb + pg_ctl start in a temp dir on a free localhost port; yields a conninfo; stops the
-    server and deletes the directory on the way out, whatever happened. PostgreSQL refuses to
-    run as root, so as root the cluster belongs to `postgres` (or `nobody`)."""
+def postgres_cluster(bin_dir: str) -> Iterator[PgCluster]:
+    """initdb + pg_ctl start in a temp dir on a free localhost port; yields its conninfo and data
+    directory; stops the server and deletes the directory on the way out, whatever happened.
+    PostgreSQL refuses to run as root, so as root the cluster belongs to `postgres` (or `nobody`)."""
     root = tempfile.mkdtemp(prefix="threadlog-peers-pg-")
     as_user: list[str] = []
     if os.geteuid() == 0:
@@ -146,7 +188,7 @@ def postgres_cluster(bin_dir: str) -> Iterator[str]:
         pg(f"{bin_dir}/pg_ctl", "-D", data, "-l", f"{root}/server.log", "-w", "-t", "60", "-o",
            f"-p {port} -k {root} -c listen_addresses=127.0.0.1", "start")
         started = True
-        yield f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
+        yield PgCluster(f"host=127.0.0.1 port={port} user=postgres dbname=postgres", data)
     except subprocess.CalledProcessError as exc:
         log = Path(f"{root}/server.log")
         raise RuntimeError(f"{' '.join(exc.cmd)} failed: {exc.stderr.strip()}"
@@ -164,14 +206,17 @@ def postgres_cluster(bin_dir: str) -> Iterator[str]:
 
 # -- the rows ------------------------------------------------------------------------------------
 @contextmanager
-def judged_by(bootstrap: str, ns: str, state: str, partitions: int, external: bool) -> Iterator[dict]:
-    """`threadlog.open` options: embedded, or (`--external`) a thin client with a worker process judging."""
+def judged_by(bootstrap: str, ns: str, state: str, partitions: int, external: bool
+              ) -> Iterator[tuple[dict, Processes]]:
+    """`threadlog.open` options: embedded, or (`--external`) a thin client with a worker process
+    judging; and the processes whose CPU its operations use (client, worker, the local broker)."""
     if not external:
-        yield {}
+        yield {}, lambda: {**client_only(), "broker": broker_pids()}
         return
     worker = Worker(bootstrap, ns, f"{state}/worker", "w", partitions=partitions)
     try:
-        yield {"processors": "external"}
+        yield {"processors": "external"}, lambda: {**client_only(), "worker": [worker.proc.pid],
+                                                   "broker": broker_pids()}
     finally:
         worker.stop()
 
@@ -180,7 +225,7 @@ async def threadlog_rows(bootstrap: str, ns: str, shape: Shape, seconds: float, 
                          reads: bool, external: bool = False) -> list[Result]:
     runs = 0
     with tempfile.TemporaryDirectory(prefix="threadlog-peers-state-") as state, \
-            judged_by(bootstrap, ns, state, partitions, external) as opts:
+            judged_by(bootstrap, ns, state, partitions, external) as (opts, processes):
         async with threadlog.open(bootstrap, namespace=ns, state_dir=state, partitions=partitions, **opts) as tl:
 
             async def append_run(n: int) -> Result:
@@ -189,7 +234,7 @@ async def threadlog_rows(bootstrap: str, ns: str, shape: Shape, seconds: float, 
                 return await appends(tl, n, shape.threads, shape.callers, shape.files, shape.conv_bytes,
                                      f"run{runs}")
 
-            res = await sized(append_run, seconds, shape, floor=2 * shape.threads)
+            res = await sized(append_run, seconds, shape, floor=2 * shape.threads, processes=processes)
             res.name = "threadlog checkpoints.append (CAS)"
             out = [res]
             if reads:
@@ -201,7 +246,8 @@ async def threadlog_rows(bootstrap: str, ns: str, shape: Shape, seconds: float, 
                     assert head is not None and await tl.checkpoints.get(head) is not None
 
                 res = await sized(lambda n: closed_loop("threadlog get_head + get", shape.callers,
-                                                        n // shape.callers, read), seconds, shape)
+                                                        n // shape.callers, read), seconds, shape,
+                                  processes=processes)
                 out.append(res)
             return out
 
@@ -213,16 +259,17 @@ async def threadlog_saver_rows(bootstrap: str, ns: str, shape: Shape, seconds: f
     from threadlog.integrations.langgraph import AsyncThreadLogSaver
 
     with tempfile.TemporaryDirectory(prefix="threadlog-peers-saver-") as state, \
-            judged_by(bootstrap, f"{ns}-lg", state, partitions, external) as opts:
+            judged_by(bootstrap, f"{ns}-lg", state, partitions, external) as (opts, processes):
         async with threadlog.open(bootstrap, namespace=f"{ns}-lg", state_dir=state, partitions=partitions,
                                   **opts) as tl:
             lg = LangGraphWriter(AsyncThreadLogSaver(tl), shape, "tl-lg-thread")
             out = [await sized(lambda n: closed_loop("threadlog AsyncThreadLogSaver.aput", shape.callers,
-                                                     n // shape.callers, lg.put), seconds, shape)]
+                                                     n // shape.callers, lg.put), seconds, shape,
+                               processes=processes)]
             if reads:
                 out.append(await sized(lambda n: closed_loop("threadlog AsyncThreadLogSaver.aget_tuple",
                                                              shape.callers, n // shape.callers, lg.get),
-                                       seconds, shape))
+                                       seconds, shape, processes=processes))
             return out
 
 
@@ -267,12 +314,12 @@ class LangGraphWriter:
         assert await self.saver.aget_tuple(config) is not None
 
 
-async def postgres_saver_rows(conninfo: str, shape: Shape, seconds: float, reads: bool) -> list[Result]:
+async def postgres_saver_rows(pg: PgCluster, shape: Shape, seconds: float, reads: bool) -> list[Result]:
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
     from psycopg.rows import dict_row
     from psycopg_pool import AsyncConnectionPool
 
-    async with AsyncConnectionPool(conninfo, min_size=POOL_SIZE, max_size=POOL_SIZE, open=False,
+    async with AsyncConnectionPool(pg.conninfo, min_size=POOL_SIZE, max_size=POOL_SIZE, open=False,
                                    kwargs={"autocommit": True, "prepare_threshold": 0,
                                            "row_factory": dict_row}) as pool:
         await pool.wait()
@@ -280,10 +327,12 @@ async def postgres_saver_rows(conninfo: str, shape: Shape, seconds: float, reads
         await saver.setup()
         lg = LangGraphWriter(saver, shape, "lg-thread")
         out = [await sized(lambda n: closed_loop(f"LangGraph AsyncPostgresSaver.aput ({POOL_SIZE} conns)",
-                                                 shape.callers, n // shape.callers, lg.put), seconds, shape)]
+                                                 shape.callers, n // shape.callers, lg.put), seconds, shape,
+                           processes=pg.processes)]
         if reads:
             out.append(await sized(lambda n: closed_loop("LangGraph AsyncPostgresSaver.aget_tuple",
-                                                         shape.callers, n // shape.callers, lg.get), seconds, shape))
+                                                         shape.callers, n // shape.callers, lg.get), seconds, shape,
+                                   processes=pg.processes))
         return out
 
 
@@ -294,19 +343,19 @@ CREATE TABLE cas_heads (thread_id text PRIMARY KEY, head text);
 """
 
 
-async def postgres_cas_row(conninfo: str, shape: Shape, seconds: float) -> Result:
+async def postgres_cas_row(pg: PgCluster, shape: Shape, seconds: float) -> Result:
     from psycopg import AsyncConnection
     from psycopg_pool import AsyncConnectionPool
 
     threads = [f"cas-thread-{t}" for t in range(shape.threads)]
-    async with await AsyncConnection.connect(conninfo, autocommit=True) as conn:
+    async with await AsyncConnection.connect(pg.conninfo, autocommit=True) as conn:
         await conn.execute(CAS_SCHEMA)
         async with conn.cursor() as cur:
             await cur.executemany("INSERT INTO cas_heads (thread_id, head) VALUES (%s, NULL)", [(t,) for t in threads])
     heads: dict[str, str | None] = dict.fromkeys(threads)
     steps = dict.fromkeys(threads, 0)
 
-    async with AsyncConnectionPool(conninfo, min_size=POOL_SIZE, max_size=POOL_SIZE, open=False,
+    async with AsyncConnectionPool(pg.conninfo, min_size=POOL_SIZE, max_size=POOL_SIZE, open=False,
                                    kwargs={"autocommit": True}) as pool:
         await pool.wait()
 
@@ -326,7 +375,8 @@ async def postgres_cas_row(conninfo: str, shape: Shape, seconds: float) -> Resul
             heads[thread] = cid
 
         return await sized(lambda n: closed_loop(f"PostgreSQL INSERT+UPDATE head CAS ({POOL_SIZE} conns)",
-                                                 shape.callers, n // shape.callers, append), seconds, shape)
+                                                 shape.callers, n // shape.callers, append), seconds, shape,
+                           processes=pg.processes)
 
 
 async def sqlite_saver_row(shape: Shape, seconds: float) -> Result:
@@ -352,7 +402,7 @@ def print_vs_threadlog(write: Result | None, read: Result | None, writes: list[R
         print(f"{peer.name:<44} {tl.rate:11.0f} {peer.rate:10.0f} {x:7.2f}  {'beats' if x > 1 else 'LOSES'}")
 
 
-async def amain(args: Any, bootstrap: str, conninfo: str | None) -> None:
+async def amain(args: Any, bootstrap: str, pg: PgCluster | None) -> None:
     shape = Shape(args.callers, args.threads, args.files, args.conversation_bytes)
     ns = f"bench-peers-{uuid.uuid4().hex[:8]}"
     payload = json.dumps(shape.checkpoint("thread-0/0", "thread-0", None, 0), separators=(",", ":")).encode()
@@ -365,7 +415,8 @@ async def amain(args: Any, bootstrap: str, conninfo: str | None) -> None:
         async def raw(n: int) -> Result:
             return await raw_produce_closed_loop(bootstrap, topic, payload, n, shape.callers, args.partitions)
 
-        base = await sized(raw, args.seconds, shape)
+        base = await sized(raw, args.seconds, shape,
+                           processes=lambda: {**client_only(), "broker": broker_pids()})
         base.name = f"raw Kafka produce, {shape.callers} awaiting writers"
         rows.append(base)
         if not args.skip_threadlog:
@@ -375,11 +426,11 @@ async def amain(args: Any, bootstrap: str, conninfo: str | None) -> None:
             rows += tl_rows
             rows += await threadlog_saver_rows(bootstrap, ns, shape, args.seconds, args.partitions,
                                                not args.skip_reads, args.external)
-        if conninfo is not None:
-            pg_rows = await postgres_saver_rows(conninfo, shape, args.seconds, not args.skip_reads)
+        if pg is not None:
+            pg_rows = await postgres_saver_rows(pg, shape, args.seconds, not args.skip_reads)
             peer_writes.append(pg_rows[0])
             peer_reads += pg_rows[1:]
-            peer_writes.append(await postgres_cas_row(conninfo, shape, args.seconds))
+            peer_writes.append(await postgres_cas_row(pg, shape, args.seconds))
             rows += pg_rows + peer_writes[-1:]
         if not args.skip_sqlite:
             peer_writes.append(await sqlite_saver_row(shape, args.seconds))
@@ -399,7 +450,26 @@ async def amain(args: Any, bootstrap: str, conninfo: str | None) -> None:
     print("\nratio = rate / raw Kafka closed-loop produce; MiB/s counts the checkpoint's JSON size")
     print("1-min load average as each row ended: "
           + ", ".join(f"{LOAD_AFTER[id(r)]:.1f}" for r in rows if id(r) in LOAD_AFTER))
+    print_cpu(rows)
     print_vs_threadlog(tl_write, tl_read, peer_writes, peer_reads)
+
+
+def print_cpu(rows: list[Result]) -> None:
+    """Where each row's CPU went, per operation, and the rate those CPU seconds allow on this
+    machine's cores if nothing waited: what says whether a row is bound by work or by waiting,
+    and what a design must cost per operation to match another row."""
+    roles = ["client", "worker", "broker", "postgres"]
+    cores = os.cpu_count() or 1
+    print(f"\nCPU per operation, us (user + system, every process the row uses on this machine; "
+          f"ceiling = {cores} cores / total)")
+    print(f"{'measurement':<44}" + "".join(f"{r:>9}" for r in roles) + f"{'total':>9}{'ceiling/s':>11}")
+    for r in rows:
+        cpu = CPU_PER_OP.get(id(r))
+        if not cpu:
+            continue
+        total = sum(cpu.values())
+        cells = "".join(f"{cpu[role] * 1e6:9.0f}" if role in cpu else f"{'-':>9}" for role in roles)
+        print(f"{r.name:<44}{cells}{total * 1e6:9.0f}{cores / total if total else float('nan'):11.0f}")
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -433,8 +503,8 @@ def main() -> None:
         if args.skip_postgres:
             asyncio.run(amain(args, bootstrap, None))
         else:
-            with postgres_cluster(args.pg_bin) as conninfo:
-                asyncio.run(amain(args, bootstrap, conninfo))
+            with postgres_cluster(args.pg_bin) as pg:
+                asyncio.run(amain(args, bootstrap, pg))
     except KeyboardInterrupt:
         print("interrupted: PostgreSQL cluster and Kafka topics cleaned up", file=sys.stderr)
         sys.exit(130)
