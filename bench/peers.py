@@ -27,9 +27,12 @@ of conversation, ~1.5-1.9 KB however it is encoded). Rows:
 - LangGraph `AsyncSqliteSaver` `aput` on a file in a temp dir (its defaults: WAL).
 
 LangGraph's savers decide nothing (`aput` upserts by id); threadlog and the hand-written
-transaction refuse a stale head. Each row first runs a short warm-up that also sizes it to
-about `--seconds`. The PostgreSQL cluster is stopped and deleted, and the Kafka topics of the
-run's namespace are deleted, whatever happens.
+transaction refuse a stale head. After the rates, a second table gives each row's CPU per
+operation by process -- this client, the worker (`--external`), the local broker, PostgreSQL's
+server processes -- and the rate that CPU allows on this machine's cores: on a 2-core machine
+they all share the cores, so it says what a design costs, not only how fast it went. Each row
+first runs a short warm-up that also sizes it to about `--seconds`. The PostgreSQL cluster is
+stopped and deleted, and the Kafka topics of the run's namespace are deleted, whatever happens.
 """
 
 from __future__ import annotations
