@@ -17,6 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import (
+    PROPOSALS_LINGER_MS,
     Result,
     bench_args,
     bootstrap_or_local,
@@ -57,8 +58,10 @@ async def main() -> None:
     topic = temp_topic(bootstrap, args.partitions)
     ns = f"bench-{uuid.uuid4().hex[:6]}"
     try:
-        raw1 = await raw_produce_closed_loop(bootstrap, topic, payload, args.count // 4, 1, args.partitions)
-        rawc = await raw_produce_closed_loop(bootstrap, topic, payload, args.count, args.clients, args.partitions)
+        raw1 = await raw_produce_closed_loop(bootstrap, topic, payload, args.count // 4, 1, args.partitions,
+                                             linger_ms=PROPOSALS_LINGER_MS)
+        rawc = await raw_produce_closed_loop(bootstrap, topic, payload, args.count, args.clients, args.partitions,
+                                             linger_ms=PROPOSALS_LINGER_MS)
         pipe = raw_produce_pipelined(bootstrap, topic, payload, args.count * 10, args.partitions)
         cons = raw_consume(bootstrap, topic, args.partitions)
         with tempfile.TemporaryDirectory() as state:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import (
+    PROPOSALS_LINGER_MS,
     CpuMeter,
     Result,
     bench_args,
@@ -115,7 +116,8 @@ async def main() -> None:
     ns = f"bench-cp-{uuid.uuid4().hex[:6]}"
     workers: list[Worker] = []
     try:
-        rawc = await raw_produce_closed_loop(bootstrap, topic, payload, args.count, args.clients, args.partitions)
+        rawc = await raw_produce_closed_loop(bootstrap, topic, payload, args.count, args.clients, args.partitions,
+                                             linger_ms=PROPOSALS_LINGER_MS)
         pipe = raw_produce_pipelined(bootstrap, topic, payload, args.count * 5, args.partitions)
         with tempfile.TemporaryDirectory() as state:
             try:

@@ -58,6 +58,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 from checkpoints_bench import appends, make_checkpoint
 from common import (
+    PROPOSALS_LINGER_MS,
     CpuMeter,
     Result,
     bench_args,
@@ -416,7 +417,8 @@ async def amain(args: Any, bootstrap: str, pg: PgCluster | None) -> None:
     topic = temp_topic(bootstrap, args.partitions, prefix=ns)
     try:
         async def raw(n: int) -> Result:
-            return await raw_produce_closed_loop(bootstrap, topic, payload, n, shape.callers, args.partitions)
+            return await raw_produce_closed_loop(bootstrap, topic, payload, n, shape.callers, args.partitions,
+                                                 linger_ms=PROPOSALS_LINGER_MS)
 
         base = await sized(raw, args.seconds, shape,
                            processes=lambda: {**client_only(), "broker": broker_pids()})

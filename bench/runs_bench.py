@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import (
+    PROPOSALS_LINGER_MS,
     Result,
     bench_args,
     bootstrap_or_local,
@@ -94,8 +95,10 @@ async def main() -> None:
     topic = temp_topic(bootstrap, args.partitions)
     ns = f"bench-{uuid.uuid4().hex[:6]}"
     try:
-        raw1 = await raw_produce_closed_loop(bootstrap, topic, payload, args.count // 4, 1, args.partitions)
-        rawc = await raw_produce_closed_loop(bootstrap, topic, payload, args.count, args.clients, args.partitions)
+        raw1 = await raw_produce_closed_loop(bootstrap, topic, payload, args.count // 4, 1, args.partitions,
+                                             linger_ms=PROPOSALS_LINGER_MS)
+        rawc = await raw_produce_closed_loop(bootstrap, topic, payload, args.count, args.clients, args.partitions,
+                                             linger_ms=PROPOSALS_LINGER_MS)
         with tempfile.TemporaryDirectory() as state, contextlib.ExitStack() as workers:
             if args.external:
                 from workers import Worker
