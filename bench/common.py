@@ -108,7 +108,7 @@ PROPOSALS_LINGER_MS = 0
 
 
 async def raw_produce_closed_loop(bootstrap: str, topic: str, payload: bytes, total: int,
-                                  concurrency: int, partitions: int = 1, linger_ms: int = 1) -> Result:
+                                  concurrency: int, partitions: int = 1, *, linger_ms: float) -> Result:
     """`concurrency` writers, each awaiting its ack before the next record.
     `linger_ms`: the one the compared threadlog producer uses (same records, same settings:
     `PROPOSALS_LINGER_MS` for proposals, 0 for delivery appends)."""
@@ -216,14 +216,35 @@ def summary(xs: list[float]) -> str:
     return f"mean {statistics.mean(xs) * 1e3:.2f} ms" if xs else "-"
 
 
-def _cpu_of(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far; 0.0 once it is gone."""
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state, ppid, ...), None once gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+            return f.read().rsplit(")", 1)[1].split()
     except OSError:
+        return None
+
+
+def _cpu_of(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far; 0.0 once it is gone."""
+    fields = _stat(pid)
+    return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(root: int) -> float:
+    """CPU seconds of `root` and its children: root's own and reaped children's (cutime,
+    cstime) plus every live child's. Re-listed at each call, so a child that starts or
+    exits between two calls (PostgreSQL's autovacuum workers) is counted, not lost."""
+    fields = _stat(root)
+    if fields is None:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total = sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            child = _stat(int(entry))
+            if child is not None and child[1] == str(root):
+                total += (int(child[11]) + int(child[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def broker_pids() -> list[int]:
@@ -246,24 +267,36 @@ class CpuMeter:
 
     On a 2-core machine the Python processes and the broker share the cores, so
     where the CPU of one decision goes (client, worker, broker) is what says
-    which part caps the rate.
+    which part caps the rate. A role is a list of pids (each counted from its
+    own reading at `start()`; one gone by `stop()` counts nothing rather than
+    minus what it had used) or a function returning CPU seconds so far (a
+    process tree: `tree_cpu`).
     """
 
-    def __init__(self, processes: dict[str, list[int]]) -> None:
+    def __init__(self, processes: dict[str, list[int] | Callable[[], float]]) -> None:
         self.processes = processes
-        self._before: dict[str, float] = {}
+        self._before: dict[str, dict[int, float] | float] = {}
         self.used: dict[str, float] = {}
 
-    def _now(self) -> dict[str, float]:
-        return {name: sum(_cpu_of(p) for p in pids) for name, pids in self.processes.items()}
+    def _read(self) -> dict[str, dict[int, float] | float]:
+        return {name: what() if callable(what) else {p: _cpu_of(p) for p in what}
+                for name, what in self.processes.items()}
 
     def start(self) -> CpuMeter:
-        self._before = self._now()
+        self._before = self._read()
         return self
 
     def stop(self) -> dict[str, float]:
-        now = self._now()
-        self.used = {name: now[name] - self._before[name] for name in now}
+        now = self._read()
+        self.used = {}
+        for name, after in now.items():
+            before = self._before[name]
+            if isinstance(after, dict):
+                assert isinstance(before, dict)
+                self.used[name] = sum(max(0.0, after[p] - before[p]) for p in after)
+            else:
+                assert isinstance(before, float)
+                self.used[name] = max(0.0, after - before)
         return self.used
 
     def line(self, ops: int, seconds: float) -> str:

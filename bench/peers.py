@@ -70,6 +70,7 @@ from common import (
     raw_produce_closed_loop,
     report,
     temp_topic,
+    tree_cpu,
 )
 from workers import Worker
 
@@ -81,12 +82,21 @@ POOL_SIZE = 16
 LOAD_AFTER: dict[int, float] = {}
 # CPU seconds each process of a row used per operation in its measured run, by role.
 CPU_PER_OP: dict[int, dict[str, float]] = {}
-# The processes whose CPU a row's operations use, by role (see `sized`).
-Processes = Callable[[], dict[str, list[int]]]
+# The processes whose CPU a row's operations use, by role: pids, or a function
+# returning CPU seconds so far (a process tree). See `sized` and common.CpuMeter.
+Roles = dict[str, list[int] | Callable[[], float]]
+Processes = Callable[[], Roles]
 
 
-def client_only() -> dict[str, list[int]]:
+def client_only() -> Roles:
     return {"client": [os.getpid()]}
+
+
+def with_broker(roles: Roles) -> Roles:
+    """`roles` and the local broker's JVM; no broker role when none runs on this machine
+    (a remote `--bootstrap`): its CPU is not ours to see, and 0 would flatter the total."""
+    pids = broker_pids()
+    return {**roles, "broker": pids} if pids else roles
 
 
 @dataclass(frozen=True)
@@ -139,25 +149,16 @@ class PgCluster:
     conninfo: str
     data: str
 
-    def processes(self) -> dict[str, list[int]]:
-        """This client and the server: the postmaster and every process it started (backends,
-        WAL writer, checkpointer...), whose CPU a PostgreSQL row's operations use."""
+    def processes(self) -> Roles:
+        """This client and the server: the postmaster and every process it starts (backends,
+        WAL writer, checkpointer, autovacuum workers that come and go), whose CPU a
+        PostgreSQL row's operations use."""
         try:
             with open(f"{self.data}/postmaster.pid") as f:
                 master = int(f.readline())
         except (OSError, ValueError):
             return client_only()
-        pids = [master]
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    with open(f"/proc/{entry}/stat") as f:
-                        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-                except (OSError, ValueError, IndexError):
-                    continue
-                if ppid == master:
-                    pids.append(int(entry))
-        return {**client_only(), "postgres": pids}
+        return {**client_only(), "postgres": lambda: tree_cpu(master)}
 
 
 @contextmanager
@@ -215,12 +216,11 @@ def judged_by(bootstrap: str, ns: str, state: str, partitions: int, external: bo
     """`threadlog.open` options: embedded, or (`--external`) a thin client with a worker process
     judging; and the processes whose CPU its operations use (client, worker, the local broker)."""
     if not external:
-        yield {}, lambda: {**client_only(), "broker": broker_pids()}
+        yield {}, lambda: with_broker(client_only())
         return
     worker = Worker(bootstrap, ns, f"{state}/worker", "w", partitions=partitions)
     try:
-        yield {"processors": "external"}, lambda: {**client_only(), "worker": [worker.proc.pid],
-                                                   "broker": broker_pids()}
+        yield {"processors": "external"}, lambda: with_broker({**client_only(), "worker": [worker.proc.pid]})
     finally:
         worker.stop()
 
@@ -420,8 +420,7 @@ async def amain(args: Any, bootstrap: str, pg: PgCluster | None) -> None:
             return await raw_produce_closed_loop(bootstrap, topic, payload, n, shape.callers, args.partitions,
                                                  linger_ms=PROPOSALS_LINGER_MS)
 
-        base = await sized(raw, args.seconds, shape,
-                           processes=lambda: {**client_only(), "broker": broker_pids()})
+        base = await sized(raw, args.seconds, shape, processes=lambda: with_broker(client_only()))
         base.name = f"raw Kafka produce, {shape.callers} awaiting writers"
         rows.append(base)
         if not args.skip_threadlog:
@@ -464,7 +463,7 @@ def print_cpu(rows: list[Result]) -> None:
     machine's cores if nothing waited: what says whether a row is bound by work or by waiting,
     and what a design must cost per operation to match another row."""
     roles = ["client", "worker", "broker", "postgres"]
-    cores = os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0))  # the cores this process may use, not the machine's
     print(f"\nCPU per operation, us (user + system, every process the row uses on this machine; "
           f"ceiling = {cores} cores / total)")
     print(f"{'measurement':<44}" + "".join(f"{r:>9}" for r in roles) + f"{'total':>9}{'ceiling/s':>11}")

@@ -477,8 +477,9 @@ async def main() -> None:
 
     topic = temp_topic(args.bootstrap, args.partitions, prefix=f"floor-raw-{run}")
     try:
+        # 1 ms: the linger of this floor's own request producer (`_producer`, as round 1 measured it).
         raw = await raw_produce_closed_loop(args.bootstrap, topic, payload, args.count, args.clients,
-                                            args.partitions)
+                                            args.partitions, linger_ms=1)
     finally:
         delete_topic(args.bootstrap, topic)
     rows: list[tuple[Result, Result | None]] = [(raw, None)]
