@@ -216,6 +216,9 @@ def summary(xs: list[float]) -> str:
     return f"mean {statistics.mean(xs) * 1e3:.2f} ms" if xs else "-"
 
 
+_TICK = os.sysconf("SC_CLK_TCK")  # /proc's CPU times are in clock ticks
+
+
 def _stat(pid: int) -> list[str] | None:
     """The fields of /proc/<pid>/stat after the command name (state, ppid, ...), None once gone."""
     try:
@@ -225,10 +228,15 @@ def _stat(pid: int) -> list[str] | None:
         return None
 
 
+def _pids() -> list[int]:
+    """Every process on this machine now."""
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
 def _cpu_of(pid: int) -> float:
     """CPU seconds (user + system) a process has used so far; 0.0 once it is gone."""
     fields = _stat(pid)
-    return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / _TICK
 
 
 def tree_cpu(root: int) -> float:
@@ -238,28 +246,31 @@ def tree_cpu(root: int) -> float:
     fields = _stat(root)
     if fields is None:
         return 0.0
-    total = sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            child = _stat(int(entry))
-            if child is not None and child[1] == str(root):
-                total += (int(child[11]) + int(child[12])) / os.sysconf("SC_CLK_TCK")
+    total = sum(int(x) for x in fields[11:15]) / _TICK
+    for pid in _pids():
+        child = _stat(pid)
+        if child is not None and child[1] == str(root):
+            total += (int(child[11]) + int(child[12])) / _TICK
     return total
 
 
 def broker_pids() -> list[int]:
     """Local Kafka JVMs (the broker a benchmark talks to when it runs on this machine)."""
     pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmd = f.read()
-            except OSError:
-                continue
-            if b"java" in cmd and b"kafka" in cmd.lower():
-                pids.append(int(entry))
+    for pid in _pids():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if b"java" in cmd and b"kafka" in cmd.lower():
+            pids.append(pid)
     return pids
+
+
+# The processes a measurement's CPU is metered in, by role: pids, or a function
+# returning CPU seconds so far (a process tree, `tree_cpu`).
+Roles = dict[str, list[int] | Callable[[], float]]
 
 
 class CpuMeter:
@@ -267,19 +278,18 @@ class CpuMeter:
 
     On a 2-core machine the Python processes and the broker share the cores, so
     where the CPU of one decision goes (client, worker, broker) is what says
-    which part caps the rate. A role is a list of pids (each counted from its
-    own reading at `start()`; one gone by `stop()` counts nothing rather than
-    minus what it had used) or a function returning CPU seconds so far (a
-    process tree: `tree_cpu`).
+    which part caps the rate. Each pid of a role counts from its own reading at
+    `start()`, and one gone by `stop()` counts nothing rather than minus what it
+    had used; a function role is one such reading.
     """
 
-    def __init__(self, processes: dict[str, list[int] | Callable[[], float]]) -> None:
+    def __init__(self, processes: Roles) -> None:
         self.processes = processes
-        self._before: dict[str, dict[int, float] | float] = {}
+        self._before: dict[str, dict[int, float]] = {}
         self.used: dict[str, float] = {}
 
-    def _read(self) -> dict[str, dict[int, float] | float]:
-        return {name: what() if callable(what) else {p: _cpu_of(p) for p in what}
+    def _read(self) -> dict[str, dict[int, float]]:
+        return {name: {0: what()} if callable(what) else {p: _cpu_of(p) for p in what}
                 for name, what in self.processes.items()}
 
     def start(self) -> CpuMeter:
@@ -288,15 +298,8 @@ class CpuMeter:
 
     def stop(self) -> dict[str, float]:
         now = self._read()
-        self.used = {}
-        for name, after in now.items():
-            before = self._before[name]
-            if isinstance(after, dict):
-                assert isinstance(before, dict)
-                self.used[name] = sum(max(0.0, after[p] - before[p]) for p in after)
-            else:
-                assert isinstance(before, float)
-                self.used[name] = max(0.0, after - before)
+        self.used = {name: sum(max(0.0, cpu - self._before[name][k]) for k, cpu in after.items())
+                     for name, after in now.items()}
         return self.used
 
     def line(self, ops: int, seconds: float) -> str:

@@ -61,6 +61,7 @@ from common import (
     PROPOSALS_LINGER_MS,
     CpuMeter,
     Result,
+    Roles,
     bench_args,
     bootstrap_or_local,
     broker_pids,
@@ -82,9 +83,8 @@ POOL_SIZE = 16
 LOAD_AFTER: dict[int, float] = {}
 # CPU seconds each process of a row used per operation in its measured run, by role.
 CPU_PER_OP: dict[int, dict[str, float]] = {}
-# The processes whose CPU a row's operations use, by role: pids, or a function
-# returning CPU seconds so far (a process tree). See `sized` and common.CpuMeter.
-Roles = dict[str, list[int] | Callable[[], float]]
+# The processes whose CPU a row's operations use, by role (common.Roles), asked when its
+# measured run starts.
 Processes = Callable[[], Roles]
 
 
@@ -119,8 +119,8 @@ async def sized(run: Callable[[int], Awaitable[Result]], seconds: float, shape: 
     """Warm `run` up with growing counts until a run lasts >= 0.5 s (or four tries), then run it
     for about `seconds` at the rate the warm-up reached. `run(n)` makes n calls; n is a
     multiple of the callers and at least `floor`. The measured run's CPU is metered in
-    `processes()` (role -> pids: this client, a worker, the broker, PostgreSQL's backends):
-    on a 2-core machine every one of them competes for the same cores."""
+    `processes()` (this client, a worker, the broker, PostgreSQL's process tree): on a
+    2-core machine every one of them competes for the same cores."""
     step = shape.callers
     n = step * 8
     for _ in range(4):
