@@ -61,6 +61,18 @@ def metrics_url(worker: WorkerProcess) -> str:
     return line.split(" at ", 1)[1].strip().removesuffix("/metrics")
 
 
+async def readyz_until_owned(http: httpx.AsyncClient, workers: list[WorkerProcess],
+                             owned: list[list[int]]) -> list[dict]:
+    """The workers' /readyz answers once all are ready and own `owned` between them
+    (sorted). A worker prints "judging" before the group assigns it anything, so a
+    test that counts owned partitions waits for the assignment first."""
+    while True:
+        answers = [await http.get(f"{metrics_url(w)}/readyz") for w in workers]
+        if all(a.status_code == 200 for a in answers) and sorted(a.json()["owned"] for a in answers) == owned:
+            return [a.json() for a in answers]
+        await asyncio.sleep(0.2)  # polling: the rebalance announces itself to no test
+
+
 async def test_worker_metrics_scraped_under_load(bootstrap, namespace, tmp_path, open_client):
     worker = WorkerProcess(bootstrap, namespace, tmp_path / "w", "w1", "--http", "127.0.0.1:0")
     try:
@@ -70,6 +82,7 @@ async def test_worker_metrics_scraped_under_load(bootstrap, namespace, tmp_path,
         mine = attach(thin)  # the thin client's own registry: proposal -> verdict latency
         async with httpx.AsyncClient(timeout=30) as http:
             assert (await http.get(f"{base}/healthz")).status_code == 200
+            await within(readyz_until_owned(http, [worker], [[0, 1, 2, 3]]), 60)
             before = await scrape(http, base)
             n = 40
             load_done = asyncio.Event()
@@ -271,17 +284,7 @@ async def test_a_worker_owning_no_partition_is_ready_and_a_thin_serve_is_ready(b
         for w in workers:
             await w.start()
         async with httpx.AsyncClient(timeout=10) as http:
-
-            async def both_ready() -> list[dict]:
-                while True:
-                    answers = [await http.get(f"{metrics_url(w)}/readyz") for w in workers]
-                    if all(a.status_code == 200 for a in answers):
-                        owned = sorted(a.json()["owned"] for a in answers)
-                        if owned == [[], [0]]:
-                            return [a.json() for a in answers]
-                    await asyncio.sleep(0.2)  # polling: the rebalance announces itself to no test
-
-            await within(both_ready(), 60)
+            await within(readyz_until_owned(http, workers, [[], [0]]), 60)
             for w in workers:
                 got = await scrape(http, metrics_url(w))
                 assert value(got, "threadlog_partitions_owned") in (0, 1)

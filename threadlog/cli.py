@@ -186,6 +186,17 @@ async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     readiness = Readiness(rt, timeout=min(5.0, rt.opts.request_timeout))  # before the first assignment
+    announcer: Announcer | None = None
+
+    def owned_now(owned: list[int]) -> None:  # on the judge's thread
+        # Registered before the judge starts: the first assignment can come
+        # before `rt.start` returns, and stdout must say what this worker owns.
+        # Until the announcer exists, its start() announces what is owned then.
+        if announcer is not None:
+            announcer.announce_now()
+        print(f"worker owns partitions {owned}", flush=True)
+
+    rt.ownership_listeners.append(owned_now)
     try:
         await asyncio.to_thread(rt.start)
     except BaseException:
@@ -196,7 +207,6 @@ async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None
     server = QueryServer(rt.stores, rt.judge, rt.barrier, timeout=rt.opts.request_timeout,
                          snapshotter=rt.snapshotter, deliveries=rt.deliveries,
                          delivery_barrier=rt.delivery_barrier)
-    announcer: Announcer | None = None
     web = web_task = None
     try:
         if http is not None:
@@ -215,11 +225,6 @@ async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None
         judge = rt.judge
         announcer = Announcer(rt.opts.bootstrap_servers, rt.topics.members, rt.client_id, address,
                               kafka=rt.opts.kafka, partitions=lambda: sorted(judge.owned))
-        def owned_now(owned: list[int]) -> None:
-            announcer.announce_now()
-            print(f"worker owns partitions {owned}", flush=True)
-
-        rt.ownership_listeners.append(owned_now)
         await asyncio.to_thread(announcer.start, rt.opts.request_timeout)
         print(f"worker judging {rt.topics.events} (state {rt.stores.path}), serving queries at {address} "
               f"as {rt.client_id}", flush=True)
