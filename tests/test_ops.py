@@ -22,7 +22,7 @@ from http_support import read_stream, serving, sse_events
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from support import within
-from worker_support import WorkerProcess
+from worker_support import WorkerProcess, owned_by
 
 from threadlog.kernel.errors import ThreadLogError
 from threadlog.kernel.partitioning import partition_for
@@ -63,9 +63,7 @@ def metrics_url(worker: WorkerProcess) -> str:
 
 async def readyz_until_owned(http: httpx.AsyncClient, workers: list[WorkerProcess],
                              owned: list[list[int]]) -> list[dict]:
-    """The workers' /readyz answers once all are ready and own `owned` between them
-    (sorted). A worker prints "judging" before the group assigns it anything, so a
-    test that counts owned partitions waits for the assignment first."""
+    """The workers' /readyz answers once all are ready and own `owned` between them (sorted)."""
     while True:
         answers = [await http.get(f"{metrics_url(w)}/readyz") for w in workers]
         if all(a.status_code == 200 for a in answers) and sorted(a.json()["owned"] for a in answers) == owned:
@@ -82,7 +80,7 @@ async def test_worker_metrics_scraped_under_load(bootstrap, namespace, tmp_path,
         mine = attach(thin)  # the thin client's own registry: proposal -> verdict latency
         async with httpx.AsyncClient(timeout=30) as http:
             assert (await http.get(f"{base}/healthz")).status_code == 200
-            await within(readyz_until_owned(http, [worker], [[0, 1, 2, 3]]), 60)
+            await owned_by([worker], 4)  # "judging" is printed before the group assigns anything
             before = await scrape(http, base)
             n = 40
             load_done = asyncio.Event()
