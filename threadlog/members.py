@@ -77,28 +77,39 @@ class Announcer:
 
     def start(self, timeout: float = 30.0) -> None:
         # The first announcement is awaited: once `start` returns, clients can find us.
-        self._announce()
+        # Started before it: an ownership change while it flushes is announced too.
+        with self._lock:
+            self._started = True
+            self._produce_entry()
         if self._producer.flush(timeout) != 0:
+            with self._lock:
+                self._started = False
             raise unavailable(f"could not register in {self.topic} within {timeout}s")
-        self._started = True
         self._thread.start()
 
-    def _announce(self) -> None:
+    def _produce_entry(self) -> None:
+        # Under the lock, ownership read included: the heartbeat thread and an
+        # ownership change announce concurrently, and clients route by the last
+        # record of the key -- it must hold the newest reading, never an older
+        # one produced behind it (and nothing may follow the tombstone).
         record: dict[str, Any] = {"address": self.address, "startedAt": self.started_at,
                                   "heartbeatAt": time.time() * 1000.0}
         if self.partitions is not None:
             record["partitions"] = list(self.partitions())
+        self._producer.produce(self.topic, json.dumps(record).encode(), self.worker_id.encode(), partition=0)
+        self._producer.poll(0)
+
+    def _announce(self) -> None:
         with self._lock:
-            self._producer.produce(self.topic, json.dumps(record).encode(), self.worker_id.encode(), partition=0)
-            self._producer.poll(0)
+            if self._started:
+                self._produce_entry()
 
     def announce_now(self) -> None:
         """Re-announce at once (ownership changed): clients route by the newest record."""
-        if self._started:
-            try:
-                self._announce()
-            except Exception:  # pragma: no cover - the next beat repeats it
-                log.exception("announcement failed")
+        try:
+            self._announce()
+        except Exception:  # pragma: no cover - the next beat repeats it
+            log.exception("announcement failed")
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -110,11 +121,12 @@ class Announcer:
     def stop(self, timeout: float = 5.0) -> None:
         """Leave cleanly: a tombstone, so clients stop picking this worker at once."""
         self._stop.set()
-        self._started = False
         if self._thread.is_alive():
             self._thread.join(timeout)
         try:
-            self._producer.produce(self.topic, None, self.worker_id.encode(), partition=0)
+            with self._lock:
+                self._started = False
+                self._producer.produce(self.topic, None, self.worker_id.encode(), partition=0)
             self._producer.flush(timeout)
         except Exception:  # pragma: no cover - the entry then ages out
             log.exception("could not tombstone %s", self.worker_id)
