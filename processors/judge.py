@@ -50,7 +50,13 @@ from threadlog.projections.view import View
 from threadlog.schemas import Codec, CodecError
 
 from threadlog.kernel import kafka_config
-from threadlog.kernel.errors import INVALID_ARGUMENT, INVALID_MESSAGE, NOT_OWNER, UNAVAILABLE, ThreadLogError
+from threadlog.kernel.errors import (
+    INVALID_ARGUMENT,
+    INVALID_MESSAGE,
+    NOT_OWNER,
+    OUTCOME_UNKNOWN,
+    ThreadLogError,
+)
 from threadlog.kernel.kafka_config import Consumed, Props
 from threadlog.kernel.partitioning import partition_for
 from threadlog.kernel.topics import reply_of
@@ -259,6 +265,11 @@ class Judge(Follower):
             tp.offset = pos if pos > 0 else OFFSET_BEGINNING
             self.ahead.reset(tp.partition, pos)
         consumer.incremental_assign(tps)
+        # librdkafka keeps an application pause across unassign and assign: a
+        # partition paused by flow control when it was last owned here would
+        # otherwise never be fetched again (and never be in `_pending`, where
+        # `_flow_control` would resume it).
+        consumer.resume(tps)
         with self._cond:
             for tp in tps:
                 self._applied[tp.partition] = self.stores.offset(self.topic, tp.partition)
@@ -276,9 +287,13 @@ class Judge(Follower):
             # finish): never fold onto that; restore again.
         try:
             info = self.restore(p, self.stores.replace(p))
-        except ThreadLogError as exc:
+        except Exception as exc:
             # Folding from offset 0 is slower, never wrong (and never onto a partial restore).
-            log.warning("no snapshot restore of partition %d (%s): folding it from offset 0", p, exc)
+            # Any failure, not only ours (a snapshot that does not decode, an I/O error): an
+            # exception escaping the assignment callback would leave the partition assigned
+            # by the group but never owned, so judged by no one until the next rebalance.
+            log.warning("no snapshot restore of partition %d (%s): folding it from offset 0", p, exc,
+                        exc_info=not isinstance(exc, ThreadLogError))
             self.stores.replace(p)
             return
         if info is not None:
@@ -299,8 +314,8 @@ class Judge(Follower):
         self._early_n = sum(len(x) for x in self._early.values())
         for p in gone:
             self._pending.pop(p, None)
-            self._paused.discard(p)
             self.ahead.drop(p)
+        self._resume(gone)
         try:
             consumer.incremental_unassign(tps)
         except Exception:  # pragma: no cover - on_lost: the assignment is already gone
@@ -337,10 +352,20 @@ class Judge(Follower):
             else:
                 found = None
         if found is None:
-            found = self.verdict(partition, offset)
+            try:
+                found = self.verdict(partition, offset)
+            except Exception:  # the store closed under us: a revocation, told apart below
+                found = None
         if found is None:
-            found = refusal(UNAVAILABLE, f"the verdict at events[{partition}]@{offset} is no longer kept (more than "
-                                         f"{VERDICT_WINDOW} offsets ago): its outcome is unknown, read the state")
+            # Read outside the lock: a revocation in between closes the store, and
+            # "nothing stored" must then send the caller to the new owner, not claim
+            # the verdict fell out of the window (the proposal was written either way:
+            # never UNAVAILABLE, which says nothing was).
+            with self._cond:
+                moved = partition not in self.owned
+            found = refusal(NOT_OWNER, f"partition {partition} moved to another worker") if moved else refusal(
+                OUTCOME_UNKNOWN, f"the verdict at events[{partition}]@{offset} is no longer kept (more than "
+                                 f"{VERDICT_WINDOW} offsets ago): read the state")
         callback(found)
 
     def forget(self, partition: int, offset: int, callback: Callable[[dict], None]) -> None:
@@ -644,16 +669,46 @@ class Judge(Follower):
             except Exception:  # pragma: no cover - a waiter's bug must not stop judging
                 log.exception("verdict callback failed")
 
+    def _resume(self, partitions: set[int]) -> None:
+        """Resume what flow control paused of `partitions` (nothing else resumes them
+        once their fetched records are dropped)."""
+        paused = partitions & self._paused
+        if paused:
+            self._paused -= paused
+            try:
+                self._consumer.resume([TopicPartition(self.topic, p) for p in sorted(paused)])
+            except Exception:  # pragma: no cover - on_lost: the assignment is already gone
+                log.exception("could not resume %s of %s", sorted(paused), self.topic)
+
     def _rewind(self) -> None:
         self._pending.clear()
         self._early.clear()
         self._early_n = 0
+        self._resume(set(self._paused))
+        stored: dict[int, int] = {}
         for p in sorted(self.owned):
-            self.ahead.reset(p, self.stores.offset(self.topic, p))
+            stored[p] = self.stores.offset(self.topic, p)
+            self.ahead.reset(p, stored[p])
             try:
-                self._consumer.seek(TopicPartition(self.topic, p, self.stores.offset(self.topic, p)))
+                self._consumer.seek(TopicPartition(self.topic, p, stored[p]))
             except Exception:
                 pass
+        # The failed batch may have been applied to some partitions before it
+        # failed: their verdicts are stored and will never be published again
+        # (the seek starts after them), so their waiters hear them now.
+        # One critical section, as in _publish: no waiter registers in between.
+        calls: list[tuple[Callable[[dict], None], dict]] = []
+        with self._cond:
+            for pos in [pos for pos in self._verdict_waiters if pos[0] in stored and pos[1] < stored[pos[0]]]:
+                verdict = self.verdict(*pos) or refusal(
+                    OUTCOME_UNKNOWN, f"the verdict at events[{pos[0]}]@{pos[1]} is no longer kept: read the state")
+                calls.extend((cb, verdict) for cb in self._verdict_waiters.pop(pos))
+            self.advance(stored)
+        for cb, verdict in calls:
+            try:
+                cb(verdict)
+            except Exception:  # pragma: no cover - a waiter's bug must not stop judging
+                log.exception("verdict callback failed")
         time.sleep(0.1)
 
     # -- one proposal -----------------------------------------------------------------------

@@ -138,6 +138,39 @@ async def test_garbage_and_misrouted_proposals_are_refused_and_change_nothing(tl
     assert await within(tl.messages.load_thread("t")) == [{"n": 2}]
 
 
+async def test_a_batch_failing_after_it_was_stored_still_answers_who_waits(tl, bootstrap, monkeypatch):
+    """A bug raised in the middle of a batch -- here once, right after a
+    partition's state, verdicts and position were stored: the judge rewinds to
+    the stored positions and goes on, and whoever waits for a verdict that
+    batch stored hears it (it is never judged or published again)."""
+    judge, topic = tl.runtime.judge, tl.runtime.topics.events
+    p = 0
+    assert judge.applied(p) == 0  # a fresh namespace: the next record of p is at offset 0
+    loop = asyncio.get_running_loop()
+    heard: asyncio.Future = loop.create_future()
+    judge.on_verdict(p, 0, lambda v: loop.call_soon_threadsafe(heard.set_result, v))
+    real, failed = judge.ahead.judged, []
+
+    def judged_then_fail(part: int, nxt: int) -> None:
+        real(part, nxt)
+        if not failed:
+            failed.append((part, nxt))
+            raise RuntimeError("injected: a bug after the batch was stored")
+
+    monkeypatch.setattr(judge.ahead, "judged", judged_then_fail)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    sent = []
+    producer.produce(topic, b"\xc3\x01garbage", b"t", partition=p,
+                     on_delivery=lambda err, msg: sent.append(msg.offset()))
+    assert producer.flush(30) == 0 and sent == [0]
+    verdict = await within(heard, 10)
+    assert failed == [(p, 1)] and verdict["ok"] is False and verdict["code"] == INVALID_MESSAGE
+    assert judge.applied(p) == 1
+    # The judge is still judging.
+    await within(tl.messages.save_thread("t", [{"n": 1}]))
+    assert await within(tl.messages.load_thread("t")) == [{"n": 1}]
+
+
 async def test_an_epoch_claim_never_granted_is_refused_and_never_read(tl, bootstrap):
     await within(tl.runs.create_or_resume(run_id="r", thread_id="t", started_at=1))
     assert await within(tl.runs.claim("r")) == 1

@@ -18,13 +18,16 @@ import contextlib
 import signal
 
 from checkpoint_helpers import checkpoint
+from confluent_kafka import Producer, TopicPartition
 from replay_support import replayed_verdicts
 from support import within
 from threadlog.processors.judge import all_verdicts
 from worker_support import WorkerProcess, ask_worker, owned_by
 
+from threadlog.config import Options
 from threadlog.kernel.errors import DUPLICATE_ID, ThreadLogError
 from threadlog.kernel.partitioning import partition_for
+from threadlog.runtime import Runtime
 
 
 def thread_on(partitions: set[int] | list[int], total: int, prefix: str, skip: int = 0) -> str:
@@ -322,3 +325,55 @@ async def test_a_partition_taken_over_is_restored_from_a_snapshot_not_replayed(b
     finally:
         await w1.stop()
         await w2.stop()
+
+
+async def _until(condition) -> None:
+    while not condition():
+        await asyncio.sleep(0.05)  # polling a judge's ownership, bounded by `within`
+
+
+async def test_a_partition_paused_by_flow_control_is_judged_again_when_it_comes_back(bootstrap, namespace,
+                                                                                      tmp_path):
+    """Flow control pauses fetching a partition that waits with many records in
+    hand (Judge._flow_control). Tried: every partition of an in-process worker
+    paused that way, then some of them moved to a second worker and back (it
+    left cleanly): those are fetched and judged again -- librdkafka keeps an
+    application pause across unassign and assign, so the judge must resume."""
+    rt = Runtime(Options(bootstrap_servers=bootstrap, namespace=namespace, state_dir=str(tmp_path / "a")),
+                 worker=True)
+    paused: list[int] = []
+
+    def pause_all(owned: list[int]) -> None:
+        # On the judge's thread, where _flow_control pauses (librdkafka's pause
+        # called from another thread while the judge polls did not return).
+        judge = rt.judge
+        if not paused and judge is not None and rt.layout is not None and len(owned) == rt.layout.events:
+            judge._consumer.pause([TopicPartition(rt.topics.events, p) for p in owned])
+            judge._paused.update(owned)
+            paused.extend(owned)
+
+    rt.ownership_listeners.append(pause_all)
+    await asyncio.to_thread(rt.start)
+    w2 = WorkerProcess(bootstrap, namespace, tmp_path / "w2", "w2")
+    producer = Producer({"bootstrap.servers": bootstrap})
+    try:
+        judge, topic = rt.judge, rt.topics.events
+        assert judge is not None and rt.layout is not None
+        everything = set(range(rt.layout.events))
+        await within(_until(lambda: sorted(paused) == sorted(everything)), 60)
+        await w2.start()
+        await within(_until(lambda: judge.owned and judge.owned != everything), 60)
+        moved = everything - judge.owned
+        w2.signal(signal.SIGTERM)
+        assert await w2.wait_exit(30) == 0
+        await within(_until(lambda: judge.owned == everything), 60)
+        offsets = {}
+        for p in sorted(moved):  # a record each (poison is judged too: refused, INVALID_MESSAGE)
+            producer.produce(topic, b"not a proposal", b"k", partition=p,
+                             on_delivery=lambda err, msg: offsets.__setitem__(msg.partition(), msg.offset()))
+        assert producer.flush(30) == 0 and len(offsets) == len(moved)
+        await within(_until(lambda: all(judge.applied(p) > off for p, off in offsets.items())), 30)
+        assert all(judge.verdict(p, off)["code"] == "INVALID_MESSAGE" for p, off in offsets.items())
+    finally:
+        await w2.stop()
+        await asyncio.to_thread(rt.stop)
