@@ -266,6 +266,7 @@ class QueryServer:
             got: dict[str, Any] = {"values": values} if many else {"value": values[0]}
             if targets is not None:
                 got["targets"] = targets
+            got["at"] = self._at(parts)
             return got
         if op == "query":
             query = QUERIES.get(str(args.get("name")))
@@ -273,7 +274,7 @@ class QueryServer:
                 raise ThreadLogError(INVALID_ARGUMENT, f"unknown query {args.get('name')!r}")
             parts, targets = await self._passed(args)
             found = self._read(lambda: query(_Owned(self.stores, parts), **(args.get("args") or {})), parts)
-            got = {"value": to_wire(found)}
+            got = {"value": to_wire(found), "at": self._at(parts)}
             if targets is not None:
                 got["targets"] = targets
             return got
@@ -282,8 +283,9 @@ class QueryServer:
             prefix = unb64(args["prefix"])
             start = None if args.get("start") is None else unb64(args["start"])
             limit = min(int(args.get("limit") or SCAN_PAGE), SCAN_PAGE)
-            return {"pages": {str(p): self._read(functools.partial(self._scan, prefix, start, limit, p), parts)
-                              for p in parts}}
+            pages = {str(p): self._read(functools.partial(self._scan, prefix, start, limit, p), parts)
+                     for p in parts}
+            return {"pages": pages, "at": self._at(parts)}
         if op == "verdict":
             (verdict,) = await self._verdicts(int(args["p"]), [int(args["o"])], self._bounded(args.get("timeout")))
             return verdict  # one offset: the lowest, never null
@@ -374,6 +376,13 @@ class QueryServer:
         if any(p not in self.judge.owned for p in parts):
             raise not_owner(f"partitions {parts} moved during the read")
         return got
+
+    def _at(self, parts: list[int]) -> dict[str, int]:
+        """How far the judge is on `parts`, read after a read of them: at least the
+        state that read saw (positions only move forward). The client raises its
+        floor to it, so a later read -- after ownership moved to a worker still
+        catching up -- never answers older state than this one did."""
+        return {str(p): self.judge.applied(p) for p in parts}
 
     def _bounded(self, asked: Any) -> float:
         try:

@@ -57,6 +57,26 @@ async def test_thin_clients_round_trip_and_read_each_others_writes(worker, open_
     assert await within(b.messages.load_thread("nope")) == await within(embedded.messages.load_thread("nope"))
 
 
+async def test_a_read_raises_the_floor_to_how_far_its_owner_had_judged(worker, open_client):
+    """A thin client's floor (threadlog/remote.py) is the furthest position any
+    answer showed it; every later read carries it, so an owner still catching
+    up after a takeover waits instead of answering older state. Tried: reads
+    without a barrier -- one key, a scan -- by clients that never wrote nor
+    passed a barrier: each raises the floor to at least what the owner had
+    judged when it read."""
+    writer = await open_client(processors="external", own_worker=True)
+    await within(writer.messages.save_thread("t", ["x"]))
+    p = partition_for("t", writer.runtime.layout.events)
+    judged = (await within(writer.runtime.query.barrier([p])))[p]  # the save included
+    assert judged > 0
+    for read in (lambda q: q.read(b"no such key", [p], False), lambda q: q.scan(b"no such prefix", [p])):
+        reader = await open_client(processors="external", own_worker=True)
+        query = reader.runtime.query
+        assert query.floor([p]) == {}
+        await within(read(query))
+        assert query.floor([p])[str(p)] >= judged
+
+
 async def test_reads_carry_their_barrier_and_never_block_the_callers_loop(worker, open_client, monkeypatch):
     """Single-key reads are one `get` with `barrier: true` per owner (no separate
     `barrier` request), lists through an index one `query` with its barrier,

@@ -18,7 +18,8 @@ then fails with `UNAVAILABLE`. Every operation is a read, so resending is
 harmless, and every judge reaches the same state for the same log prefix. What
 could differ is *how far* an owner has judged (a new owner may still be
 catching up): the client keeps a floor (per partition, the furthest position
-any barrier or verdict answered it) and every read carries it, so an owner
+any barrier, verdict or read answered it: an owner says how far it had judged
+what it read) and every read carries it, so an owner
 that lags behind waits before answering instead of serving older state than
 this client already saw. Answers never come from a worker that does not own
 the partition: a worker closes a partition's store when it gives it up.
@@ -480,7 +481,11 @@ class QueryClient:
             conn.pending.pop(rid, None)
             raise unavailable(f"{op}: no answer from worker {address} within the request timeout") from None
         if msg.get("ok"):
-            return msg.get("result")
+            result = msg.get("result")
+            if isinstance(result, dict) and isinstance(result.get("at"), dict):
+                # How far the owner had judged what it read: the floor of every later read.
+                self.raise_floor({int(p): int(o) for p, o in result["at"].items()})
+            return result
         code = msg.get("code") or UNAVAILABLE
         if code == NOT_OWNER:
             self.failovers += 1
