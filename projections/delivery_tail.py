@@ -70,6 +70,11 @@ class DeliveryTail:
                 if not self._joining:
                     return
                 partition, fut = self._joining.pop(0)
+            # A reader that stopped waiting (a closed browser tab cancels its SSE
+            # request) cancelled the future: settling it then raises, and this
+            # thread -- every live reader's feed -- must not die of that.
+            if not fut.set_running_or_notify_cancel():
+                continue
             try:
                 self._join(partition)
             except Exception as exc:
@@ -85,7 +90,10 @@ class DeliveryTail:
             with self._lock:
                 self._joining.append((partition, fut))
             self._wake.set()
-            await asyncio.wait_for(asyncio.wrap_future(fut), self.timeout + 1)
+            try:
+                await asyncio.wait_for(asyncio.wrap_future(fut), self.timeout + 1)
+            except TimeoutError:
+                raise unavailable(f"{self.topic}[{partition}] not tailed within {self.timeout}s") from None
         sub = Subscription(asyncio.get_running_loop(), run_id, partition, self.max_queued)
         with self._lock:
             sub.live_from = self._dispatched[partition]
@@ -107,7 +115,10 @@ class DeliveryTail:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._joins()
+            try:
+                self._joins()
+            except Exception:  # pragma: no cover - a bug must not stop every live reader's feed
+                log.exception("delivery tail join failed")
             with self._lock:
                 idle = not self._dispatched
             if idle:

@@ -375,3 +375,22 @@ async def test_closing_the_client_ends_waiting_readers_with_unavailable(open_cli
     with pytest.raises(ThreadLogError) as e:
         await within(log.append([chunk(1)]))
     assert e.value.code == "UNAVAILABLE"
+
+
+async def test_a_reader_that_stopped_reading_gives_its_consumer_back(tl):
+    """Catch-up reads share a bounded pool of consumers (delivery/reader.py).
+    Tried: with a pool of one, a reader takes one chunk of a run and then stops
+    reading (an SSE client that stopped reading blocks its send): another read
+    still gets a consumer well within its timeout, and the first reader, when it
+    reads on, gets every chunk once from where it was."""
+    tl._delivery.pool.max_open = 1  # the bound under test, made small enough to exhaust
+    run = "stalled"
+    log = tl.delivery(run)
+    offsets = await within(log.append([chunk(i) for i in range(5)]))
+    stalled = log.read("-1")
+    assert await within(stalled.__anext__()) == (offsets[0], chunk(0))
+    # The stalled reader holds the pool's only consumer mid catch-up; this read needs one.
+    assert await within(tl.delivery(run).snapshot(), 10) == list(zip(offsets, [chunk(i) for i in range(5)],
+                                                                     strict=True))
+    await within(log.close())
+    assert await within(collect(stalled)) == list(zip(offsets[1:], [chunk(i) for i in range(1, 5)], strict=True))

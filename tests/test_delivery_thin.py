@@ -185,3 +185,34 @@ async def test_closing_a_thin_client_ends_a_delivery_write_waiting_for_its_answe
             worker.signal(signal.SIGCONT)
     finally:
         await worker.stop()
+
+
+async def test_a_live_reader_cancelled_while_its_partition_is_joined_leaves_the_feed_running(
+        bootstrap, namespace, tmp_path, open_client):
+    """A browser closing its tab cancels its SSE request, which may be waiting
+    for the thin client's tail to join the run's partition. Tried: the first
+    reader of a partition cancelled right after it asked; the tail goes on, and
+    a later live reader of that partition gets the next chunk and the close."""
+    worker = await WorkerProcess(bootstrap, namespace, tmp_path / "w", "w").start()
+    try:
+        embedded = await open_client()
+        thin = await open_client(processors="external", own_worker=True)
+        run = "cancelled-join"
+        await within(embedded.delivery(run).append([chunk(0)]))
+        p = partition_for(run, thin.runtime.layout.deliveries)
+        tail = thin._delivery.runs.tail
+        asked = asyncio.ensure_future(tail.subscribe(run, p))
+        await asyncio.sleep(0)  # queued its join
+        asked.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asked
+        reader = thin.delivery(run).read("-1")
+        assert (await within(reader.__anext__()))[1] == chunk(0)
+        [offset] = await within(embedded.delivery(run).append([chunk(1)]))
+        assert await within(reader.__anext__()) == (offset, chunk(1))
+        await within(embedded.delivery(run).close())
+        with pytest.raises(StopAsyncIteration):
+            await within(reader.__anext__())
+        assert tail._thread.is_alive()
+    finally:
+        await worker.stop()

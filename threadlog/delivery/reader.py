@@ -129,6 +129,14 @@ def _close(consumer: Consumer) -> None:
         pass
 
 
+# A reader that has not asked for its next batch this long after the last one
+# (an SSE client that stopped reading: its send blocks) gives its pooled
+# consumer back, and takes one again, at its position, when it does ask. Why:
+# the pool is bounded (ConsumerPool), and 16 stalled browsers held every
+# consumer, so every other catch-up read failed UNAVAILABLE.
+PARK_AFTER_S = 1.0
+
+
 class Fetcher:
     """A pooled consumer reading one partition forward, run on the service's executor."""
 
@@ -139,10 +147,14 @@ class Fetcher:
         self.position = start
         self._consumer: Consumer | None = None
         self._job: CFuture | None = None
+        self._park: asyncio.TimerHandle | None = None
 
     async def next_batch(self, stop_at: int) -> list:
         """The run's messages in [position, stop_at), a batch at a time ([] once there).
         `stop_at` is the same on every call of one fetcher."""
+        if self._park is not None:
+            self._park.cancel()
+            self._park = None
         if self._job is None:
             if self.position >= stop_at:
                 return []
@@ -159,6 +171,7 @@ class Fetcher:
         # yields this one (measured: replay spent a fifth of its time waiting here).
         self._job = (self.svc.executor.submit(self._fetch, consumer, stop_at)
                      if self.position < stop_at else None)
+        self._park = asyncio.get_running_loop().call_later(PARK_AFTER_S, self.release)
         return msgs
 
     def _fetch(self, consumer: Consumer, stop_at: int) -> tuple[list, int]:
@@ -194,10 +207,15 @@ class Fetcher:
         return mine, position
 
     def release(self) -> None:
+        """Give the consumer back (done, or parked: the next batch takes one again
+        and reads from `position`, the prefetched batch read again)."""
+        if self._park is not None:
+            self._park.cancel()
+            self._park = None
         consumer, self._consumer = self._consumer, None
+        job, self._job = self._job, None
         if consumer is None:
             return
-        job = self._job
         if job is not None and not job.done():
             # Cancelled mid-fetch: the thread still holds the consumer.
             job.add_done_callback(lambda _f: self.svc.pool.give(consumer))
