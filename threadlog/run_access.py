@@ -98,8 +98,14 @@ class LocalRuns:
 
     async def reading(self, run_id: str, partition: int) -> Reading:
         await self.barrier.wait([partition])
-        return _LocalReading(self.store, run_id, run_index.run_state(self.store, run_id),
-                             self.index.applied(partition))
+        # State and position of one instant, as the owner's dlv_state reads them (a
+        # fold batch is atomic under the lock): read apart, a close folded in between
+        # was behind the position and missing from the state, and a reader from
+        # "now" waited for a close it would never meet.
+        with self.store.lock:
+            at = self.store.offset(self.index.topic, partition)
+            state = run_index.run_state(self.store, run_id)
+        return _LocalReading(self.store, run_id, state, at)
 
     async def counts(self, run_id: str, partition: int, offsets: list[int]) -> dict[int, int | None]:
         await self.barrier.wait([partition])
