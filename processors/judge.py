@@ -256,10 +256,10 @@ class Judge(Follower):
         # snapshot's records overlaps another's decoding).
         if len(tps) > 1:
             with ThreadPoolExecutor(max_workers=min(4, len(tps)), thread_name_prefix="restore") as pool:
-                list(pool.map(self._take, [tp.partition for tp in tps]))
+                list(pool.map(self._take_or_refold, [tp.partition for tp in tps]))
         else:
             for tp in tps:
-                self._take(tp.partition)
+                self._take_or_refold(tp.partition)
         for tp in tps:
             pos = self.stores.offset(self.topic, tp.partition)
             tp.offset = pos if pos > 0 else OFFSET_BEGINNING
@@ -278,6 +278,19 @@ class Judge(Follower):
         log.info("%s now owns %s of %s", self.group, sorted(self.owned), self.topic)
         self._ownership_changed()
 
+    def _take_or_refold(self, p: int) -> None:
+        """`_take`, and on any failure (a local store that does not open: a corrupt
+        directory, a lock still held) a fresh store folded from offset 0. Why: an
+        exception escaping the assignment callback leaves the partition assigned
+        by the group but owned by no one -- judged by nobody until the next
+        rebalance."""
+        try:
+            self._take(p)
+        except Exception:
+            log.exception("partition %d: local state unusable; starting it again from a snapshot or offset 0", p)
+            self.stores.replace(p)  # a fresh directory, without a position: restored when a snapshot exists
+            self._take(p)
+
     def _take(self, p: int) -> None:
         if self.stores.has_local(p) or self.restore is None:
             store = self.stores.open(p)
@@ -289,9 +302,7 @@ class Judge(Follower):
             info = self.restore(p, self.stores.replace(p))
         except Exception as exc:
             # Folding from offset 0 is slower, never wrong (and never onto a partial restore).
-            # Any failure, not only ours (a snapshot that does not decode, an I/O error): an
-            # exception escaping the assignment callback would leave the partition assigned
-            # by the group but never owned, so judged by no one until the next rebalance.
+            # Any failure, not only ours: a snapshot that does not decode, an I/O error.
             log.warning("no snapshot restore of partition %d (%s): folding it from offset 0", p, exc,
                         exc_info=not isinstance(exc, ThreadLogError))
             self.stores.replace(p)

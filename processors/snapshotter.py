@@ -40,11 +40,29 @@ class Snapshotter:
         self._last: dict[int, int] = {}  # partition -> position of the last snapshot known
         self._at: dict[int, float] = {}
         self.written: list[dict] = []  # what was written (operators, tests)
+        self._given_up: set[int] = set()  # partitions revoked since the last round
+        self._given_up_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="snapshotter", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+
+    def ownership_changed(self, owned: list[int]) -> None:
+        """On the judge's thread: note what was given up (handled on this thread,
+        which may be writing a snapshot of it right now)."""
+        with self._given_up_lock:
+            self._given_up |= set(self._last) - set(owned)
+
+    def _forget_given_up(self) -> None:
+        # A partition given up and taken back has a new history on the topic
+        # (another owner's snapshots) and a new starting point (its restore).
+        with self._given_up_lock:
+            gone, self._given_up = self._given_up, set()
+        for p in gone:
+            self._last.pop(p, None)
+            self._at.pop(p, None)
+            self.writer.forget(p)
 
     def stop(self) -> None:
         self._stop.set()
@@ -54,6 +72,7 @@ class Snapshotter:
 
     def _run(self) -> None:
         while not self._stop.wait(CHECK_S):
+            self._forget_given_up()
             for p in sorted(self.judge.owned):
                 if self._stop.is_set():
                     return

@@ -369,6 +369,15 @@ class SnapshotWriter:
                 raise invalid_argument("the snapshot writer is closed")
             return self._write(partition, store, timeout if timeout is not None else self.timeout)
 
+    def forget(self, partition: int) -> None:
+        """The partition was given up: what this writer knew of its topic partition
+        is stale (another owner wrote snapshots there and tombstoned ours), so the
+        next write discovers it again -- else their chunks were never tombstoned
+        and stayed on the compacted topic for good."""
+        with self._lock:
+            self._stale.pop(partition, None)
+            self._last.pop(partition, None)
+
     def _write(self, partition: int, store: Store, timeout: float) -> SnapshotInfo:
         t0 = time.monotonic()
         deadline = t0 + timeout

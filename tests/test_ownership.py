@@ -17,11 +17,13 @@ import asyncio
 import contextlib
 import signal
 
+import orjson
 from checkpoint_helpers import checkpoint
 from confluent_kafka import Producer, TopicPartition
 from replay_support import replayed_verdicts
-from support import within
+from support import read_topic, within
 from threadlog.processors.judge import all_verdicts
+from threadlog.projections.snapshots import MANIFEST_KEY, parse_chunk_key
 from worker_support import WorkerProcess, ask_worker, owned_by
 
 from threadlog.config import Options
@@ -377,3 +379,94 @@ async def test_a_partition_paused_by_flow_control_is_judged_again_when_it_comes_
     finally:
         await w2.stop()
         await asyncio.to_thread(rt.stop)
+
+
+def _live_snapshot_chunks(bootstrap: str, topic: str, partitions: int) -> dict[int, tuple[str, set[str]]]:
+    """Per partition of `topic`: (the latest manifest's snapshot id, the snapshot
+    ids of every chunk key whose last record is not a tombstone) -- what
+    compaction keeps."""
+    last: dict[tuple[int, bytes], bytes | None] = {}
+    for msg in read_topic(bootstrap, topic, partitions, committed=False):
+        last[(msg.partition(), msg.key())] = msg.value()
+    out: dict[int, tuple[str, set[str]]] = {}
+    for p in range(partitions):
+        manifest = last.get((p, MANIFEST_KEY))
+        live = {parsed[0] for (q, k), v in last.items() if q == p and v is not None
+                for parsed in [parse_chunk_key(k)] if parsed is not None}
+        out[p] = (orjson.loads(manifest)["snapshotId"] if manifest else "", live)
+    return out
+
+
+async def test_snapshots_of_a_partition_that_moves_away_and_back_leave_only_the_latest(bootstrap, namespace,
+                                                                                        tmp_path, open_client):
+    """Each snapshot tombstones the chunks of the ones before it, so the compacted
+    topic holds one snapshot per partition. Tried: partitions snapshotted by w1,
+    half of them taken by w2 (which restores and snapshots them), given back when
+    w2 leaves, snapshotted by w1 again: only the latest snapshot's chunks live."""
+    snapshots = ("--snapshot-every", "1", "--snapshot-interval", "0.2")
+    w1 = await WorkerProcess(bootstrap, namespace, tmp_path / "w1", "w1", *snapshots).start()
+    w2 = WorkerProcess(bootstrap, namespace, tmp_path / "w2", "w2", *snapshots)
+    try:
+        thin = await open_client(processors="external", own_worker=True)
+        total = thin.runtime.layout.events
+        topic = thin.runtime.topics.snapshots
+        threads = [thread_on({p}, total, "moving") for p in range(total)]
+
+        async def saved_and_snapshotted(workers: list[WorkerProcess], round_: int) -> None:
+            await within(asyncio.gather(*(thin.messages.save_thread(t, [round_]) for t in threads)))
+            ends = await within(thin.runtime.query.barrier(None))
+
+            async def snapshotted() -> None:
+                while True:
+                    done: dict[int, int] = {}
+                    for w in workers:
+                        for snap in (await ask_worker(w.address, "stats"))["snapshots"]:
+                            done[snap["partition"]] = max(done.get(snap["partition"], -1), snap["position"])
+                    if all(done.get(p, -1) == ends[p] for p in range(total)):
+                        return
+                    await asyncio.sleep(0.2)  # polling the workers' stats, bounded by `within`
+
+            await within(snapshotted(), 60)
+
+        await owned_by([w1], total)
+        await saved_and_snapshotted([w1], 1)
+        await w2.start()
+        await owned_by([w1, w2], total)
+        await saved_and_snapshotted([w1, w2], 2)
+        w2.signal(signal.SIGTERM)
+        assert await w2.wait_exit(30) == 0
+        await owned_by([w1], total)
+        await saved_and_snapshotted([w1], 3)
+        for p, (latest, live) in (await asyncio.to_thread(_live_snapshot_chunks, bootstrap, topic, total)).items():
+            assert latest and live == {latest}, (p, latest, live)
+    finally:
+        await w1.stop()
+        await w2.stop()
+
+
+async def test_a_local_store_that_does_not_open_is_started_again_not_left_unjudged(bootstrap, namespace, tmp_path,
+                                                                                  open_client):
+    """A worker restarted on its state directory resumes each partition from its
+    local store. Tried: the store of partition 0 corrupted while the worker was
+    down (its CURRENT file overwritten): the worker starts that partition again
+    (from a snapshot, else offset 0) instead of leaving it assigned and unjudged."""
+    w1 = await WorkerProcess(bootstrap, namespace, tmp_path / "w1", "w1").start()
+    w1b = WorkerProcess(bootstrap, namespace, tmp_path / "w1", "w1b")  # the same state directory
+    try:
+        thin = await open_client(processors="external", own_worker=True)
+        total = thin.runtime.layout.events
+        t = thread_on({0}, total, "corrupt")
+        await within(thin.messages.save_thread(t, ["kept"]))
+        await owned_by([w1], total)
+        w1.signal(signal.SIGTERM)
+        assert await w1.wait_exit(30) == 0
+        [current] = list((tmp_path / "w1").glob("*/slot-*/events-0/CURRENT"))
+        current.write_text("MANIFEST-999999\n")
+        await w1b.start()
+        await owned_by([w1b], total, timeout=30)
+        assert await within(thin.messages.load_thread(t)) == ["kept"]
+        await within(thin.messages.save_thread(t, ["after"]))
+        assert await within(thin.messages.load_thread(t)) == ["after"]
+    finally:
+        await w1.stop()
+        await w1b.stop()

@@ -149,6 +149,7 @@ class Runtime:
             writer = SnapshotWriter(self.opts.bootstrap_servers, self.topics.snapshots, self.client_id, kafka,
                                     tracking_topic=self.topics.events, timeout=self.opts.request_timeout * 2)
             self.snapshotter = Snapshotter(self.judge, writer, self.snapshot_every, self.snapshot_interval_s)
+            self.ownership_listeners.append(self.snapshotter.ownership_changed)
             self.snapshotter.start()
         self.barrier = self.seen_offsets = ReadBarrier(self.ends, self.judge, timeout=self.opts.request_timeout)
         self.timings["started"] = time.monotonic() - t0
