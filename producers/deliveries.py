@@ -17,7 +17,7 @@ from threadlog.schemas import Codec
 
 from threadlog.kernel import delivery_records as records
 from threadlog.kernel import kafka_config
-from threadlog.kernel.errors import invalid_argument, unavailable
+from threadlog.kernel.errors import OUTCOME_UNKNOWN, ThreadLogError, invalid_argument, unavailable
 from threadlog.kernel.partitioning import partition_for
 from threadlog.kernel.topics import MAX_MESSAGE_BYTES
 
@@ -67,7 +67,12 @@ class DeliveryWriter:
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
-                settle_threadsafe(loop, fut, unavailable(f"delivery record not written: {err}"), None)
+                # A timed-out record may have been written (its request was in
+                # flight); any other delivery error means it was not.
+                exc = (ThreadLogError(OUTCOME_UNKNOWN, f"delivery record may have been written ({err}): it may "
+                                                       "still stand") if err.code() == KafkaError._MSG_TIMED_OUT
+                       else unavailable(f"delivery record not written: {err}"))
+                settle_threadsafe(loop, fut, exc, None)
             else:
                 settle_threadsafe(loop, fut, None, msg.offset())
 
@@ -89,8 +94,8 @@ class DeliveryWriter:
         try:
             return await within(fut, max(0.05, deadline - time.monotonic()))
         except TimeoutError:
-            raise unavailable(f"delivery record not acknowledged within {self.timeout}s: it may or may not "
-                              "have been written (read the log to know)") from None
+            raise ThreadLogError(OUTCOME_UNKNOWN, f"delivery record not acknowledged within {self.timeout}s: it "
+                                 "may or may not have been written (read the log to know)") from None
 
     def close(self) -> None:
         self._pump.stop()

@@ -18,7 +18,7 @@ from delivery_support import ClaimWriter, chunk, collect
 from support import within
 from worker_support import WorkerProcess
 
-from threadlog.kernel.errors import RUN_CLAIM_LOST, UNAVAILABLE, ThreadLogError
+from threadlog.kernel.errors import OUTCOME_UNKNOWN, RUN_CLAIM_LOST, ThreadLogError
 from threadlog.kernel.partitioning import partition_for
 
 
@@ -160,8 +160,9 @@ async def test_a_thin_writer_learns_its_delivery_verdicts_from_the_owners_pushes
 async def test_closing_a_thin_client_ends_a_delivery_write_waiting_for_its_answer(bootstrap, namespace, tmp_path,
                                                                                   open_client):
     """A write whose answer is awaited (its worker frozen: written, never folded)
-    when the client closes fails with UNAVAILABLE at once instead of waiting
-    on a stopped loop forever."""
+    when the client closes fails at once instead of waiting on a stopped loop
+    forever -- with OUTCOME_UNKNOWN: the record is durable, and whether it
+    stands is the fold's to say (UNAVAILABLE would say nothing was written)."""
     worker = await WorkerProcess(bootstrap, namespace, tmp_path / "w", "w").start()
     try:
         thin = await open_client(processors="external", own_worker=True)
@@ -180,7 +181,7 @@ async def test_closing_a_thin_client_ends_a_delivery_write_waiting_for_its_answe
             await within(thin.close(), 20)
             with pytest.raises(ThreadLogError) as err:
                 await within(pending, 10)
-            assert err.value.code == UNAVAILABLE
+            assert err.value.code == OUTCOME_UNKNOWN
         finally:
             worker.signal(signal.SIGCONT)
     finally:

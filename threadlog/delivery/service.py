@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from ..kernel import delivery_records as records
-from ..kernel.errors import unavailable
+from ..kernel.errors import OUTCOME_UNKNOWN, UNAVAILABLE, ThreadLogError, unavailable
 from ..producers.deliveries import DeliveryWriter
 from ..projections.barrier import EndOffsets
 from ..remote import RemoteVerdicts
@@ -77,8 +77,16 @@ class DeliveryService:
         began = time.monotonic()
         x = await self.writer.write(run_id, record)
         left = max(0.1, self.timeout - (time.monotonic() - began))
-        verdict, fence = await self.runs.decide(run_id, self.writer.partition_of(run_id), x, record["kind"], epoch,
-                                                left)
+        p = self.writer.partition_of(run_id)
+        try:
+            verdict, fence = await self.runs.decide(run_id, p, x, record["kind"], epoch, left)
+        except ThreadLogError as exc:
+            if exc.code != UNAVAILABLE:
+                raise
+            # The record is durable: whether it stands is decided by the fold, not
+            # by our failing to learn it. UNAVAILABLE would say nothing was written.
+            raise ThreadLogError(OUTCOME_UNKNOWN, f"delivery record {p}@{x} of run {run_id!r} was written but its "
+                                 f"verdict not learned ({exc.message}): it may stand; read the log") from None
         return x, verdict, fence
 
     async def high_watermark(self, partition: int) -> int:
