@@ -198,11 +198,18 @@ class DeliveryLog:
                 return reading.state["first"], (-1, -1), sub, reading
             deadline = time.monotonic() + svc.first_chunk_wait
             held: list[Item] = []
+            started = False
             while True:
+                new = len(held)
                 while sub.items:
                     held.append(sub.items.popleft())
-                if any(reading.judge_item(it) is None and it.record["kind"] in (records.CHUNKS, records.CLOSE)
-                       for it in held):
+                # Each held record is judged once, in order: judging them all again on
+                # every pass was quadratic, and a fold's cache of verdicts is bounded
+                # (run_index.RunFold), so a long wait would fold a claim twice.
+                started = started or any(
+                    reading.judge_item(it) is None and it.record["kind"] in (records.CHUNKS, records.CLOSE)
+                    for it in held[new:])
+                if started:
                     break
                 if sub.failure is not None:
                     raise sub.failure
