@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import time
 import uuid
@@ -42,6 +43,8 @@ from threadlog.kernel.partitioning import partition_for
 from threadlog.kernel.topics import TopicLayout, Topics
 
 from .pump import ProducerPump, settle_threadsafe, within
+
+log = logging.getLogger("threadlog.proposals")
 
 # A proposal's effects are about as large as the proposal: keep 1 MiB of
 # headroom under the topics' 16 MiB record limit.
@@ -135,7 +138,14 @@ class ProposalBus:
         if not verdict.get("ok"):
             raise ThreadLogError(verdict.get("code") or "INVALID_ARGUMENT", verdict.get("message") or "refused")
         if verdict.get("effects"):
-            await self._emit(verdict["effects"])
+            try:
+                await self._emit(verdict["effects"])
+            except Exception as exc:
+                # The proposal was accepted: failing to write what it derived (blob
+                # chunk tombstones) only delays reclamation -- a sweep finds those
+                # chunks -- and must not turn the verdict into an error.
+                log.warning("accepted, but its effects were not all written (%d): %s", len(verdict["effects"]),
+                            exc)
         result = verdict.get("result")
         for step in verdict.get("follow") or ():
             result = await self.send(step["type"], step["key"], step["payload"], timeout)

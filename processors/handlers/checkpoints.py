@@ -50,6 +50,7 @@ from threadlog.kernel.errors import (
 
 from . import Context, Decision, FollowUp, handles
 from .blob_gc import require_unfenced
+from .global_ids import own_thread
 
 
 # -- leases ----------------------------------------------------------------------------
@@ -97,7 +98,7 @@ def _lease_length(cmd: dict) -> tuple[int, int]:
 
 @handles("threadlog.cmd.AcquireCheckpointWriter")
 def acquire_writer(ctx: Context, cmd: dict) -> Decision:
-    thread = require_id(cmd["threadId"], "thread_id")
+    thread = own_thread(ctx, require_id(cmd["threadId"], "thread_id"))
     steal = cmd.get("steal")
     if steal is not None and not isinstance(steal, bool):
         raise invalid_argument(f"steal must be a boolean, got {steal!r}")
@@ -126,7 +127,7 @@ def acquire_writer(ctx: Context, cmd: dict) -> Decision:
 @handles("threadlog.cmd.RenewCheckpointWriter")
 def renew_writer(ctx: Context, cmd: dict) -> Decision:
     writer = cmd["writer"]
-    thread = require_id(writer["threadId"], "writer thread_id")
+    thread = own_thread(ctx, require_id(writer["threadId"], "writer thread_id"))
     _require_current(ctx, thread, writer)
     duration, _ = _lease_length({"leaseDurationMs": cmd.get("leaseDurationMs"), "renewAfterMs": 0})
     expires_at = ctx.now + duration
@@ -138,7 +139,7 @@ def renew_writer(ctx: Context, cmd: dict) -> Decision:
 @handles("threadlog.cmd.ReleaseCheckpointWriter")
 def release_writer(ctx: Context, cmd: dict) -> Decision:
     writer = cmd["writer"]
-    thread = require_id(writer["threadId"], "writer thread_id")
+    thread = own_thread(ctx, require_id(writer["threadId"], "writer thread_id"))
     if not _is_current(ctx, thread, writer):
         return Decision(result={"released": False})  # a stale lease: nothing to end, not an error
     ev = {"threadId": thread, "ownerToken": writer["ownerToken"], "fence": writer["fence"]}
@@ -161,7 +162,7 @@ def append(ctx: Context, cmd: dict) -> Decision:
     check_checkpoint_ids(cp)
     require_id(writer["threadId"], "writer thread_id")
     require_optional_id(expected, "expected_head_id")
-    thread = cp["threadId"]
+    thread = own_thread(ctx, cp["threadId"])
     # 2. writer thread
     _require_writer_thread(writer, thread, "checkpoint's thread")
     # 3. the checkpoint itself
@@ -189,7 +190,7 @@ def append(ctx: Context, cmd: dict) -> Decision:
 @handles("threadlog.cmd.DeleteCheckpointHead")
 def delete_head(ctx: Context, cmd: dict) -> Decision:
     writer = cmd["writer"]
-    thread = require_id(cmd["threadId"], "thread_id")
+    thread = own_thread(ctx, require_id(cmd["threadId"], "thread_id"))
     cid = require_id(cmd["checkpointId"], "checkpoint_id")
     require_id(writer["threadId"], "writer thread_id")
     _require_writer_thread(writer, thread, "thread")
@@ -217,7 +218,7 @@ def _fork_ids(cmd: dict) -> None:
 def fork_source_step(ctx: Context, cmd: dict) -> Decision:
     """Step 1, on the source thread's partition: the source checkpoint exists there."""
     _fork_ids(cmd)
-    source_thread, source_id = cmd["sourceThreadId"], cmd["sourceCheckpointId"]
+    source_thread, source_id = own_thread(ctx, cmd["sourceThreadId"]), cmd["sourceCheckpointId"]
     destination = cmd["destinationThreadId"]
     if source_thread == destination:
         raise ThreadLogError(FORK_SOURCE_THREAD_MISMATCH,
@@ -247,7 +248,7 @@ def fork_destination_step(ctx: Context, cmd: dict) -> Decision:
     source = from_wire(cmd["source"])
     check_checkpoint_ids(source)
     require_id(cmd["destinationCheckpointId"], "destination_checkpoint_id")
-    destination = require_id(cmd["destinationThreadId"], "destination_thread_id")
+    destination = own_thread(ctx, require_id(cmd["destinationThreadId"], "destination_thread_id"))
     writer = cmd["writer"]
     _require_writer_thread(writer, destination, "destination thread")
     if not is_timestamp(cmd["createdAt"]):

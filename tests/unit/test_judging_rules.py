@@ -13,6 +13,7 @@ import uuid
 
 import pytest
 from checkpoint_helpers import checkpoint
+from support import _BOOKKEEPING
 from threadlog.processors.handlers import load_all as load_handlers
 from threadlog.processors.judge import Record, _Blocked, all_verdicts, decision_time, judge_record
 from threadlog.projections.fold import load_all as load_folds
@@ -208,3 +209,52 @@ def test_verdicts_and_applied_ids_are_forgotten_past_the_window_alike(stores, mo
     assert list(stores[0].scan(judge.APPLIED_AT)) == list(stores[1].scan(judge.APPLIED_AT))
     assert len(list(stores[0].scan(judge.APPLIED_AT))) == 3  # one per accepted proposal still in the window
     assert dict(stores[0].scan(b"")) == dict(stores[1].scan(b""))
+
+
+def _state(store: Store) -> dict[bytes, bytes]:
+    """Everything but the judge's bookkeeping (verdicts, decision time, positions)."""
+    return {k: v for k, v in store.scan(b"") if not k.startswith(_BOOKKEEPING)}
+
+
+def test_a_checkpoint_or_transcript_proposal_naming_another_thread_than_its_key_is_refused(stores):
+    """The key decides the partition that judges a proposal; one naming another
+    thread would change that thread's state on a partition that does not own it
+    (a second lease with a fence already used, a head beside the real one).
+    Tried: every checkpoint and transcript proposal sent keyed "k" for thread "a"."""
+    tok = "t" * 32
+    legit = Log()
+    acquire(legit, "a", tok)
+    forged = Log()
+    acquire(forged, "a", tok)
+    writer = {"threadId": "a", "ownerToken": tok, "fence": 1}
+    cp = to_wire(checkpoint("c1", "a"))
+    for type_name, payload in [
+        ("threadlog.cmd.AcquireCheckpointWriter", {"threadId": "a", "ownerToken": "f" * 32, "steal": True}),
+        ("threadlog.cmd.RenewCheckpointWriter", {"writer": writer}),
+        ("threadlog.cmd.ReleaseCheckpointWriter", {"writer": writer}),
+        ("threadlog.cmd.AppendCheckpoint", {"checkpoint": cp, "expectedHeadId": None, "writer": writer}),
+        ("threadlog.cmd.DeleteCheckpointHead", {"threadId": "a", "checkpointId": "c1", "writer": writer}),
+        ("threadlog.cmd.ForkCheckpoint", {"sourceThreadId": "a", "sourceCheckpointId": "c1",
+                                          "destinationThreadId": "d", "destinationCheckpointId": "d1",
+                                          "createdAt": 1.0, "writer": {**writer, "threadId": "d"}}),
+        ("threadlog.cmd.ForkCheckpointInto", {"source": cp, "destinationThreadId": "a",
+                                              "destinationCheckpointId": "d1", "createdAt": 1.0,
+                                              "writer": writer}),
+        ("threadlog.cmd.SaveTranscript", {"threadId": "a", "messages": "[1]"}),
+    ]:
+        forged.propose(type_name, "k", payload, seen=True)
+    assert judge_all(stores[0], legit.records) == [judge_all(stores[1], forged.records)[0]]
+    verdicts = judge_all(stores[1], forged.records)[1:]
+    assert [v.get("code") for v in verdicts] == ["INVALID_ARGUMENT"] * 8, verdicts
+    assert _state(stores[0]) == _state(stores[1])
+
+
+@pytest.mark.parametrize("messages", ["not json", '{"a": 1}', "[NaN]", '"x"'])
+def test_a_transcript_that_is_not_a_json_list_is_refused(stores, messages):
+    """A save_thread proposal made without the client (which validates the same):
+    a transcript that is not a JSON list would make every later load fail."""
+    log = Log()
+    log.propose("threadlog.cmd.SaveTranscript", "a", {"threadId": "a", "messages": messages})
+    log.propose("threadlog.cmd.SaveTranscript", "", {"threadId": "", "messages": "[]"})
+    assert [v.get("code") for v in judge_all(stores[0], log.records)] == ["INVALID_ARGUMENT"] * 2
+    assert _state(stores[0]) == {}

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, I
 from typing import TYPE_CHECKING, Any, cast
 
 from ..blob_gc import DEFAULT_GRACE_MS, GcReport, collect_garbage
-from ..kernel.errors import UNAVAILABLE, ThreadLogError, invalid_argument, unavailable
+from ..kernel.errors import OUTCOME_UNKNOWN, UNAVAILABLE, ThreadLogError, invalid_argument, unavailable
 from ..kernel.validation import is_int, is_valid_id, require_id
 from ..producers.blob_chunks import ChunkGone, ChunkReader, ChunkRef, ChunkSink, ChunkWriter, new_version
 from ..projections.folds import blobs as state
@@ -117,10 +117,14 @@ class BlobStore(StoreFacade):
         try:
             return await self._send("threadlog.cmd.PutBlob", state.partition_key(key), payload)
         except ThreadLogError as exc:
-            if exc.code != UNAVAILABLE:
-                writer.discard()  # refused: nothing was committed
-            else:
+            if exc.code in (UNAVAILABLE, OUTCOME_UNKNOWN):
+                # The PutBlob may have been written and may still be accepted:
+                # tombstoning its chunks now would leave a committed version
+                # without content. The abandon is judged after it on the same
+                # partition and keeps the chunks if it committed.
                 await self._abandon(key, version, len(refs))
+            else:
+                writer.discard()  # refused: nothing was committed
             raise
         except BaseException:
             await asyncio.shield(self._abandon(key, version, len(refs)))
