@@ -17,13 +17,16 @@ import subprocess
 import sys
 import time
 
+import pytest
 from checkpoint_helpers import LaggingFollower, checkpoint, refused
 from support import within
 
 import threadlog
+from threadlog import ThreadLogError
 
 WRITER_CONFLICT = "SANDBOX_SNAPSHOT_WRITER_CONFLICT"
 WRITER_LOST = "SANDBOX_SNAPSHOT_WRITER_LOST"
+FORK_SOURCE_NOT_FOUND = "SANDBOX_SNAPSHOT_FORK_SOURCE_NOT_FOUND"
 SHORT = {"lease_duration_ms": 3_000, "renew_after_ms": 1_000}
 
 
@@ -253,3 +256,22 @@ async def test_reclaim_lists_then_claims_reclaimable_runs(bootstrap, namespace, 
                                            str(tmp_path / "r3")), 90)
     assert again.returncode == 0, again.stderr
     assert [line.rsplit("\t", 1)[1] for line in again.stdout.splitlines()] == ["epoch=2", "epoch=2"]
+
+
+async def test_a_fork_with_a_lost_lease_is_judged_in_the_specs_order(open_client):
+    """SPEC: a fork checks the source (exists, on the source thread) before the
+    writer (current, else WRITER_LOST). Tried: a lease that knows it was lost
+    (stolen, its renewal refused) forking from a checkpoint that does not exist:
+    FORK_SOURCE_NOT_FOUND, not the lease's loss."""
+    a = await open_client()
+    b = await open_client()
+    old = await within(a.checkpoints.acquire_writer("dst", auto_renew=False))
+    await within(b.checkpoints.acquire_writer("dst", steal=True, auto_renew=False))
+    with pytest.raises(ThreadLogError) as err:
+        await within(old.renew())
+    assert err.value.code == WRITER_LOST and old.lost
+    with pytest.raises(ThreadLogError) as err:
+        await within(a.checkpoints.fork_from_checkpoint(
+            source_thread_id="src", source_checkpoint_id="missing", destination_thread_id="dst",
+            destination_checkpoint_id="d1", created_at=1, writer=old))
+    assert err.value.code == FORK_SOURCE_NOT_FOUND

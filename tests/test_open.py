@@ -18,6 +18,7 @@ from threadlog import ThreadLogError
         {"namespace": ""},
         {"namespace": "slash/ns"},
         {"namespace": "ünïcode"},
+        {"namespace": "ends-in-newline\n"},
         {"lease_duration_ms": 1000, "renew_after_ms": 1000},
         {"lease_duration_ms": 1000, "renew_after_ms": 2000},
         {"lease_duration_ms": 0},

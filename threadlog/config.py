@@ -13,7 +13,7 @@ from .kernel import kafka_config
 from .kernel.errors import invalid_argument
 from .kernel.validation import is_int
 
-NAMESPACE = re.compile(r"^[A-Za-z0-9._-]+$")
+NAMESPACE = re.compile(r"[A-Za-z0-9._-]+\Z")  # \Z: "$" also matches before a final newline
 
 
 def default_state_root() -> Path:

@@ -50,9 +50,14 @@ def decide(ctx: Context, cmd: dict) -> Decision:
         if cmd["status"] != "resolved":
             raise invalid_argument("only a resolve carries a response")
         try:
-            require_json_value(json.loads(response), "response")
+            parsed = json.loads(response)
+            require_json_value(parsed, "response")
         except ValueError:
             raise invalid_argument("interrupt response is not JSON") from None
+        if parsed is None:
+            # JSON null is no response: an absent field is absent from the record,
+            # never None (SPEC 1); the client never sends it, a raw proposal may.
+            response = None
     record = decode_interrupt(ctx.view.get(state.record_key(thread_id, interrupt_id)))
     if record is None:
         return Decision(result=None)  # unknown id: a no-op

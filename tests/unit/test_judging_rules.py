@@ -258,3 +258,16 @@ def test_a_transcript_that_is_not_a_json_list_is_refused(stores, messages):
     log.propose("threadlog.cmd.SaveTranscript", "", {"threadId": "", "messages": "[]"})
     assert [v.get("code") for v in judge_all(stores[0], log.records)] == ["INVALID_ARGUMENT"] * 2
     assert _state(stores[0]) == {}
+
+
+def test_an_interrupt_resolved_with_json_null_stores_no_response(stores):
+    """SPEC 1: an absent field is absent from the record, never None. The client
+    sends no response for None; a raw proposal may send the JSON text "null"."""
+    log = Log()
+    log.propose("threadlog.cmd.CreateInterrupt", "a", {"interruptId": "i1", "runId": "r", "threadId": "a",
+                                                       "requestedAt": 1.0, "payload": "{}"}, seen=True)
+    log.propose("threadlog.cmd.DecideInterrupt", "a", {"interruptId": "i1", "threadId": "a", "status": "resolved",
+                                                       "response": "null"})
+    created, decided = judge_all(stores[0], log.records)
+    assert created["ok"] and decided["ok"]
+    assert decided["result"]["status"] == "resolved" and "response" not in decided["result"]

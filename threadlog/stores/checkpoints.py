@@ -280,8 +280,8 @@ class CheckpointStore(StoreFacade):
         # The source step decides existence and the writer's thread; the
         # destination step whether the writer is current (a None token or fence
         # travels as such and is refused there, in the SPEC's order). A lease
-        # this client knows it lost is never sent.
-        _require_not_lost(w, writer)
+        # this client knows it lost is sent too: refusing it here would put
+        # WRITER_LOST before the source checks the SPEC orders first.
         payload = {
             "sourceThreadId": source_thread_id,
             "sourceCheckpointId": source_checkpoint_id,
