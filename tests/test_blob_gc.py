@@ -25,6 +25,7 @@ from threadlog.projections.folds import blobs as blob_state
 from worker_support import WorkerProcess, owned_by
 
 from threadlog import ThreadLogError
+from threadlog import blob_gc as blob_gc_module
 from threadlog.kernel.partitioning import partition_for
 
 MINUTE = 60_000
@@ -403,3 +404,42 @@ async def test_thin_clients_workers_judge_a_collect_by_asking_each_other(bootstr
     finally:
         await w1.stop()
         await w2.stop()
+
+
+async def test_a_sweep_stops_at_a_batch_whose_collects_cannot_be_settled(tl, monkeypatch):
+    """A sweep fences, collects and unfences its candidates a batch at a time, and
+    every batch uses the sweep's same fence records. Tried: batches of two, the
+    first collect of the first batch written but unanswered and its seal failing
+    (so that batch's fences must stay up for a later sweep to recover): the
+    sweep stops there. Had it gone on, the next batch would have found the fences
+    standing, never fenced its own keys, and lowered the first batch's fences
+    without a marker for a blob the unanswered collect may have deleted -- and a
+    checkpoint naming that blob would have been accepted."""
+    monkeypatch.setattr(blob_gc_module, "MAX_FENCE_KEYS", 2)
+    keys = [file_key(c) for c in "abcd"]
+    for k in keys:
+        await within(tl.blobs.put(k, b"x"))
+    session = tl.session
+    real_send = session.send
+    lost: list[str] = []
+
+    async def send(type_name: str, key: str, payload: dict):
+        if type_name == "threadlog.cmd.CollectBlob" and not lost:
+            lost.append(payload["key"])
+            await real_send(type_name, key, payload)  # written and judged; its answer is lost
+            raise ThreadLogError("OUTCOME_UNKNOWN", "injected: the verdict was not learned")
+        if type_name == "threadlog.cmd.ClaimBlobForGc" and payload["sweepId"].endswith(".seal"):
+            raise ThreadLogError("UNAVAILABLE", "injected: the seal was not written")
+        return await real_send(type_name, key, payload)
+
+    monkeypatch.setattr(session, "send", send)
+    report = await within(tl.blobs.gc(grace_ms=0))
+    assert report.unsettled == 1 and len(lost) == 1
+    assert report.deleted <= 1  # the batch stopped at: nothing after it was tried
+    # The first batch's fences stand: the blob whose collect went unanswered cannot be named.
+    lease = await within(tl.checkpoints.acquire_writer("namer"))
+    await refused(tl.checkpoints.append(checkpoint=cp_with("n-1", "namer", None, [lost[0]]),
+                                        expected_head_id=None, writer=lease), "BLOB_BEING_COLLECTED")
+    monkeypatch.setattr(session, "send", real_send)
+    recovered = await within(tl.blobs.gc(grace_ms=0))  # a later sweep recovers them
+    assert recovered.fences_recovered > 0 and gc.standing_fences(tl.state) == []

@@ -125,7 +125,16 @@ class _Sweep:
         if not r.dry_run:
             await self._recover(leftovers)
             for start in range(0, len(candidates), MAX_FENCE_KEYS):
-                await self._collect({k: layouts[k]["version"] for k in candidates[start:start + MAX_FENCE_KEYS]})
+                if not await self._collect({k: layouts[k]["version"]
+                                            for k in candidates[start:start + MAX_FENCE_KEYS]}):
+                    # Its fences stay up for the next sweep to recover. Every batch of
+                    # a sweep raises and lowers the same fence records: a next batch
+                    # would find them standing (its own keys never fenced) and its
+                    # lowering would take this batch's fences down without their
+                    # markers. So the sweep stops here.
+                    log.warning("blob gc %s: stopped after a batch left fences up (%d candidates not tried)",
+                                self.id, len(candidates) - start - MAX_FENCE_KEYS)
+                    break
         await self._abandoned({k: v["version"] for k, v in layouts.items()})
         return r
 
@@ -167,7 +176,8 @@ class _Sweep:
         self.report.fences_recovered = len(leftovers)
         log.info("blob gc %s: lowered %d fence(s) left by earlier sweeps", self.id, len(leftovers))
 
-    async def _collect(self, versions: dict[str, str]) -> None:
+    async def _collect(self, versions: dict[str, str]) -> bool:
+        """Claim, fence, collect and unfence one batch; False if its fences had to stay up."""
         r = self.report
         claimed = await asyncio.gather(*(self._bounded(self._claim(k, self.id, v))
                                          for k, v in versions.items()))
@@ -175,7 +185,7 @@ class _Sweep:
         if len(collectible) < len(versions):
             r.kept["young or replaced"] = r.kept.get("young or replaced", 0) + len(versions) - len(collectible)
         if not collectible:
-            return
+            return True
         await self._fence(self.id, collectible, True)
         # Proposed only now: each collect's `seen` lies past every fence.
         results = await asyncio.gather(*(self._bounded(self.tl.send(
@@ -202,8 +212,9 @@ class _Sweep:
                 r.unsettled += len(failed)
                 log.warning("blob gc %s: %d collect(s) could not be settled; fences stay until the next sweep",
                             self.id, len(failed))
-                return
+                return False
         await self._fence(self.id, collectible, False)
+        return True
 
     async def _abandoned(self, current: dict[str, str]) -> None:
         r = self.report
