@@ -443,3 +443,20 @@ async def test_a_sweep_stops_at_a_batch_whose_collects_cannot_be_settled(tl, mon
     monkeypatch.setattr(session, "send", real_send)
     recovered = await within(tl.blobs.gc(grace_ms=0))  # a later sweep recovers them
     assert recovered.fences_recovered > 0 and gc.standing_fences(tl.state) == []
+
+
+async def test_a_sweep_whose_last_step_fails_still_reports_what_it_deleted(tl, monkeypatch):
+    """The last step reads the whole of <ns>.blobs for abandoned chunks. Tried:
+    that read failing (UNAVAILABLE) after the sweep deleted a blob: gc returns its
+    report -- the deletion and why the last step did not finish -- instead of
+    raising UNAVAILABLE ("nothing happened") over a deletion that happened."""
+    key = file_key("9")
+    await within(tl.blobs.put(key, b"x"))
+
+    def unreadable(_tl):
+        raise blob_gc_module.unavailable("injected: the blobs topic could not be read")
+
+    monkeypatch.setattr(blob_gc_module, "_scan_chunks", unreadable)
+    report = await within(tl.blobs.gc(grace_ms=0))
+    assert report.deleted_keys == [key] and report.abandoned_error is not None
+    assert "injected" in report.abandoned_error and await within(tl.blobs.head(key)) is None

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from .kernel import kafka_config
-from .kernel.errors import invalid_argument, unavailable
+from .kernel.errors import ThreadLogError, invalid_argument, unavailable
 from .kernel.validation import is_int
 from .processors.handlers.blob_gc import MAX_FENCE_KEYS
 from .producers.blob_chunks import CHUNK_TYPE, is_version
@@ -73,6 +73,9 @@ class GcReport:
     abandoned_bytes: int = 0
     fences_recovered: int = 0  # fences of an earlier sweep lowered
     unsettled: int = 0  # collects whose outcome stayed unknown (their fences stay for the next sweep)
+    # Why the abandoned-chunk step did not finish (None: it did). A sweep that
+    # deleted blobs reports them even when that last step fails.
+    abandoned_error: str | None = None
     deleted_keys: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -135,7 +138,11 @@ class _Sweep:
                     log.warning("blob gc %s: stopped after a batch left fences up (%d candidates not tried)",
                                 self.id, len(candidates) - start - MAX_FENCE_KEYS)
                     break
-        await self._abandoned({k: v["version"] for k, v in layouts.items()})
+        try:
+            await self._abandoned({k: v["version"] for k, v in layouts.items()})
+        except ThreadLogError as exc:
+            r.abandoned_error = f"{exc.code}: {exc.message}"
+            log.warning("blob gc %s: abandoned chunks not reclaimed this time: %s", self.id, r.abandoned_error)
         return r
 
     # -- steps ---------------------------------------------------------------------------
@@ -267,12 +274,18 @@ def _scan_chunks(tl: Session) -> dict[tuple[str, str], dict]:
             if high > low:
                 ends[p] = high
         consumer.assign([TopicPartition(topic, p, 0) for p in ends])
-        deadline = time.monotonic() + max(60.0, tl.opts.request_timeout * 4)
+        # A deadline on silence, not on the whole read: a large topic takes as
+        # long as it takes while records keep coming.
+        idle = max(60.0, tl.opts.request_timeout * 4)
+        deadline = time.monotonic() + idle
         pending = dict(ends)
         while pending:
             if time.monotonic() > deadline:
-                raise unavailable(f"reading {topic} for abandoned chunks timed out")
-            for msg in consumer.consume(500, 1.0):
+                raise unavailable(f"reading {topic} for abandoned chunks: nothing read for {idle:g}s")
+            msgs = consumer.consume(500, 1.0)
+            if msgs:
+                deadline = time.monotonic() + idle
+            for msg in msgs:
                 part = msg.partition()
                 offset = msg.offset()
                 err = msg.error()
