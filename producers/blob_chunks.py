@@ -335,11 +335,13 @@ class ChunkReader:
             consumer.assign([TopicPartition(self.topic, p, q[0][1].offset) for p, q in by_partition.items()])
             ahead: dict[int, int] = {}  # partition -> offset we skipped ahead to
             rechecked: set[tuple[int, int]] = set()  # (partition, offset) looked up twice
+            # A deadline on silence: it restarts with every chunk read, so a blob
+            # larger than a request timeout's worth of reading can still be read.
             deadline = time.monotonic() + self.timeout
             while any(by_partition.values()):
                 if time.monotonic() > deadline:
-                    raise unavailable(f"blob chunks of {blob_key!r} not fetched from {self.topic} "
-                                      f"within {self.timeout}s")
+                    raise unavailable(f"blob chunks of {blob_key!r}: none fetched from {self.topic} "
+                                      f"for {self.timeout}s")
                 moved: set[int] = set()  # partitions sought during this batch: ignore the rest of it
                 for msg in kafka_config.drain(consumer, 256, 0.1):
                     p = msg.partition()
@@ -360,6 +362,7 @@ class ChunkReader:
                         continue
                     if err is None and o == ref.offset:
                         out[index] = self._verify(msg, blob_key, version, index, ref)
+                        deadline = time.monotonic() + self.timeout
                         queue.popleft()
                         if not queue:  # stop fetching what we no longer need
                             paused.append(TopicPartition(self.topic, p))
