@@ -674,11 +674,7 @@ class Judge(Follower):
                 for cb in self._verdict_waiters.pop(pos, ()):
                     calls.append((cb, verdict))
             self.advance(positions)
-        for cb, verdict in calls:
-            try:
-                cb(verdict)
-            except Exception:  # pragma: no cover - a waiter's bug must not stop judging
-                log.exception("verdict callback failed")
+        _answer(calls)
 
     def _resume(self, partitions: set[int]) -> None:
         """Resume what flow control paused of `partitions` (nothing else resumes them
@@ -715,11 +711,7 @@ class Judge(Follower):
                     OUTCOME_UNKNOWN, f"the verdict at events[{pos[0]}]@{pos[1]} is no longer kept: read the state")
                 calls.extend((cb, verdict) for cb in self._verdict_waiters.pop(pos))
             self.advance(stored)
-        for cb, verdict in calls:
-            try:
-                cb(verdict)
-            except Exception:  # pragma: no cover - a waiter's bug must not stop judging
-                log.exception("verdict callback failed")
+        _answer(calls)
         time.sleep(0.1)
 
     # -- one proposal -----------------------------------------------------------------------
@@ -735,6 +727,15 @@ class Judge(Follower):
         if self.metrics is not None:
             self.metrics.decided(verdict)
         return verdict
+
+
+def _answer(calls: list[tuple[Callable[[dict], None], dict]]) -> None:
+    """Give verdict waiters their verdicts (outside the judge's lock)."""
+    for cb, verdict in calls:
+        try:
+            cb(verdict)
+        except Exception:  # pragma: no cover - a waiter's bug must not stop judging
+            log.exception("verdict callback failed")
 
 
 @dataclass(frozen=True)

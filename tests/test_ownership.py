@@ -283,29 +283,42 @@ async def test_ownership_moves_under_load_and_no_read_goes_back(bootstrap, names
         await w2.stop()
 
 
-async def test_a_partition_taken_over_is_restored_from_a_snapshot_not_replayed(bootstrap, namespace, tmp_path,
-                                                                               open_client):
-    snapshots = ("--snapshot-every", "100", "--snapshot-interval", "0.5")
+async def _snapshotted(workers: list[WorkerProcess], ends: dict[int, int], total: int) -> None:
+    """Until the workers' snapshots reached `ends` on every partition."""
+    while True:
+        done: dict[int, int] = {}
+        for w in workers:
+            for snap in (await ask_worker(w.address, "stats"))["snapshots"]:
+                done[snap["partition"]] = max(done.get(snap["partition"], -1), snap["position"])
+        if all(done.get(p, -1) == ends[p] for p in range(total)):
+            return
+        await asyncio.sleep(0.2)  # polling the workers' stats, bounded by the caller's `within`
+
+
+@contextlib.asynccontextmanager
+async def _snapshotting(bootstrap, namespace, tmp_path, open_client, every: str, interval: str):
+    """Worker w1 started, w2 not yet, both snapshotting; a thin client: (w1, w2, thin, partitions)."""
+    snapshots = ("--snapshot-every", every, "--snapshot-interval", interval)
     w1 = await WorkerProcess(bootstrap, namespace, tmp_path / "w1", "w1", *snapshots).start()
     w2 = WorkerProcess(bootstrap, namespace, tmp_path / "w2", "w2", *snapshots)
     try:
         thin = await open_client(processors="external", own_worker=True)
-        total = thin.runtime.layout.events
+        yield w1, w2, thin, thin.runtime.layout.events
+    finally:
+        await w1.stop()
+        await w2.stop()
+
+
+async def test_a_partition_taken_over_is_restored_from_a_snapshot_not_replayed(bootstrap, namespace, tmp_path,
+                                                                               open_client):
+    async with _snapshotting(bootstrap, namespace, tmp_path, open_client, "100", "0.5") as (w1, w2, thin, total):
         await owned_by([w1], total)
         threads = [f"snap-{n}" for n in range(40)]
         for round_ in range(10):  # 400 records of history
             await within(asyncio.gather(*(thin.messages.save_thread(t, [round_]) for t in threads)), 60)
         history = await within(thin.runtime.query.barrier(None))
         assert sum(history.values()) >= 400
-
-        async def snapshotted() -> None:
-            while True:
-                done = {s["partition"]: s["position"] for s in (await ask_worker(w1.address, "stats"))["snapshots"]}
-                if all(done.get(p, -1) == history[p] for p in range(total)):
-                    return
-                await asyncio.sleep(0.2)  # polling the worker's stats, bounded by `within`
-
-        await within(snapshotted(), 30)
+        await within(_snapshotted([w1], history, total), 30)
         # A tail after the snapshots, then the owner dies and a fresh worker takes over.
         await within(asyncio.gather(*(thin.messages.save_thread(t, ["tail"]) for t in threads[:8])))
         await w2.start()
@@ -324,9 +337,6 @@ async def test_a_partition_taken_over_is_restored_from_a_snapshot_not_replayed(b
         assert st["judged"] == sum(ends[p] - restored[p]["position"] for p in range(total)) <= 8, st
         print(f"restored {sum(i['bytes_read'] for i in restored.values())} bytes "
               f"in {sum(i['seconds'] for i in restored.values()):.3f}s instead of judging {sum(history.values())}")
-    finally:
-        await w1.stop()
-        await w2.stop()
 
 
 async def _until(condition) -> None:
@@ -403,30 +413,13 @@ async def test_snapshots_of_a_partition_that_moves_away_and_back_leave_only_the_
     topic holds one snapshot per partition. Tried: partitions snapshotted by w1,
     half of them taken by w2 (which restores and snapshots them), given back when
     w2 leaves, snapshotted by w1 again: only the latest snapshot's chunks live."""
-    snapshots = ("--snapshot-every", "1", "--snapshot-interval", "0.2")
-    w1 = await WorkerProcess(bootstrap, namespace, tmp_path / "w1", "w1", *snapshots).start()
-    w2 = WorkerProcess(bootstrap, namespace, tmp_path / "w2", "w2", *snapshots)
-    try:
-        thin = await open_client(processors="external", own_worker=True)
-        total = thin.runtime.layout.events
+    async with _snapshotting(bootstrap, namespace, tmp_path, open_client, "1", "0.2") as (w1, w2, thin, total):
         topic = thin.runtime.topics.snapshots
         threads = [thread_on({p}, total, "moving") for p in range(total)]
 
         async def saved_and_snapshotted(workers: list[WorkerProcess], round_: int) -> None:
             await within(asyncio.gather(*(thin.messages.save_thread(t, [round_]) for t in threads)))
-            ends = await within(thin.runtime.query.barrier(None))
-
-            async def snapshotted() -> None:
-                while True:
-                    done: dict[int, int] = {}
-                    for w in workers:
-                        for snap in (await ask_worker(w.address, "stats"))["snapshots"]:
-                            done[snap["partition"]] = max(done.get(snap["partition"], -1), snap["position"])
-                    if all(done.get(p, -1) == ends[p] for p in range(total)):
-                        return
-                    await asyncio.sleep(0.2)  # polling the workers' stats, bounded by `within`
-
-            await within(snapshotted(), 60)
+            await within(_snapshotted(workers, await within(thin.runtime.query.barrier(None)), total), 60)
 
         await owned_by([w1], total)
         await saved_and_snapshotted([w1], 1)
@@ -439,9 +432,6 @@ async def test_snapshots_of_a_partition_that_moves_away_and_back_leave_only_the_
         await saved_and_snapshotted([w1], 3)
         for p, (latest, live) in (await asyncio.to_thread(_live_snapshot_chunks, bootstrap, topic, total)).items():
             assert latest and live == {latest}, (p, latest, live)
-    finally:
-        await w1.stop()
-        await w2.stop()
 
 
 async def test_a_local_store_that_does_not_open_is_started_again_not_left_unjudged(bootstrap, namespace, tmp_path,
