@@ -425,7 +425,15 @@ class Judge(Follower):
                     self._handle(msgs)
                 except Exception:  # pragma: no cover - a bug must not stop judging
                     log.exception("judge failed on a batch; retrying from stored positions")
-                    self._rewind()
+                    # Until it succeeds: fetched records were dropped, so judging on
+                    # without the seek back would skip them.
+                    while not self._stop.is_set():
+                        try:
+                            self._rewind()
+                            break
+                        except Exception:  # the store that failed the batch may fail this too
+                            log.exception("judge could not rewind; trying again")
+                            time.sleep(0.5)
 
     def _handle(self, msgs: list[Consumed]) -> None:
         by_partition, eof = self._sort(msgs)
@@ -707,9 +715,13 @@ class Judge(Follower):
         calls: list[tuple[Callable[[dict], None], dict]] = []
         with self._cond:
             for pos in [pos for pos in self._verdict_waiters if pos[0] in stored and pos[1] < stored[pos[0]]]:
-                verdict = self.verdict(*pos) or refusal(
-                    OUTCOME_UNKNOWN, f"the verdict at events[{pos[0]}]@{pos[1]} is no longer kept: read the state")
-                calls.extend((cb, verdict) for cb in self._verdict_waiters.pop(pos))
+                try:
+                    verdict = self.verdict(*pos)
+                except Exception:  # the store that failed the batch: the outcome stays unknown to them
+                    verdict = None
+                calls.extend((cb, verdict or refusal(OUTCOME_UNKNOWN, f"the verdict at events[{pos[0]}]@{pos[1]} "
+                                                                      "could not be read: read the state"))
+                             for cb in self._verdict_waiters.pop(pos))
             self.advance(stored)
         _answer(calls)
         time.sleep(0.1)

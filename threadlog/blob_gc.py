@@ -140,8 +140,8 @@ class _Sweep:
                     break
         try:
             await self._abandoned({k: v["version"] for k, v in layouts.items()})
-        except ThreadLogError as exc:
-            r.abandoned_error = f"{exc.code}: {exc.message}"
+        except Exception as exc:  # librdkafka's own errors too: the report must come back
+            r.abandoned_error = f"{exc.code}: {exc.message}" if isinstance(exc, ThreadLogError) else repr(exc)
             log.warning("blob gc %s: abandoned chunks not reclaimed this time: %s", self.id, r.abandoned_error)
         return r
 
@@ -240,7 +240,11 @@ class _Sweep:
                 r.abandoned_reclaimed += 1
                 r.abandoned_bytes += info["bytes"]
 
-        await asyncio.gather(*(self._bounded(abandon(*o)) for o in orphans))
+        # Every abandon settled before the report is returned (none left changing it).
+        failures = [x for x in await asyncio.gather(*(self._bounded(abandon(*o)) for o in orphans),
+                                                    return_exceptions=True) if isinstance(x, BaseException)]
+        if failures:
+            raise failures[0]
 
 
 def _layouts(found: list[tuple[bytes, bytes]]) -> list[tuple[str, dict]]:
@@ -275,17 +279,14 @@ def _scan_chunks(tl: Session) -> dict[tuple[str, str], dict]:
                 ends[p] = high
         consumer.assign([TopicPartition(topic, p, 0) for p in ends])
         # A deadline on silence, not on the whole read: a large topic takes as
-        # long as it takes while records keep coming.
+        # long as it takes while the partitions still read keep yielding records.
         idle = max(60.0, tl.opts.request_timeout * 4)
         deadline = time.monotonic() + idle
         pending = dict(ends)
         while pending:
             if time.monotonic() > deadline:
                 raise unavailable(f"reading {topic} for abandoned chunks: nothing read for {idle:g}s")
-            msgs = consumer.consume(500, 1.0)
-            if msgs:
-                deadline = time.monotonic() + idle
-            for msg in msgs:
+            for msg in consumer.consume(500, 1.0):
                 part = msg.partition()
                 offset = msg.offset()
                 err = msg.error()
@@ -295,6 +296,8 @@ def _scan_chunks(tl: Session) -> dict[tuple[str, str], dict]:
                     if err.code() == KafkaError._PARTITION_EOF and part in pending and offset >= pending[part]:
                         del pending[part]
                     continue
+                if part in pending:  # progress where the scan still waits (not new puts elsewhere)
+                    deadline = time.monotonic() + idle
                 k = msg.key()
                 if k is not None:
                     ck = k.decode("utf-8", "replace")

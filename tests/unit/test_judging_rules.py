@@ -249,7 +249,7 @@ def test_a_checkpoint_or_transcript_proposal_naming_another_thread_than_its_key_
     assert _state(stores[0]) == _state(stores[1])
 
 
-@pytest.mark.parametrize("messages", ["not json", '{"a": 1}', "[NaN]", '"x"'])
+@pytest.mark.parametrize("messages", ["not json", '{"a": 1}', "[NaN]", "[1, -Infinity]", '"x"', '["\\ud800"]'])
 def test_a_transcript_that_is_not_a_json_list_is_refused(stores, messages):
     """A save_thread proposal made without the client (which validates the same):
     a transcript that is not a JSON list would make every later load fail."""
@@ -271,3 +271,9 @@ def test_an_interrupt_resolved_with_json_null_stores_no_response(stores):
     created, decided = judge_all(stores[0], log.records)
     assert created["ok"] and decided["ok"]
     assert decided["result"]["status"] == "resolved" and "response" not in decided["result"]
+
+
+def test_a_transcript_with_a_surrogate_pair_is_accepted(stores):
+    log = Log()
+    log.propose("threadlog.cmd.SaveTranscript", "a", {"threadId": "a", "messages": '["\\ud83d\\ude00", {"k": [1.5]}]'})
+    assert judge_all(stores[0], log.records)[0]["ok"]
