@@ -256,10 +256,10 @@ class Judge(Follower):
         # snapshot's records overlaps another's decoding).
         if len(tps) > 1:
             with ThreadPoolExecutor(max_workers=min(4, len(tps)), thread_name_prefix="restore") as pool:
-                list(pool.map(self._take_or_refold, [tp.partition for tp in tps]))
+                list(pool.map(self._take, [tp.partition for tp in tps]))
         else:
             for tp in tps:
-                self._take_or_refold(tp.partition)
+                self._take(tp.partition)
         for tp in tps:
             pos = self.stores.offset(self.topic, tp.partition)
             tp.offset = pos if pos > 0 else OFFSET_BEGINNING
@@ -278,22 +278,17 @@ class Judge(Follower):
         log.info("%s now owns %s of %s", self.group, sorted(self.owned), self.topic)
         self._ownership_changed()
 
-    def _take_or_refold(self, p: int) -> None:
-        """`_take`, and on any failure (a local store that does not open: a corrupt
-        directory, a lock still held) a fresh store folded from offset 0. Why: an
-        exception escaping the assignment callback leaves the partition assigned
-        by the group but owned by no one -- judged by nobody until the next
-        rebalance."""
-        try:
-            self._take(p)
-        except Exception:
-            log.exception("partition %d: local state unusable; starting it again from a snapshot or offset 0", p)
-            self.stores.replace(p)  # a fresh directory, without a position: restored when a snapshot exists
-            self._take(p)
-
     def _take(self, p: int) -> None:
+        # A store that does not open must not raise out of here: an exception out of
+        # the assignment callback leaves the partition assigned by the group but
+        # owned by no one -- judged by nobody until the next rebalance.
         if self.stores.has_local(p) or self.restore is None:
-            store = self.stores.open(p)
+            try:
+                store = self.stores.open(p)
+            except Exception:  # a corrupt directory, a lock still held: start it again
+                log.exception("partition %d: local state unusable; starting it again from a snapshot or offset 0",
+                              p)
+                store = self.stores.replace(p)  # fresh, without a position: restored below when it can be
             if self.restore is None or store.offset(self.topic, p) > 0:
                 return  # resumes where an earlier ownership stopped
             # Empty, or keys without a position (a restore that did not

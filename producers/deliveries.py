@@ -21,7 +21,7 @@ from threadlog.kernel.errors import OUTCOME_UNKNOWN, ThreadLogError, invalid_arg
 from threadlog.kernel.partitioning import partition_for
 from threadlog.kernel.topics import MAX_MESSAGE_BYTES
 
-from .pump import ProducerPump, settle_threadsafe, within
+from .pump import ProducerPump, delivery_failure, settle_threadsafe, within
 
 
 class DeliveryWriter:
@@ -67,12 +67,7 @@ class DeliveryWriter:
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
-                # A timed-out record may have been written (its request was in
-                # flight); any other delivery error means it was not.
-                exc = (ThreadLogError(OUTCOME_UNKNOWN, f"delivery record may have been written ({err}): it may "
-                                                       "still stand") if err.code() == KafkaError._MSG_TIMED_OUT
-                       else unavailable(f"delivery record not written: {err}"))
-                settle_threadsafe(loop, fut, exc, None)
+                settle_threadsafe(loop, fut, delivery_failure(err, "delivery record"), None)
             else:
                 settle_threadsafe(loop, fut, None, msg.offset())
 

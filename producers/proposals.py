@@ -42,7 +42,7 @@ from threadlog.kernel.errors import OUTCOME_UNKNOWN, ThreadLogError, invalid_arg
 from threadlog.kernel.partitioning import partition_for
 from threadlog.kernel.topics import TopicLayout, Topics
 
-from .pump import ProducerPump, settle_threadsafe, within
+from .pump import ProducerPump, delivery_failure, settle_threadsafe, within
 
 log = logging.getLogger("threadlog.proposals")
 
@@ -184,13 +184,7 @@ class ProposalBus:
         def delivered(err: KafkaError | None, msg: Message) -> None:
             # On the pump thread: hand the offset straight to the verdict source.
             if err is not None:
-                # A timed-out record may have been written (its request was in
-                # flight); any other delivery error means it was not.
-                timed_out = err.code() == KafkaError._MSG_TIMED_OUT
-                exc = (ThreadLogError(OUTCOME_UNKNOWN, f"{type_name} may have been written ({err}): it may still "
-                                                       "apply") if timed_out else unavailable(f"proposal not written: "
-                                                                                              f"{err}"))
-                settle_threadsafe(loop, fut, exc, None)
+                settle_threadsafe(loop, fut, delivery_failure(err, f"proposal {type_name}"), None)
                 return
             offset = msg.offset()
             assert offset is not None  # a delivered record has its offset

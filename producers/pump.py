@@ -8,7 +8,18 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, Producer
+
+from threadlog.kernel.errors import OUTCOME_UNKNOWN, ThreadLogError, unavailable
+
+
+def delivery_failure(err: KafkaError, what: str) -> ThreadLogError:
+    """The error of a record librdkafka reported as not delivered. A timed-out record
+    may have been written (its request was in flight): OUTCOME_UNKNOWN, it may still
+    apply. Any other delivery error means it was not: UNAVAILABLE."""
+    if err.code() == KafkaError._MSG_TIMED_OUT:
+        return ThreadLogError(OUTCOME_UNKNOWN, f"{what} may have been written ({err}): it may still apply")
+    return unavailable(f"{what} not written: {err}")
 
 
 def settle(fut: asyncio.Future, exc: BaseException | None, value: Any) -> None:

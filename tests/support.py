@@ -13,6 +13,22 @@ async def within(awaitable, seconds: float = 30.0):
     return await asyncio.wait_for(awaitable, seconds)
 
 
+async def until(predicate, seconds: float = 30.0, what: str = "the condition") -> None:
+    """Poll `predicate` (sync or async) every 20 ms until it holds; fail after
+    `seconds`. For states no event announces to a test (a lease renewed in the
+    background, a judge's ownership)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        got = predicate()
+        if asyncio.iscoroutine(got):
+            got = await got
+        if got:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not hold within {seconds} s")
+        await asyncio.sleep(0.02)
+
+
 def read_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 30.0, committed: bool = True) -> list:
     """Every record of `topic`, read to its end: committed only (read_committed), or everything written."""
     c = Consumer({

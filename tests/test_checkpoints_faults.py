@@ -24,7 +24,7 @@ from pathlib import Path
 
 from append_writer import body
 from checkpoint_helpers import checkpoint
-from support import within
+from support import until, within
 from threadlog.processors.judge import all_verdicts
 from threadlog.projections.fold import current_seq
 from threadlog.projections.partition_stores import PartitionStores
@@ -70,13 +70,6 @@ class WriterProcess:
         await within(self.proc.wait(), 10)
         assert self._reader is not None
         await within(self._reader, 10)
-
-
-async def until(predicate, seconds: float) -> None:
-    async def poll():
-        while not predicate():
-            await asyncio.sleep(0.02)
-    await within(poll(), seconds)
 
 
 def worker_verdicts(state_dir: Path, namespace: str, partitions: int) -> dict[int, list]:

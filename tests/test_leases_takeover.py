@@ -19,7 +19,7 @@ import time
 
 import pytest
 from checkpoint_helpers import LaggingFollower, checkpoint, refused
-from support import within
+from support import until, within
 
 import threadlog
 from threadlog import ThreadLogError
@@ -28,15 +28,6 @@ WRITER_CONFLICT = "SANDBOX_SNAPSHOT_WRITER_CONFLICT"
 WRITER_LOST = "SANDBOX_SNAPSHOT_WRITER_LOST"
 FORK_SOURCE_NOT_FOUND = "SANDBOX_SNAPSHOT_FORK_SOURCE_NOT_FOUND"
 SHORT = {"lease_duration_ms": 3_000, "renew_after_ms": 1_000}
-
-
-async def until(predicate, seconds: float, what: str = "the condition") -> None:
-    """Poll `predicate` every 50 ms; fail after `seconds`."""
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not hold within {seconds} s")
-        await asyncio.sleep(0.05)
 
 
 def now_ms() -> float:

@@ -21,7 +21,7 @@ import orjson
 from checkpoint_helpers import checkpoint
 from confluent_kafka import Producer, TopicPartition
 from replay_support import replayed_verdicts
-from support import read_topic, within
+from support import read_topic, until, within
 from threadlog.processors.judge import all_verdicts
 from threadlog.projections.snapshots import MANIFEST_KEY, parse_chunk_key
 from worker_support import WorkerProcess, ask_worker, owned_by
@@ -157,22 +157,18 @@ async def test_ids_raced_across_two_owners_are_judged_as_a_judge_of_everything_j
         before = (await within(thin.runtime.seen_offsets.end_offsets()))[pa]
         questions = (await ask_worker(w2.address, "stats"))["lookups"]
 
-        async def until(check) -> None:
-            while not await check():
-                await asyncio.sleep(0.02)  # polling the broker's or a worker's counters, bounded by `within`
-
         w1.signal(signal.SIGSTOP)
         try:
             first = asyncio.ensure_future(thin.checkpoints.append(
                 checkpoint=checkpoint(x, a2, heads[0]), expected_head_id=heads[0], writer=leases[1]))
-            await within(until(lambda: _past(thin, pa, before)))
+            await until(lambda: _past(thin, pa, before), 30, "the first append reaching the log")
             second = asyncio.ensure_future(thin.checkpoints.append(
                 checkpoint=checkpoint(x, b2, heads[1]), expected_head_id=heads[1], writer=leases[5]))
 
             async def asked() -> bool:
                 return (await ask_worker(w2.address, "stats"))["lookups"] > questions
 
-            await within(until(asked))
+            await until(asked, 30, "w2 asking w1")
         finally:
             w1.signal(signal.SIGCONT)
         assert await within(first, 60) == x
@@ -339,11 +335,6 @@ async def test_a_partition_taken_over_is_restored_from_a_snapshot_not_replayed(b
               f"in {sum(i['seconds'] for i in restored.values()):.3f}s instead of judging {sum(history.values())}")
 
 
-async def _until(condition) -> None:
-    while not condition():
-        await asyncio.sleep(0.05)  # polling a judge's ownership, bounded by `within`
-
-
 async def test_a_partition_paused_by_flow_control_is_judged_again_when_it_comes_back(bootstrap, namespace,
                                                                                       tmp_path):
     """Flow control pauses fetching a partition that waits with many records in
@@ -372,19 +363,19 @@ async def test_a_partition_paused_by_flow_control_is_judged_again_when_it_comes_
         judge, topic = rt.judge, rt.topics.events
         assert judge is not None and rt.layout is not None
         everything = set(range(rt.layout.events))
-        await within(_until(lambda: sorted(paused) == sorted(everything)), 60)
+        await until(lambda: sorted(paused) == sorted(everything), 60)
         await w2.start()
-        await within(_until(lambda: judge.owned and judge.owned != everything), 60)
+        await until(lambda: judge.owned and judge.owned != everything, 60)
         moved = everything - judge.owned
         w2.signal(signal.SIGTERM)
         assert await w2.wait_exit(30) == 0
-        await within(_until(lambda: judge.owned == everything), 60)
+        await until(lambda: judge.owned == everything, 60)
         offsets = {}
         for p in sorted(moved):  # a record each (poison is judged too: refused, INVALID_MESSAGE)
             producer.produce(topic, b"not a proposal", b"k", partition=p,
                              on_delivery=lambda err, msg: offsets.__setitem__(msg.partition(), msg.offset()))
         assert producer.flush(30) == 0 and len(offsets) == len(moved)
-        await within(_until(lambda: all(judge.applied(p) > off for p, off in offsets.items())), 30)
+        await until(lambda: all(judge.applied(p) > off for p, off in offsets.items()), 30)
         assert all(judge.verdict(p, off)["code"] == "INVALID_MESSAGE" for p, off in offsets.items())
     finally:
         await w2.stop()

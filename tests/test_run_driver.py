@@ -27,7 +27,7 @@ from checkpoint_helpers import checkpoint, refused
 from delivery_support import collect
 from example_support import ExampleProcess
 from http_support import read_stream, serving
-from support import within
+from support import until, within
 
 import threadlog
 from threadlog import Writer
@@ -35,20 +35,6 @@ from threadlog.stores.run_driver import RunDriver
 
 HB = 200  # ms between heartbeats
 HOST = str(Path(__file__).resolve().parent / "driver_host.py")
-
-
-async def until(predicate, seconds: float, what: str = "the condition") -> None:
-    """Poll `predicate` (sync or async) every 50 ms; fail after `seconds`."""
-    deadline = time.monotonic() + seconds
-    while True:
-        got = predicate()
-        if asyncio.iscoroutine(got):
-            got = await got
-        if got:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not hold within {seconds} s")
-        await asyncio.sleep(0.05)
 
 
 def now_ms() -> float:

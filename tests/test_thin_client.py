@@ -17,7 +17,7 @@ import time
 import orjson
 import pytest
 from checkpoint_helpers import checkpoint
-from support import within
+from support import until, within
 from threadlog.projections.folds import runs as runs_state
 from worker_support import WorkerProcess, ask_worker
 
@@ -337,14 +337,6 @@ async def _pushing(thin, address: str) -> remote.RemoteVerdicts:
     raise AssertionError(f"no push connection to {address}: {verdicts._streams}")
 
 
-async def _until(condition, seconds: float = 30) -> None:
-    """Poll a client-side condition that no event announces, bounded."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
-
-
 async def test_verdicts_are_pushed_by_the_judge(worker, open_client):
     """Once a thin client holds a push connection to the owner, its verdicts
     come unasked -- refusals with their codes -- and reads after a pushed
@@ -384,9 +376,9 @@ async def test_verdicts_that_waited_on_a_lost_push_connection_are_asked_for(work
     worker.signal(signal.SIGSTOP)
     try:
         saves = [asyncio.ensure_future(thin.messages.save_thread(f"t{n}", [n])) for n in range(8)]
-        await _until(lambda: len(verdicts._waiting) == 8)  # all acked, all waiting for a push
+        await until(lambda: len(verdicts._waiting) == 8)  # all acked, all waiting for a push
         thin.runtime.query._loop.call_soon_threadsafe(stream.writer.close)
-        await _until(lambda: not verdicts._waiting)
+        await until(lambda: not verdicts._waiting)
     finally:
         worker.signal(signal.SIGCONT)
     assert await within(asyncio.gather(*saves), 20) == [None] * 8

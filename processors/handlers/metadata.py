@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 from threadlog.projections.folds import metadata as state
 
 from threadlog.kernel.errors import invalid_argument
-from threadlog.kernel.validation import json_problem, require_id
+from threadlog.kernel.validation import loads_json_value, require_id
 
 from . import Context, Decision, handles
 
@@ -24,11 +22,9 @@ def _entry(ctx: Context, cmd: dict) -> tuple[str, str]:
 def set_value(ctx: Context, cmd: dict) -> Decision:
     namespace, name = _entry(ctx, cmd)
     try:
-        problem = json_problem(json.loads(cmd["value"]), "value")
-    except ValueError:
-        problem = "value is not JSON text"
-    if problem:
-        raise invalid_argument(problem)
+        loads_json_value(cmd["value"], "value")
+    except ValueError as exc:
+        raise invalid_argument(str(exc)) from None
     return Decision(events=[("threadlog.evt.MetadataSet", {"namespace": namespace, "key": name,
                                                            "value": cmd["value"]})])
 
