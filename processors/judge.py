@@ -63,7 +63,7 @@ from threadlog.kernel.topics import reply_of
 from threadlog.kernel.validation import dumps
 
 from .ahead import Ahead
-from .handlers import HANDLERS, Context, Decision, reads_other_partitions
+from .handlers import GLOBAL_READS, HANDLERS, Context, Decision, reads_other_partitions
 from .verdict_push import VerdictPush
 
 if TYPE_CHECKING:
@@ -852,8 +852,15 @@ def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: di
     handler = HANDLERS.get(ptype)
     if handler is None:
         return refusal(INVALID_ARGUMENT, f"unknown proposal type {ptype}")
-    child = view.child()
     seen = env["seen"]
+    if len(seen) != partitions and ptype in GLOBAL_READS:
+        # Its rules ask other partitions as of these positions; without them the
+        # judge could only look at its own partition, and a raw proposal naming
+        # none would skip every cross-partition id check. Every client names them
+        # (producers/proposals.py), so only a forged or broken proposal lacks them.
+        return refusal(INVALID_ARGUMENT, f"{ptype} must name the end offset of each of the {partitions} events "
+                                         f"partitions in `seen`; it names {len(seen)}")
+    child = view.child()
     limits = {q: o for q, o in enumerate(seen) if q != p} if len(seen) == partitions else {}
 
     def holders(kind: str, ident: str) -> list[str]:

@@ -17,6 +17,7 @@ from support import _BOOKKEEPING
 from threadlog.processors.handlers import load_all as load_handlers
 from threadlog.processors.judge import Record, _Blocked, all_verdicts, decision_time, judge_record
 from threadlog.projections.fold import load_all as load_folds
+from threadlog.projections.folds import checkpoints as state
 from threadlog.projections.store import Store
 from threadlog.projections.view import View
 from threadlog.schemas import default_codec
@@ -130,12 +131,7 @@ def test_time_never_runs_backwards_within_a_partition(stores):
 
 
 def test_a_duplicate_id_on_another_partition_is_judged_as_of_the_positions_named(stores):
-    threads = {}
-    n = 0
-    while len(threads) < 2:
-        threads.setdefault(partition_for(f"t{n}", PARTITIONS), f"t{n}")
-        n += 1
-    ta, tb = threads.values()
+    ta, tb = _two_threads_on_two_partitions()
     log = Log()
     tok = "t" * 32
     acquire(log, ta, tok)
@@ -147,6 +143,42 @@ def test_a_duplicate_id_on_another_partition_is_judged_as_of_the_positions_named
     by_offset = {(r.partition, r.offset): v for r, v in zip(log.records, verdicts, strict=True)}
     assert by_offset[(before.partition, before.offset)]["ok"]
     assert by_offset[(after.partition, after.offset)]["code"] == "SANDBOX_SNAPSHOT_DUPLICATE_ID"
+
+
+def test_a_proposal_of_a_cross_partition_rule_without_seen_is_refused(stores):
+    """Tried: a raw AppendCheckpoint naming no positions (`seen` empty), then one
+    naming fewer than the partitions, reusing a checkpoint id held by a thread of
+    another partition. Without the positions the judge would look at its own
+    partition only and accept the duplicate; both are refused and change nothing."""
+    ta, tb = _two_threads_on_two_partitions()
+    log = Log()
+    tok = "t" * 32
+    acquire(log, ta, tok)
+    acquire(log, tb, tok)
+    append(log, checkpoint("shared", ta), None, tok, 1)
+    writer = {"threadId": tb, "ownerToken": tok, "fence": 1}
+    body = {"checkpoint": to_wire(checkpoint("shared", tb)), "expectedHeadId": None, "writer": writer}
+    log.propose("threadlog.cmd.AppendCheckpoint", tb, body)  # seen = []
+    p = partition_for(tb, PARTITIONS)
+    short = {"proposalId": "short", "key": tb, "type": "threadlog.cmd.AppendCheckpoint", "at": 1_000.0,
+             "rules": 2, "seen": [log.ends[0]], "payload": codec.encode("threadlog.cmd.AppendCheckpoint", body)}
+    log.raw(p, codec.encode("threadlog.Proposal", short))
+    verdicts = judge_all(stores[0], log.records)
+    assert [v["ok"] for v in verdicts] == [True, True, True, False, False]
+    assert {v["code"] for v in verdicts[3:]} == {"INVALID_ARGUMENT"}
+    assert "`seen`" in verdicts[3]["message"]
+    view = View(stores[0])
+    assert state.get_head(view, tb) is None and state.get_record(view, tb, "shared") is None
+
+
+def _two_threads_on_two_partitions() -> tuple[str, str]:
+    threads: dict[int, str] = {}
+    n = 0
+    while len(threads) < 2:
+        threads.setdefault(partition_for(f"t{n}", PARTITIONS), f"t{n}")
+        n += 1
+    ta, tb = threads.values()
+    return ta, tb
 
 
 def test_a_proposal_naming_positions_not_yet_judged_waits_and_writes_nothing(stores):
