@@ -76,7 +76,7 @@ Others = Callable[[int, str, str, int], "list[str] | None"]
 
 # The judging rules this code implements (Proposal.rules). A proposal naming a
 # newer version is not guessed at: its partition stops until judges are upgraded.
-# 3: run heartbeats (threadlog.cmd.HeartbeatRun; claims set heartbeatAt) and blob
+# 3: run heartbeats (threadlog.cmd.HeartbeatRun; a claim clears heartbeatAt) and blob
 #    garbage collection (processors/handlers/blob_gc.py).
 RULES = 3
 

@@ -351,6 +351,26 @@ async def test_claim_of_unknown_and_terminal_runs_is_refused(tl):
     assert await within(tl.runs.claim("paused")) == 1  # a pause is not an end
 
 
+async def test_a_claimed_run_that_never_detaches_is_never_reclaimable(tl):
+    """SPEC 6 lists only runs with `detachedSince` set: a host that claims (the
+    SPEC's `claim`, no heartbeats) and streams past any TTL keeps its run. Tried:
+    a plain claim; a `drive` that stops (listed by its heartbeat); a plain claim
+    by the next host (not listed again until it detaches)."""
+    await _create(tl, "r", "t", 0)
+    assert await within(tl.runs.claim("r")) == 1
+    record = await within(tl.runs.get("r"))
+    assert "heartbeatAt" not in record and "detachedSince" not in record
+    assert await within(tl.runs.list_reclaimable(now=10**15, ttl_ms=0)) == []
+    driver = await within(tl.runs.drive("r", heartbeat_ms=1_000))
+    await within(driver.close())
+    assert [r["runId"] for r in await within(tl.runs.list_reclaimable(now=10**15, ttl_ms=0))] == ["r"]
+    assert await within(tl.runs.claim("r")) == 3
+    assert "heartbeatAt" not in await within(tl.runs.get("r"))
+    assert await within(tl.runs.list_reclaimable(now=10**15, ttl_ms=0)) == []
+    await within(tl.runs.update("r", {"detachedSince": 5}))
+    assert [r["runId"] for r in await within(tl.runs.list_reclaimable(now=10**15, ttl_ms=0))] == ["r"]
+
+
 async def test_ten_concurrent_claims_get_ten_distinct_epochs(open_client):
     a = await open_client()
     b = await open_client()

@@ -193,7 +193,7 @@ class Run(TypedDict):
     detachedSince: NotRequired[Timestamp]
     cancelRequested: NotRequired[bool]
     driverEpoch: NotRequired[int]
-    heartbeatAt: NotRequired[Timestamp]  # the driver's last judged heartbeat or claim (not patchable)
+    heartbeatAt: NotRequired[Timestamp]  # last judged heartbeat of a `drive` driver; a claim clears it (not patchable)
 
 
 class RunPatch(TypedDict, total=False):

@@ -49,7 +49,6 @@ def update(ctx: Context, cmd: dict) -> Decision:
                                                          "patch": dumps(patch)})])
 
 
-# Rules 3: a claim sets heartbeatAt (RunClaimed.at).
 @handles("threadlog.cmd.ClaimRun", rules=3)
 def claim(ctx: Context, cmd: dict) -> Decision:
     """Mirror a claim into the run record.
@@ -68,9 +67,13 @@ def claim(ctx: Context, cmd: dict) -> Decision:
     record = _load(ctx, thread_id, run_id)
     if record is None:
         raise ThreadLogError(RUN_NOT_FOUND, f"run {run_id!r} does not exist")
+    if is_terminal(record):
+        # The client checks this before the grant, but the run may have finished
+        # in between (or the proposal is raw): a finished run gets no driver.
+        raise ThreadLogError(RUN_TERMINAL, f"run {run_id!r} is {record['status']}; a finished run cannot be claimed")
     if epoch <= state.max_epoch(ctx.view, thread_id, run_id):
         return Decision(result=epoch)
-    # A claim is the new driver's first sign of life: heartbeatAt := the judged time.
+    # `at` is the judged time, kept on the event; the fold clears heartbeatAt (see run_claimed).
     return Decision(events=[("threadlog.evt.RunClaimed", {"runId": run_id, "threadId": thread_id, "epoch": epoch,
                                                          "at": ctx.now})],
                     result=epoch)

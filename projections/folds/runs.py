@@ -143,9 +143,13 @@ def run_claimed(view: View, meta: EventMeta, ev: dict) -> None:
     old = view.get_json(record_key(ev["threadId"], ev["runId"]))
     if old is None:
         return
-    new = {**old, "driverEpoch": ev["epoch"]}
-    if ev.get("at") is not None:  # claims judged before heartbeats existed carry no time
-        new["heartbeatAt"] = ev["at"]
+    # A claim ends the previous driver's heartbeats and starts none: only a
+    # driver that heartbeats (`drive`, which proposes its first heartbeat right
+    # after its claim) is reclaimable once quiet. Why: a host that claims with
+    # the SPEC's `claim` and never heartbeats must not be handed to a reaper
+    # while it streams -- SPEC 6 lists only runs with `detachedSince` set.
+    new = {k: v for k, v in old.items() if k != "heartbeatAt"}
+    new["driverEpoch"] = ev["epoch"]
     _put(view, old, new)
     _raise_epoch(view, ev["threadId"], ev["runId"], ev["epoch"])
 

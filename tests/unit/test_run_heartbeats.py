@@ -54,13 +54,13 @@ def index(store: Store) -> dict[bytes, list[float]]:
             for tag in (state.RUN_DETACHED, state.RUN_HEARTBEAT)}
 
 
-def test_heartbeats_are_judged_at_the_records_time_and_fenced_by_the_epoch(stores):
+def test_heartbeats_are_judged_at_the_records_time_and_fenced_by_the_epoch(stores, tmp_path):
     log = Log()
     create(log)
-    claim(log, 1, at=2_000)                 # 1: heartbeatAt := the claim's time
+    claim(log, 1, at=2_000)                 # 1: a claim sets no heartbeatAt (only heartbeats do)
     beat(log, 1, at=3_000)                  # 2: the driver is alive
     beat(log, 1, at=2_500)                  # 3: a proposer clock behind: judged at 3 000 (time never runs back)
-    claim(log, 2, at=4_000)                 # 4: another host claims
+    claim(log, 2, at=4_000)                 # 4: another host claims: the old driver's heartbeatAt goes
     beat(log, 1, at=4_500)                  # 5: the old driver: superseded
     beat(log, 3, at=4_600)                  # 6: an epoch never granted
     beat(log, 0, at=4_700)                  # 7: not an epoch
@@ -73,9 +73,15 @@ def test_heartbeats_are_judged_at_the_records_time_and_fenced_by_the_epoch(store
     assert verdicts[3]["result"]["heartbeatAt"] == 3_000
     assert "superseded" in verdicts[5]["message"] and "never granted" in verdicts[6]["message"]
     r = record(stores[0])
-    # The refused heartbeats changed nothing: the claim of epoch 2 set the time last.
-    assert r["driverEpoch"] == 2 and r["heartbeatAt"] == 4_000 and "detachedSince" not in r
-    assert index(stores[0]) == {state.RUN_DETACHED: [], state.RUN_HEARTBEAT: [4_000]}
+    # The refused heartbeats changed nothing: the claim of epoch 2 cleared the time last,
+    # so a host that claims and never heartbeats is not listed as reclaimable (SPEC 6).
+    assert r["driverEpoch"] == 2 and "heartbeatAt" not in r and "detachedSince" not in r
+    assert index(stores[0]) == {state.RUN_DETACHED: [], state.RUN_HEARTBEAT: []}
+    # Before that claim, the first driver's heartbeat had put the run in the heartbeat index.
+    before = Store(tmp_path / "before")
+    judge_all(before, log.records[:4])
+    assert index(before) == {state.RUN_DETACHED: [], state.RUN_HEARTBEAT: [3_000]}
+    before.close()
     # A rebuild (the same log judged again, from nothing) agrees on every verdict and every key.
     assert judge_all(stores[1], log.records) == verdicts
     assert dict(stores[0].scan(b"")) == dict(stores[1].scan(b""))
@@ -133,3 +139,18 @@ def test_heartbeats_and_claims_need_rules_3():
     assert RULES >= 3
     assert rules_for("threadlog.cmd.HeartbeatRun") == 3 and rules_for("threadlog.cmd.ClaimRun") == 3
     assert rules_for("threadlog.cmd.UpdateRun") == 2
+
+
+def test_a_claim_of_a_finished_run_is_refused_and_changes_nothing(stores):
+    """Tried: a raw ClaimRun mirror judged after the run completed (a run that
+    finishes between the claimer's read and the grant ends up here)."""
+    log = Log()
+    create(log)
+    claim(log, 1, at=2_000)
+    log.propose("threadlog.cmd.UpdateRun", THREAD,
+                {"runId": RUN, "threadId": THREAD, "patch": '{"status": "completed"}'}, at=3_000)
+    claim(log, 2, at=4_000)
+    verdicts = judge_all(stores[0], log.records)
+    assert [v.get("code") for v in verdicts] == [None, None, None, "RUN_TERMINAL"]
+    r = record(stores[0])
+    assert r["status"] == "completed" and r["driverEpoch"] == 1

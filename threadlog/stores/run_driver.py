@@ -35,7 +35,7 @@ class RunDriver:
     """The driver of one run, as returned by `await tl.runs.drive(run_id)`.
 
     `epoch` is the claimed driver epoch, `log` the run's delivery log written as
-    that epoch, `heartbeat_at` the last judged heartbeat (or the claim's time).
+    that epoch, `heartbeat_at` the last judged heartbeat.
     Usable as `async with`: leaving the block closes it.
     """
 
