@@ -11,6 +11,8 @@ from delivery_support import chunk
 from http_support import read_stream, serving
 from support import within
 
+from threadlog.http import Limits, create_app
+
 FINISHED = {"type": "RUN_FINISHED", "runId": "r", "threadId": "t"}
 
 
@@ -129,6 +131,11 @@ async def test_bad_query_parameters_are_a_400_json(tl, client):
             assert r.json()["error"]["code"] == "INVALID_ARGUMENT"
         r = await client.post(f"{base}/api/chat", json={})
         assert r.status_code == 405 and r.json()["error"]["code"] == "METHOD_NOT_ALLOWED"
+        assert "GET" in r.headers["allow"]  # RFC 9110: a 405 names what is allowed
+        # A name the route reads, given twice, is refused rather than one of them picked.
+        for query in ("threadId=a&threadId=b", "runId=a&runId=b&offset=-1", "runId=a&offset=-1&offset=now"):
+            r = await client.get(f"{base}/api/chat?{query}")
+            assert r.status_code == 400 and "more than once" in r.json()["error"]["message"], query
         r = await client.get(f"{base}/nowhere")
         assert r.status_code == 404 and r.headers["content-type"].startswith("application/json")
 
@@ -208,3 +215,59 @@ async def test_the_routes_mount_inside_your_own_asgi_app(tl):
             r = await c.get(path)
             assert r.status_code == 200, path
             assert r.json()["messages"] == [{"role": "user", "content": "x"}], path
+
+
+async def test_head_on_a_stream_route_holds_no_stream_slot_and_no_reader(tl):
+    """Tried: HEAD on both SSE routes of a run still open, on one keep-alive
+    connection, with room for one stream. A HEAD has no body by which a gone
+    client is noticed: it gets the headers only, and the one slot stays free."""
+    log = tl.delivery("r-head")
+    [first] = await within(log.append([chunk(0)]))
+    app = create_app(tl, limits=Limits(max_streams=1))
+    async with serving(tl, app=app) as base, httpx.AsyncClient(timeout=30) as client:
+        for url in (f"{base}/api/chat?runId=r-head&offset=-1", f"{base}/runs/r-head/stream"):
+            r = await within(client.head(url))
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            assert app.state.streams.open == 0
+        _, events = await read_stream(client, f"{base}/runs/r-head/stream", limit=1)
+        assert [e.id for e in events] == [first]
+
+
+async def test_a_now_join_of_a_closed_log_errs_only_if_it_did_not_finish(tl, client):
+    finished = tl.delivery("r-now-done")
+    await within(finished.append([chunk(0), FINISHED]))
+    await within(finished.close())
+    cut = tl.delivery("r-now-cut")
+    await within(cut.append([chunk(0)]))
+    await within(cut.close())
+    async with serving(tl) as base:
+        _, events = await read_stream(client, f"{base}/api/chat?runId=r-now-done&offset=now")
+        assert events == []  # "only what comes next": nothing, and the run did finish
+        _, events = await read_stream(client, f"{base}/api/chat?runId=r-now-cut&offset=now")
+        assert [(e.data["type"], e.data["code"]) for e in events] == [("RUN_ERROR", "RUN_INCOMPLETE")]
+
+
+async def test_a_join_through_a_connection_url_that_names_the_thread(tl, client):
+    """@tanstack/ai-client joins with the app's connection URL plus runId and
+    offset: `/api/chat?threadId=T` becomes `?threadId=T&offset=-1&runId=R`."""
+    log = tl.delivery("r-join-t")
+    offs = await within(log.append([chunk(0), FINISHED]))
+    await within(log.close())
+    async with serving(tl) as base:
+        _, events = await read_stream(client, f"{base}/api/chat?threadId=t&offset=-1&runId=r-join-t")
+        assert [e.id for e in events] == offs
+        r = await client.get(f"{base}/api/chat", params={"threadId": "t", "runId": "r-join-t"})
+        assert r.status_code == 400  # no resume position: which was meant is unknown
+
+
+async def test_ids_holding_a_slash_are_reachable_on_the_rest_routes(tl, client):
+    transcript = [{"role": "user", "content": "hi"}]
+    await within(tl.messages.save_thread("team/a", transcript))
+    log = tl.delivery("run/1")
+    offs = await within(log.append([chunk(0), FINISHED]))
+    await within(log.close())
+    async with serving(tl) as base:
+        r = await client.get(f"{base}/threads/team%2Fa")
+        assert r.status_code == 200 and r.json()["messages"] == transcript
+        _, events = await read_stream(client, f"{base}/runs/run%2F1/stream")
+        assert [e.id for e in events] == offs

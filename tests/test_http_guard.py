@@ -85,7 +85,7 @@ async def test_a_broken_hook_fails_closed_with_a_500(tl, client):
 
 async def test_bearer_tokens_from_a_file_are_checked_and_never_logged(tl, client, tmp_path, caplog):
     tokens = tmp_path / "tokens"
-    tokens.write_text("# who may read\nalpha-token-1\n\n  beta-token-2  \n")
+    tokens.write_text("# who may read\nalpha-token-1\n\n  beta-token-2  \nclé-token-3\n", encoding="utf-8")
     log = tl.delivery("r-tok")
     offs = await within(log.append([chunk(0), {"type": "RUN_FINISHED", "runId": "r-tok"}]))
     await within(log.close())
@@ -101,6 +101,9 @@ async def test_bearer_tokens_from_a_file_are_checked_and_never_logged(tl, client
         for token in ("alpha-token-1", "beta-token-2"):
             r = await client.get(url, headers={"Authorization": f"Bearer {token}"})
             assert r.status_code == 200
+        # A token of non-ASCII text: the header's UTF-8 bytes match the file's.
+        r = await client.get(url, headers={"Authorization": "Bearer clé-token-3".encode()})
+        assert r.status_code == 200
         r, events = await read_stream(client, f"{base}/runs/r-tok/stream",
                                       headers={"Authorization": "Bearer beta-token-2"})
         assert r.status_code == 200 and [e.id for e in events] == offs

@@ -104,7 +104,13 @@ def routes(get_tl: Callable[[], ThreadLog], path: str = "/api/chat", *,
         if run_id is None and thread_id is None:
             run_id = request.headers.get("x-run-id")
         if run_id is not None and thread_id is not None:
-            return _bad_request("give either threadId (hydrate) or runId (join a run), not both")
+            # @tanstack/ai-client joins with the connection's own URL plus
+            # `runId` and `offset`: an app connected to `/api/chat?threadId=T`
+            # sends both. A resume position says it is a join (as TanStack's own
+            # handlers decide); without one, which was meant is unknown.
+            if "offset" not in q and not request.headers.get("last-event-id"):
+                return _bad_request("give either threadId (hydrate) or runId (join a run), not both")
+            thread_id = None
         if thread_id is not None:
             return await _thread(get_tl(), thread_id, request)
         if run_id is not None:
@@ -150,14 +156,21 @@ def routes(get_tl: Callable[[], ThreadLog], path: str = "/api/chat", *,
             # An event stream all the same: SSE clients read the RUN_ERROR's code.
             return Response(run_error(run_id, denied.code, denied.message), status_code=denied.status,
                             media_type="text/event-stream; charset=utf-8", headers={**HEADERS, **denied.headers})
+        if request.method == "HEAD":
+            # The headers a GET would get, and no stream: a HEAD has no body to
+            # notice a gone client by, so a stream for it held its slot and its
+            # reader until the run's log closed (never, for an abandoned run).
+            return Response(b"", media_type="text/event-stream; charset=utf-8", headers=HEADERS)
         # From here on every outcome is an event stream: errors are RUN_ERROR events.
         return EventStreamResponse(stream_run(tl.delivery(run_id), _resume_offset(request, query)),
                                    attached(tl), streams)
 
     return [
         Route(path, durability, methods=["GET"]),
-        Route("/runs/{run_id:str}/stream", run_stream, methods=["GET"]),
-        Route("/threads/{thread_id:str}", thread, methods=["GET"]),
+        # `path`, not `str`: an id may hold "/" (SPEC 1: any non-empty UTF-8
+        # string), sent as %2F, which the server decodes before routing.
+        Route("/runs/{run_id:path}/stream", run_stream, methods=["GET"]),
+        Route("/threads/{thread_id:path}", thread, methods=["GET"]),
     ]
 
 
@@ -170,7 +183,9 @@ async def _json_error(request: Request, exc: Exception) -> Response:
     status = getattr(exc, "status_code", 500)
     detail = getattr(exc, "detail", "internal error")
     code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(status, "INTERNAL")
-    return JSONResponse({"error": {"code": code, "message": str(detail)}}, status_code=status, headers=NO_STORE)
+    # Starlette's own headers kept (a 405's `Allow`, which RFC 9110 requires).
+    headers = {**(getattr(exc, "headers", None) or {}), **NO_STORE}
+    return JSONResponse({"error": {"code": code, "message": str(detail)}}, status_code=status, headers=headers)
 
 
 def create_app(

@@ -96,7 +96,9 @@ def bearer_tokens(path: str | Path) -> Authorize:
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
             raise unauthenticated("an Authorization: Bearer <token> header is required")
-        candidate = given.strip().encode("utf-8", "surrogateescape")
+        # The header's own bytes: the server decoded them as latin-1, so this
+        # gives back the UTF-8 a client sent for a non-ASCII token.
+        candidate = given.strip().encode("latin-1")
         ok = False
         for token in tokens:  # no early exit: the time does not say which token was close
             ok |= hmac.compare_digest(candidate, token)
@@ -140,10 +142,17 @@ def id_problem(value: str | None, label: str, limits: Limits) -> str | None:
     return None
 
 
+# Names the routes read: given twice, they are refused rather than one picked
+# (Starlette's request.query_params keeps the last; a hook or middleware reading
+# that would judge another id than the route reads).
+SINGLE = frozenset({"threadId", "runId", "offset"})
+
+
 def strict_query(request: Request) -> dict[str, str] | str:
-    """The query parameters decoded strictly as UTF-8 (the first of a repeated
-    name wins), or why not: Starlette turns invalid percent-encodings into U+FFFD,
-    so two different ids could read the same state."""
+    """The query parameters decoded strictly as UTF-8, or why not: Starlette
+    turns invalid percent-encodings into U+FFFD, so two different ids could read
+    the same state. A repeated name the routes read is refused; of any other,
+    the first wins."""
     try:
         pairs = urllib.parse.parse_qsl(request.scope.get("query_string", b"").decode("latin-1"),
                                        keep_blank_values=True, encoding="utf-8", errors="strict")
@@ -151,6 +160,8 @@ def strict_query(request: Request) -> dict[str, str] | str:
         return "the query string has a percent-encoding that is not UTF-8"
     out: dict[str, str] = {}
     for name, value in pairs:
+        if name in out and name in SINGLE:
+            return f"the query gives {name} more than once"
         out.setdefault(name, value)
     return out
 

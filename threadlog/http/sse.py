@@ -75,7 +75,15 @@ async def stream_run(log: DeliveryLog, after: str) -> AsyncIterator[bytes]:
             yield run_error(log.run_id, exc.code, exc.message)
             return
         # The log is closed. Did it end on a terminal chunk?
-        if yielded == 0 and after not in ("-1", "now"):
+        if yielded == 0 and after == "now":
+            # Joined at its end: the last chunk is before where it began. Read
+            # once (rare: a "now" join of a log that closes with nothing after).
+            try:
+                async for _, chunk in log.read("-1", follow=False):
+                    last = chunk
+            except ThreadLogError:
+                last = None
+        elif yielded == 0 and after != "-1":
             try:
                 last = await log.chunk_at(after)  # nothing after the cursor: it is the last chunk
             except ThreadLogError:
