@@ -10,12 +10,10 @@ concurrent pops never answer the same item -- and `clear_session` removes all.
 
 from __future__ import annotations
 
-import json
-
 from threadlog.projections.folds import agent_sessions as state
 
 from threadlog.kernel.errors import invalid_argument
-from threadlog.kernel.validation import is_text, require_id
+from threadlog.kernel.validation import is_text, loads_json_value, require_id
 
 from . import Context, Decision, handles
 
@@ -49,9 +47,9 @@ def add_items(ctx: Context, cmd: dict) -> Decision:
         if not is_text(text):
             raise invalid_argument(f"items[{i}] is not well-formed Unicode text")
         try:
-            json.loads(text)
-        except ValueError:
-            raise invalid_argument(f"items[{i}] is not JSON text") from None
+            loads_json_value(text, f"items[{i}]")
+        except ValueError as exc:
+            raise invalid_argument(str(exc)) from None
     m = state.read_meta(ctx.view, session)
     return Decision(events=[("threadlog.evt.AgentSessionItemsAdded",
                              {"sessionId": session, "first": m["next"], "items": list(items)})],

@@ -6,14 +6,12 @@ one after the other, so when they race exactly one lands: the first.
 
 from __future__ import annotations
 
-import json
-
 from threadlog.projections import global_ids as gid
 from threadlog.projections.folds import interrupts as state
 
 from threadlog.kernel.errors import invalid_argument
 from threadlog.kernel.records import decode_interrupt, new_interrupt, require_json_value
-from threadlog.kernel.validation import dumps, require_id
+from threadlog.kernel.validation import dumps, loads_json_value, require_id
 
 from . import Context, Decision, handles
 from .global_ids import locate, own_thread
@@ -24,9 +22,9 @@ DECISIONS = ("resolved", "cancelled")
 @handles("threadlog.cmd.CreateInterrupt", global_ids=True)
 def create(ctx: Context, cmd: dict) -> Decision:
     try:
-        payload = json.loads(cmd["payload"])
-    except ValueError:
-        raise invalid_argument("interrupt payload is not JSON") from None
+        payload = loads_json_value(cmd["payload"], "interrupt payload")
+    except ValueError as exc:
+        raise invalid_argument(str(exc)) from None
     record = new_interrupt({**{k: cmd[k] for k in ("interruptId", "runId", "threadId", "requestedAt")},
                             "payload": payload})
     own_thread(ctx, cmd["threadId"])
@@ -50,10 +48,10 @@ def decide(ctx: Context, cmd: dict) -> Decision:
         if cmd["status"] != "resolved":
             raise invalid_argument("only a resolve carries a response")
         try:
-            parsed = json.loads(response)
+            parsed = loads_json_value(response, "interrupt response")
             require_json_value(parsed, "response")
-        except ValueError:
-            raise invalid_argument("interrupt response is not JSON") from None
+        except ValueError as exc:
+            raise invalid_argument(str(exc)) from None
         if parsed is None:
             # JSON null is no response: an absent field is absent from the record,
             # never None (SPEC 1); the client never sends it, a raw proposal may.
@@ -68,5 +66,5 @@ def decide(ctx: Context, cmd: dict) -> Decision:
              "resolvedAt": ctx.now, "response": response}
     decided = {**record, "status": cmd["status"], "resolvedAt": ctx.now}
     if response is not None:
-        decided["response"] = json.loads(response)
+        decided["response"] = parsed
     return Decision(events=[("threadlog.evt.InterruptDecided", event)], result=decided)

@@ -309,3 +309,49 @@ def test_a_transcript_with_a_surrogate_pair_is_accepted(stores):
     log = Log()
     log.propose("threadlog.cmd.SaveTranscript", "a", {"threadId": "a", "messages": '["\\ud83d\\ude00", {"k": [1.5]}]'})
     assert judge_all(stores[0], log.records)[0]["ok"]
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def _at_stack_depth(frames: int, fn):
+    """Call fn() with `frames` more Python frames on the stack than here."""
+    return fn() if frames <= 0 else _at_stack_depth(frames - 1, fn)
+
+
+def test_deeply_nested_json_gets_the_same_verdict_at_any_stack_depth(tmp_path):
+    """Tried: JSON nested 900 levels in every judged text a proposal carries (a
+    transcript, a run patch, an interrupt payload, an agent-session item, a
+    checkpoint's conversation), judged from a shallow stack and from one 600
+    frames deeper. CPython's parser fails at a depth that depends on the
+    caller's stack, so without a fixed bound the two judges disagreed; with it,
+    everything past 256 levels is refused by both, and 256 is accepted."""
+    log = Log()
+    tok = "t" * 32
+    acquire(log, "a", tok)
+    log.propose("threadlog.cmd.SaveTranscript", "a", {"threadId": "a", "messages": _nested(256)})
+    log.propose("threadlog.cmd.SaveTranscript", "a", {"threadId": "a", "messages": _nested(900)})
+    log.propose("threadlog.cmd.UpdateRun", "a", {"runId": "r", "threadId": "a",
+                                                 "patch": '{"usage":' + _nested(899) + "}"})
+    log.propose("threadlog.cmd.CreateInterrupt", "a", {"interruptId": "i", "runId": "r", "threadId": "a",
+                                                       "requestedAt": 1, "payload": '{"x":' + _nested(899) + "}"},
+                seen=True)
+    log.propose("threadlog.cmd.AgentSessionAddItems", "agents:s", {"sessionId": "s", "items": [_nested(900)]})
+    wire = to_wire(checkpoint("c1", "a"))
+    wire["conversation"] = _nested(900)
+    log.propose("threadlog.cmd.AppendCheckpoint", "a", {
+        "checkpoint": wire, "expectedHeadId": None, "writer": {"threadId": "a", "ownerToken": tok, "fence": 1}},
+        seen=True)
+    stores = [Store(tmp_path / "shallow"), Store(tmp_path / "deep")]
+    try:
+        shallow = judge_all(stores[0], log.records)
+        deep = _at_stack_depth(600, lambda: judge_all(stores[1], log.records))
+        assert shallow == deep
+        assert [v.get("code") for v in shallow] == [None, None, *["INVALID_ARGUMENT"] * 4,
+                                                    "SANDBOX_SNAPSHOT_INVALID_ENTRY"]
+        assert all("nests deeper than 256" in v["message"] for v in shallow[2:]), shallow[2:]
+        assert dict(stores[0].scan(b"")) == dict(stores[1].scan(b""))
+    finally:
+        for s in stores:
+            s.close()

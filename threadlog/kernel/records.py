@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import CORRUPT_RECORD, ThreadLogError, invalid_argument
-from .validation import is_int, is_valid_id, json_problem, require_id, require_timestamp
+from .validation import is_int, is_valid_id, json_problem, loads_json_value, require_id, require_timestamp
 
 RUN_STATUSES = ("running", "interrupted", "completed", "failed", "aborted")
 TERMINAL_STATUSES = frozenset({"completed", "failed", "aborted"})
@@ -152,9 +152,9 @@ def patch_from_command(text: str, fields: Mapping[str, FieldCheck], what: str) -
     """A patch as it travels in a command (JSON text), checked again by the decider:
     a command on the topic may come from anyone."""
     try:
-        raw = json.loads(text)
-    except ValueError:
-        raise invalid_argument(f"{what} patch is not JSON") from None
+        raw = loads_json_value(text, f"{what} patch")
+    except ValueError as exc:
+        raise invalid_argument(str(exc)) from None
     return check_patch(raw, fields, what)
 
 def apply_patch(record: dict, patch: Mapping[str, Any]) -> dict:

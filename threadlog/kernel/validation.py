@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import operator
 import re
 from typing import Any, TypeGuard
 
@@ -68,7 +70,39 @@ def is_safe_size(value: Any) -> bool:
     return is_int(value) and 0 <= value <= MAX_SAFE_INT
 
 
-def _check_json(value: Any, path: str) -> None:
+# The deepest nesting of JSON any rule accepts. Why a fixed bound: CPython's
+# json parser and encoder, and the walk below, recurse once per level and fail
+# with RecursionError at a depth that depends on how deep the caller's stack
+# already is -- so one record could be accepted by one judge and refused by
+# another (or by a rebuild, or a guess ahead) at the same log position. Far
+# under the interpreter's limit (1000 frames) minus any caller's stack.
+MAX_JSON_DEPTH = 256
+
+_NOT_BRACKET = bytes(sorted(set(range(256)) - set(b"[]{}")))
+_STEP = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")  # an opener 2, a closer 0
+
+
+def json_depth_problem(text: str | bytes, label: str = "value") -> str | None:
+    """Why JSON text nests deeper than MAX_JSON_DEPTH (None: it does not),
+    counted without recursion and in C loops (this runs on the judge for large
+    transcripts): text with few brackets is not scanned at all."""
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    if data.count(b"[") + data.count(b"{") <= MAX_JSON_DEPTH:
+        return None
+    # Outside strings only: with escaped backslashes and quotes gone, strings
+    # are exactly the odd pieces between quotes (in the valid prefix the parser
+    # reads before any error -- past an error it recurses no deeper).
+    unescaped = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    outside = b"".join(unescaped.split(b'"')[::2])
+    steps = outside.translate(None, _NOT_BRACKET).translate(_STEP)
+    # Depth after the i-th bracket: (2 per opener so far) - (i + 1).
+    deepest = max(map(operator.sub, itertools.accumulate(steps), range(1, len(steps) + 1)), default=0)
+    if deepest > MAX_JSON_DEPTH:
+        return f"{label} nests deeper than {MAX_JSON_DEPTH} levels"
+    return None
+
+
+def _check_json(value: Any, path: str, depth: int = 0) -> None:
     if value is None or isinstance(value, bool):
         return
     if isinstance(value, str):
@@ -81,16 +115,19 @@ def _check_json(value: Any, path: str) -> None:
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{path}: {value!r} is not a JSON number")
         return
+    if isinstance(value, (list, tuple, dict)) and depth >= MAX_JSON_DEPTH:
+        where = path if len(path) <= 80 else path[:80] + "..."
+        raise ValueError(f"{where}: nests deeper than {MAX_JSON_DEPTH} levels")
     if isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
-            _check_json(item, f"{path}[{i}]")
+            _check_json(item, f"{path}[{i}]", depth + 1)
         return
     if isinstance(value, dict):
         for k, item in value.items():
             if not isinstance(k, str):
                 raise ValueError(f"{path}: object key {k!r} is not a string")
             _check_json(k, f"{path}.<key>")
-            _check_json(item, f"{path}.{k}")
+            _check_json(item, f"{path}.{k}", depth + 1)
         return
     raise ValueError(f"{path}: {type(value).__name__} is not a JSON value")
 
@@ -118,7 +155,11 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def loads_json_value(text: str | bytes, label: str = "value") -> Any:
-    """JSON text -> its value; ValueError saying why when it is not JSON."""
+    """JSON text -> its value; ValueError saying why when it is not JSON (or
+    nests deeper than MAX_JSON_DEPTH). What judges parse from proposals."""
+    deep = json_depth_problem(text, label)
+    if deep:
+        raise ValueError(deep)
     try:
         value = json.loads(text, parse_constant=_not_a_number)
     except ValueError as exc:
@@ -141,6 +182,10 @@ def dumps(value: Any) -> str:
 
 
 def loads(text: str | bytes) -> Any:
+    """json.loads, refusing (ValueError) text nested deeper than MAX_JSON_DEPTH."""
+    deep = json_depth_problem(text)
+    if deep:
+        raise ValueError(deep)
     return json.loads(text)
 
 
