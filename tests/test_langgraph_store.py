@@ -4,14 +4,18 @@ cross-host reads, the sync saver, and state that folds identically on every host
 from __future__ import annotations
 
 import asyncio
+import operator
 import os
 import threading
 import uuid
+from typing import Annotated, TypedDict
 
 import pytest
+from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import ERROR, WRITES_IDX_MAP
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.graph import END, START, StateGraph
 from support import within
 from threadlog.projections.folds import langgraph as state
 from threadlog.projections.keys import key
@@ -345,3 +349,56 @@ async def test_a_thin_saver_reads_values_larger_than_one_query_answer(open_clien
     assert tup.checkpoint["channel_values"] == {"big": big, "small": "x"}
     assert sent == ["query", "gets"], sent
     assert tup == await within(full.aget_tuple(stored), 60)
+
+
+def _extend(current, writes):
+    return [*(current or []), *(item for write in writes for item in write)]
+
+
+class Delta(TypedDict):  # module level: the annotations are resolved in this module's globals
+    items: Annotated[list, DeltaChannel(_extend, snapshot_frequency=100)]
+
+
+class Plain(TypedDict):
+    items: Annotated[list, operator.add]
+
+
+async def test_keep_latest_refuses_a_thread_with_a_delta_channel_and_prunes_the_rest(open_client):
+    """A DeltaChannel's value is its snapshot plus every write since: keep_latest
+    would leave it empty, silently (tried: 4 runs of a graph with one, then a
+    prune). Refused as LangGraph's Postgres saver refuses it; `delete` still goes."""
+    saver = AsyncThreadLogSaver(await open_client())
+    for name, schema in (("t-delta", Delta), ("t-plain", Plain)):
+        graph = StateGraph(schema)
+        graph.add_node("n", lambda s: {"items": [len(s.get("items") or [])]})
+        graph.add_edge(START, "n")
+        graph.add_edge("n", END)
+        compiled = graph.compile(checkpointer=saver)
+        for i in range(4):
+            await within(compiled.ainvoke({"items": [f"in{i}"]}, {"configurable": {"thread_id": name}}))
+    delta_cfg = {"configurable": {"thread_id": "t-delta"}}
+    before = [t async for t in saver.alist(delta_cfg)]
+    with pytest.raises(NotImplementedError, match="t-delta"):
+        await within(saver.aprune(["t-plain", "t-delta"], strategy="keep_latest"))
+    assert [t async for t in saver.alist(delta_cfg)] == before  # nothing pruned, either thread
+    assert len([t async for t in saver.alist({"configurable": {"thread_id": "t-plain"}})]) == len(before)
+    await within(saver.aprune(["t-plain"], strategy="keep_latest"))
+    assert len([t async for t in saver.alist({"configurable": {"thread_id": "t-plain"}})]) == 1
+    await within(saver.aprune(["t-delta"], strategy="delete"))
+    assert [t async for t in saver.alist(delta_cfg)] == []
+
+
+async def test_a_single_str_is_not_taken_for_a_sequence_of_ids(open_client):
+    """Tried: aprune("t1") and adelete_for_runs("abc") -- a str iterates as its
+    characters, and pruned threads "t" and "1". Refused as LangGraph's savers do."""
+    saver = AsyncThreadLogSaver(await open_client())
+    for thread in ("t1", "t", "1"):
+        await put(saver, thread, {"v": thread}, run_id="a")
+    await saver.tl.read_barrier(None)
+    before = lg_state(saver.tl)
+    with pytest.raises(TypeError, match="not a str"):
+        await saver.aprune("t1", strategy="delete")
+    with pytest.raises(TypeError, match="not a str"):
+        await saver.adelete_for_runs("abc")
+    await saver.tl.read_barrier(None)
+    assert lg_state(saver.tl) == before

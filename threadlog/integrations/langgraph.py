@@ -103,6 +103,17 @@ def _version_key(version: Any) -> str:
     return json.dumps(version)
 
 
+# Metadata keys LangGraph writes on the checkpoints of graphs with a DeltaChannel
+# (Python: update counters; LangGraph.js marks its threads' first checkpoint).
+DELTA_MARKS = frozenset({"counters_since_delta_snapshot", "delta_writes_versioned"})
+
+
+def _not_a_str(ids: Any, name: str) -> None:
+    # A str is a sequence of its characters: pruning "t1" pruned threads "t" and "1".
+    if isinstance(ids, (str, bytes)):
+        raise TypeError(f"{name} must be a sequence of ids, not a {type(ids).__name__}")
+
+
 def _thread_id(config: RunnableConfig) -> str:
     try:
         thread = config["configurable"]["thread_id"]
@@ -426,14 +437,32 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         """Per thread, atomically: `keep_latest` keeps the newest checkpoint of each namespace
         (with its writes), `delete` removes every checkpoint; channel values no kept checkpoint
         references and writes of missing checkpoints are reclaimed."""
+        _not_a_str(thread_ids, "thread_ids")
         if strategy not in STRATEGIES:
             raise invalid_argument(f"prune strategy must be one of {STRATEGIES}, got {strategy!r}")
         threads = sorted({require_id(str(t), "thread_id") for t in thread_ids})
+        if strategy == "keep_latest":
+            # A DeltaChannel's value is its snapshot plus the writes of every
+            # checkpoint since: keeping only the latest would leave it empty,
+            # silently. Refused as LangGraph's Postgres saver refuses it (checked
+            # before pruning, as there: a delta checkpoint put in between is not seen).
+            delta = [t for t in threads if await self._uses_delta_channels(t)]
+            if delta:
+                raise NotImplementedError(f"keep_latest can't prune threads that use a DeltaChannel: "
+                                          f"{', '.join(delta)}")
         await self._each(threads, lambda t: self.tl.send(
             "threadlog.cmd.LangGraphPrune", t, {"threadId": t, "strategy": strategy}))
 
+    async def _uses_delta_channels(self, thread: str) -> bool:
+        """Does any checkpoint of `thread` carry a DeltaChannel's metadata marks?"""
+        async for tup in self.alist({"configurable": {"thread_id": thread}}):
+            if DELTA_MARKS & tup.metadata.keys():
+                return True
+        return False
+
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete every checkpoint whose metadata `run_id` is one of `run_ids`, with its writes."""
+        _not_a_str(run_ids, "run_ids")
         runs = sorted({str(r) for r in run_ids})
         if not runs:
             return
