@@ -402,3 +402,25 @@ async def test_a_single_str_is_not_taken_for_a_sequence_of_ids(open_client):
         await saver.adelete_for_runs("abc")
     await saver.tl.read_barrier(None)
     assert lg_state(saver.tl) == before
+
+
+async def test_keep_latest_keeps_the_writes_of_a_checkpoint_not_put_yet(open_client):
+    """With durability="async" a run's writes can land before its checkpoint's put.
+    Tried: writes for checkpoint C, a keep_latest prune, then C's put: C is read
+    back with its writes. A `delete` prune still removes every write."""
+    saver = AsyncThreadLogSaver(await open_client())
+    first = await put(saver, "t-async", {"v": 1})
+    future_id = str(uuid.uuid6()) if hasattr(uuid, "uuid6") else "1f0" + uuid.uuid4().hex[3:]
+    future = generate_config("t-async", checkpoint_id=future_id)
+    await within(saver.aput_writes(future, [(ERROR, "boom"), ("out", 1)], "task-1"))
+    await within(saver.aprune(["t-async"], strategy="keep_latest"))
+    cp = generate_checkpoint(checkpoint_id=future_id, channel_values={"v": 2},
+                             channel_versions={"v": saver.get_next_version(None, None)})
+    config = generate_config("t-async")
+    config["configurable"]["checkpoint_id"] = first["configurable"]["checkpoint_id"]
+    await within(saver.aput(config, cp, generate_metadata(), dict(cp["channel_versions"])))
+    tup = await within(saver.aget_tuple(future))
+    assert tup is not None and sorted((w[1], w[2]) for w in tup.pending_writes) == [(ERROR, "boom"), ("out", 1)]
+    await within(saver.aprune(["t-async"], strategy="delete"))
+    await saver.tl.read_barrier(None)
+    assert thread_keys(saver.tl, "t-async") == []

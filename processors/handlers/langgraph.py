@@ -244,7 +244,12 @@ def prune(ctx: Context, cmd: dict) -> Decision:
     for ns, ids in _checkpoints(ctx, thread).items():
         keep = {max(ids)} if strategy == "keep_latest" else set()
         doomed |= {(ns, cid) for cid in ids if cid not in keep}
-    return _deletion(ctx, thread, doomed, orphan_writes=True)
+    # keep_latest reclaims only the writes of the checkpoints it deletes: with
+    # durability="async" a run's writes can be judged before its checkpoint's
+    # put, and a prune in between must not take them (as LangGraph's Postgres
+    # saver: "a run appending to the thread meanwhile is safe"). `delete`
+    # removes the thread's every write.
+    return _deletion(ctx, thread, doomed, orphan_writes=strategy == "delete")
 
 
 @handles("threadlog.cmd.LangGraphDeleteRuns")
