@@ -22,6 +22,7 @@ from threadlog.projections.keys import key
 
 from threadlog import ThreadLogError, remote
 from threadlog.integrations.langgraph import AsyncThreadLogSaver, ThreadLogSaver
+from threadlog.kernel.partitioning import partition_for
 
 LG_PREFIX = b"lg\x00"
 SMALL = {"inline_max_bytes": 64 * 1024, "chunk_bytes": 32 * 1024, "command_budget_bytes": 256 * 1024}
@@ -424,3 +425,36 @@ async def test_keep_latest_keeps_the_writes_of_a_checkpoint_not_put_yet(open_cli
     await within(saver.aprune(["t-async"], strategy="delete"))
     await saver.tl.read_barrier(None)
     assert thread_keys(saver.tl, "t-async") == []
+
+
+class _DeletedAfterFirstRead:
+    """The thread's state, where a delete of the whole thread is folded right after
+    the checkpoint's record is first read (as a judge's batch may land then)."""
+
+    def __init__(self, store, home, record_key: bytes, doomed: list[bytes]) -> None:
+        self.store, self.home, self.record_key, self.doomed, self.fired = store, home, record_key, doomed, False
+
+    def get(self, k: bytes):
+        value = self.store.get(k)
+        if k == self.record_key and not self.fired:
+            self.fired = True
+            self.home.apply(dict.fromkeys(self.doomed), {})  # one batch, as a judge writes
+        return value
+
+    def scan(self, prefix: bytes):
+        return self.store.scan(prefix)
+
+
+async def test_a_tuple_read_across_a_delete_is_none_not_a_checkpoint_without_its_values(open_client):
+    """Tried: the thread deleted (one batch: record, values, writes) between the
+    read of the record and the reads of its values. Before, the tuple came back
+    with every channel empty, and LangGraph would resume from empty state."""
+    saver = AsyncThreadLogSaver(await open_client())
+    stored = await put(saver, "t-torn", {"a": "x" * 100, "b": [1, 2, 3]})
+    await saver.tl.read_barrier(None)
+    store = saver.tl.runtime.store
+    cid = stored["configurable"]["checkpoint_id"]
+    home = store.store_of(partition_for("t-torn", saver.tl.runtime.layout.events))
+    reader = _DeletedAfterFirstRead(store, home, state.ckpt_key("t-torn", "", cid), thread_keys(saver.tl, "t-torn"))
+    assert state.read_tuple(reader, "t-torn", "", cid) is None
+    assert reader.fired and state.read_tuple(store, "t-torn", "", None) is None

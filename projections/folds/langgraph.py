@@ -181,7 +181,8 @@ def read_tuple(store: StateReader, thread: str, ns: str, checkpoint_id: str | No
     such checkpoint. `store` reads the thread's state (`get`, `scan`): a
     worker answers it as one query (projections/queries.py) where a reader of
     the keys would make a round trip per dependent step. Not one snapshot: the
-    reader checks that chunks and sizes agree (`joined`) and reads again."""
+    record is read again last (changed: all is read again), and the reader
+    checks that chunks and sizes agree (`joined`) and reads again."""
     for _ in range(3):
         cid = checkpoint_id
         if cid is None:
@@ -210,6 +211,14 @@ def read_tuple(store: StateReader, thread: str, ns: str, checkpoint_id: str | No
             raw = store.get(k)
             chunks.append([k, raw])
             budget -= len(raw or b"")
+        # The record once more: a delete or prune folded since it was read took its
+        # values away too (one batch), and a value read missing would have been
+        # taken for an empty channel -- LangGraph resuming from empty state.
+        # Unchanged, nothing that record references was deleted in between.
+        if store.get(ck) != rec_raw:
+            if checkpoint_id is not None and store.get(ck) is None:
+                return None
+            continue
         return {"id": cid, "rec": rec_raw, "blobs": blobs, "writes": [[k, v] for k, v in writes], "chunks": chunks}
     raise unavailable(f"the latest checkpoint of thread {thread!r} kept changing while being read")
 
