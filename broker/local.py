@@ -170,6 +170,35 @@ def _read_state(data_dir: Path) -> BrokerState | None:
         return None
 
 
+def _running(st: BrokerState) -> bool:
+    """Does the broker `st` describes still run? Not just "is its pid alive": the
+    state file outlives the process (a crash, a reboot, a kill), and its pid is
+    then reused by anything -- `stop` signalled whatever process had it. So the
+    pid must be a JVM running `kafka.Kafka` with this node's server.properties."""
+    return _alive(st.pid) and _is_broker_of(st.pid, Path(st.data_dir) / "server.properties")
+
+
+def _is_broker_of(pid: int, props: Path) -> bool:
+    proc = Path(f"/proc/{pid}")
+    try:
+        args = (proc / "cmdline").read_bytes().split(b"\0")
+    except FileNotFoundError:
+        return False  # gone
+    except OSError:
+        return True  # no /proc here (not Linux): the pid is all there is to go by
+    if b"kafka.Kafka" not in args:
+        return False
+    for arg in args:
+        if arg.endswith(b"server.properties"):
+            path = Path(os.fsdecode(arg))
+            try:
+                if os.path.samefile(path if path.is_absolute() else proc / "cwd" / path, props):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -414,7 +443,7 @@ def nodes_status(data_dir: Path | None = None) -> list[NodeStatus]:
             port = base + 2 * (node_id - 1)
             out.append(NodeStatus(node_id, None, port, port + 1, str(node_dir), False, False))
             continue
-        alive = _alive(st.pid)
+        alive = _running(st)
         out.append(NodeStatus(node_id, st.pid, st.port, st.controller_port, st.data_dir,
                               alive, alive and _answers(st.bootstrap)))
     return out
@@ -430,7 +459,7 @@ def status(data_dir: Path | None = None) -> BrokerState | ClusterState | None:
             return _cluster_state(data_dir.resolve(), cluster)
         return None
     st = _read_state(data_dir)
-    if st and _alive(st.pid) and _answers(st.bootstrap):
+    if st and _running(st) and _answers(st.bootstrap):
         return st
     return None
 
@@ -470,7 +499,7 @@ def start(
 
 def _start_single(port: int, data_dir: Path, timeout: float, log: Log, sasl: bool = False) -> BrokerState:
     existing = _read_state(data_dir)
-    if existing and _alive(existing.pid):
+    if existing and _running(existing):
         if _answers(existing.bootstrap, timeout=10):
             if sasl and existing.sasl_port is None:
                 raise BrokerError(
@@ -534,7 +563,7 @@ def _start_cluster(nodes: int, port: int | None, data_dir: Path, timeout: float,
     down: list[int] = []
     for i in ports:
         st = _read_state(data_dir / f"node-{i}") if cluster else None
-        if st and _alive(st.pid):
+        if st and _running(st):
             if not _answers(st.bootstrap, timeout=10):
                 raise BrokerError(
                     f"node {i} (pid {st.pid}) of {data_dir} runs but does not answer;"
@@ -758,7 +787,7 @@ def stop(data_dir: Path | None = None, timeout: float = 30.0) -> bool:
     """Stop the broker, or every node of the cluster, of `data_dir`; True if any was running."""
     data_dir = Path(data_dir or default_data_dir()).resolve()
     states = [_read_state(d) for _, d in _node_dirs(data_dir)]
-    pids = [st.pid for st in states if st and _alive(st.pid)]
+    pids = [st.pid for st in states if st and _running(st)]
     if not pids:
         return False
     _terminate(pids, timeout)
@@ -768,7 +797,7 @@ def stop(data_dir: Path | None = None, timeout: float = 30.0) -> bool:
 def _running_node(data_dir: Path | None, node_id: int) -> BrokerState:
     data_dir = Path(data_dir or default_data_dir()).resolve()
     st = _read_state(_node_dir(data_dir, node_id))
-    if st is None or not _alive(st.pid):
+    if st is None or not _running(st):
         raise BrokerError(f"node {node_id} of {data_dir} is not running")
     return st
 
@@ -801,7 +830,7 @@ def restart_node(data_dir: Path | None, node_id: int, timeout: float = 60.0) -> 
     old = _read_state(node_dir)
     if old is None:
         raise BrokerError(f"node {node_id} of {data_dir} was never started; use start")
-    if _alive(old.pid):
+    if _running(old):
         return old
     for p in (old.port, old.controller_port):
         if not _port_free(p):
