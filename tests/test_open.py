@@ -19,6 +19,8 @@ from threadlog import ThreadLogError
         {"namespace": "slash/ns"},
         {"namespace": "ünïcode"},
         {"namespace": "ends-in-newline\n"},
+        {"namespace": "."},  # a folder under the state root: the root itself, or its parent
+        {"namespace": ".."},
         {"lease_duration_ms": 1000, "renew_after_ms": 1000},
         {"lease_duration_ms": 1000, "renew_after_ms": 2000},
         {"lease_duration_ms": 0},

@@ -371,7 +371,8 @@ def cmd_namespaces(args: argparse.Namespace) -> int:
         return 0
     ns = args.namespace
     if not ns or not NAMESPACE.match(ns):
-        raise invalid_argument(f"namespaces delete needs a namespace matching [A-Za-z0-9._-]+, got {ns!r}")
+        raise invalid_argument(f"namespaces delete needs a namespace matching [A-Za-z0-9._-]+ (not only dots), "
+                               f"got {ns!r}")
     if ns not in found:
         raise namespace_not_found(f"namespace {ns!r} does not exist")
     if not args.yes:

@@ -13,7 +13,10 @@ from .kernel import kafka_config
 from .kernel.errors import invalid_argument
 from .kernel.validation import is_int
 
-NAMESPACE = re.compile(r"[A-Za-z0-9._-]+\Z")  # \Z: "$" also matches before a final newline
+# \Z: "$" also matches before a final newline. Not only dots: a namespace names a
+# folder under the state root, and "." or ".." is that root or its parent (a
+# demo's clean-up removed the parent folder's every file).
+NAMESPACE = re.compile(r"(?!\.+\Z)[A-Za-z0-9._-]+\Z")
 
 
 def default_state_root() -> Path:
@@ -52,7 +55,7 @@ class Options:
         if not isinstance(self.bootstrap_servers, str) or not self.bootstrap_servers:
             raise invalid_argument("bootstrap_servers must be a non-empty string")
         if not isinstance(self.namespace, str) or not NAMESPACE.match(self.namespace):
-            raise invalid_argument(f"namespace must match [A-Za-z0-9._-]+, got {self.namespace!r}")
+            raise invalid_argument(f"namespace must match [A-Za-z0-9._-]+ and not be only dots, got {self.namespace!r}")
         if self.processors not in ("embedded", "external"):
             raise invalid_argument(f"processors must be 'embedded' or 'external', got {self.processors!r}")
         for name in ("lease_duration_ms", "renew_after_ms", "first_chunk_wait_ms",
