@@ -7,10 +7,12 @@ reached (tests/test_judging.py compares them).
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from threadlog.projections.barrier import LatestOffsets, ReadBarrier
 from threadlog.projections.fold import load_all
@@ -18,7 +20,7 @@ from threadlog.projections.partition_stores import PartitionStores, hold_slot, s
 from threadlog.schemas import default_codec
 
 from threadlog.kernel import kafka_config
-from threadlog.kernel.errors import STORE_IN_USE, ThreadLogError
+from threadlog.kernel.errors import STORE_IN_USE, ThreadLogError, invalid_argument, unavailable
 from threadlog.kernel.topics import Topics, require_topics
 
 from .handlers import load_all as load_handlers
@@ -38,10 +40,13 @@ def rebuild(
     judge every proposal again. Returns stats.
 
     Never creates topics: an unknown namespace is NAMESPACE_NOT_FOUND, raised
-    before the store is touched. A store a live process holds (its slot lock)
-    is STORE_IN_USE, also before anything is touched: dropping it under a
-    running judge would corrupt what that process serves.
+    before the store is touched; so are a path that is not a store
+    (INVALID_ARGUMENT) and a log whose first records were deleted (UNAVAILABLE).
+    A store a live process holds (its slot lock) is STORE_IN_USE, also before
+    anything is touched: dropping it under a running judge would corrupt what
+    that process serves.
     """
+    _require_store_layout(Path(store_path))
     slot = hold_slot(store_path)
     if slot is None:
         pid = slot_holder(store_path)
@@ -52,6 +57,42 @@ def rebuild(
         return _rebuild(bootstrap, namespace, store_path, progress, timeout, kafka, request_timeout)
     finally:
         slot.release()
+
+
+# What a store directory holds (projections/partition_stores.py, threadlog/runtime.py).
+_STORE_ENTRY = re.compile(r"events-\d+|deliveries")
+
+
+def _require_store_layout(path: Path) -> None:
+    """Refuse a `--store` that is not a store: the rebuild deletes it whole first.
+    A typo or a parent folder (a namespace's, holding live slots and their locks)
+    was deleted, whatever it held."""
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise invalid_argument(f"store {path} is not a directory")
+    strangers = sorted(e.name for e in path.iterdir() if not _STORE_ENTRY.fullmatch(e.name))
+    if strangers:
+        shown = ", ".join(strangers[:5]) + (", ..." if len(strangers) > 5 else "")
+        raise invalid_argument(f"{path} is not a threadlog store (it holds {shown}); a rebuild deletes its store "
+                               "first: give an empty directory or a store (a slot-N of the namespace)")
+
+
+def _require_whole_log(bootstrap: str, topic: str, partitions: int, kafka: kafka_config.Props | None,
+                       timeout: float) -> None:
+    """Every events partition still starts at offset 0: a rebuild of what is left
+    would judge other verdicts, not the same ones -- refused before the store goes."""
+    consumer = Consumer(kafka_config.consumer(bootstrap, f"{topic}.rebuild.bounds", kafka))
+    try:
+        for p in range(partitions):
+            low, _ = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+            if low > 0:
+                raise unavailable(f"{topic}[{p}] no longer starts at offset 0 (first kept: {low}): records "
+                                  "were deleted, so a rebuild cannot reach the same verdicts; the store is kept")
+    except KafkaException as exc:
+        raise unavailable(f"could not read where {topic} starts: {exc}") from None
+    finally:
+        consumer.close()
 
 
 def _rebuild(bootstrap: str, namespace: str, store_path: str | Path, progress: Callable[[str], None],
@@ -65,6 +106,7 @@ def _rebuild(bootstrap: str, namespace: str, store_path: str | Path, progress: C
         layout = require_topics(admin, topics, request_timeout)
     except ThreadLogError as exc:
         raise trap.explain(exc, admin, kafka) from None
+    _require_whole_log(bootstrap, topics.events, layout.events, kafka, request_timeout)
     PartitionStores(store_path, topics.events).destroy()
     store = PartitionStores(store_path, topics.events)
     follower = Judge(bootstrap, topics.events, layout.events, store, default_codec(), f"{namespace}.rebuild",

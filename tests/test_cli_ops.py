@@ -8,6 +8,7 @@ import sys
 import uuid
 
 import pytest
+from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 from support import within
 
@@ -173,6 +174,33 @@ async def test_rebuild_of_a_store_a_live_process_holds_says_so_in_one_line(boots
     proc = cli("rebuild", "--bootstrap", bootstrap, "--namespace", namespace, "--state-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1].startswith(f"rebuilt {store}: ")
+
+
+async def test_rebuild_refuses_a_path_that_is_not_a_store_or_a_log_cut_short(bootstrap, namespace, tmp_path):
+    """A rebuild deletes its store first. Tried: --store naming a folder of other
+    files, the namespace's folder (holding a live slot and its lock), and a log
+    whose first records were deleted (retention, delete_records). Each is refused
+    in one line before anything is deleted."""
+    async with threadlog.open(bootstrap, namespace=namespace, partitions=1, state_dir=str(tmp_path)) as tl:
+        await within(tl.messages.save_thread("t", [{"role": "user", "content": "kept"}]))
+        await within(tl.messages.save_thread("t", [{"role": "user", "content": "kept twice"}]))
+        slot = tl.runtime.slot.path
+        victim = tmp_path / "victim"
+        victim.mkdir()
+        (victim / "important.txt").write_text("not a store")
+        for store in (victim, slot.parent):
+            proc = cli("rebuild", "--bootstrap", bootstrap, "--namespace", namespace, "--store", str(store))
+            assert "not a threadlog store" in one_error_line(proc, "INVALID_ARGUMENT")
+        assert (victim / "important.txt").read_text() == "not a store"
+        assert await within(tl.messages.load_thread("t")) == [{"role": "user", "content": "kept twice"}]
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topic = f"{namespace}.events"
+    for fut in admin.delete_records([TopicPartition(topic, 0, 1)], request_timeout=30).values():
+        fut.result(timeout=30)
+    before = sorted(p.name for p in slot.iterdir())
+    proc = cli("rebuild", "--bootstrap", bootstrap, "--namespace", namespace, "--store", str(slot))
+    assert "no longer starts at offset 0" in one_error_line(proc, "UNAVAILABLE")
+    assert sorted(p.name for p in slot.iterdir()) == before and (slot / "events-0" / "CURRENT").exists()
 
 
 def test_serve_refuses_a_bad_token_file_or_limit_in_one_line(tmp_path):
