@@ -342,3 +342,30 @@ async def test_threadlog_serve_with_a_token_file_and_limits(bootstrap, namespace
             await proc.wait()
     assert "GET /threads/t 401" in err  # -v logged the requests...
     assert "s3cret-serve-token" not in err  # ...never the token
+
+
+async def test_no_access_log_holds_with_verbose_logging(bootstrap, namespace, tl, tmp_path):
+    """Tried: `serve -v --no-access-log` (with -v the root logger is at INFO, and
+    the access logger inherited it); a request, then SIGTERM: no access line."""
+    import signal
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "THREADLOG_KAFKA_CONFIG"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "threadlog", "serve", "--bootstrap", bootstrap, "--namespace", namespace,
+        "--port", "0", "--state-dir", str(tmp_path / "serve"), "-v", "--no-access-log",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+    try:
+        line = (await within(proc.stdout.readline(), 60)).decode()
+        base = line.split(" at ", 1)[1].strip().removesuffix("/api/chat")
+        async with httpx.AsyncClient(timeout=30) as http:
+            assert (await http.get(f"{base}/threads/t")).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert await within(proc.wait(), 30) == 0
+        err = (await within(proc.stderr.read())).decode()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert "GET /threads/t" not in err and "threadlog.access" not in err, err[-2000:]
+    assert "INFO" in err  # -v was on

@@ -446,8 +446,9 @@ def _http_guard(args: argparse.Namespace) -> tuple[Any, Any]:
 async def _serve_app(args: argparse.Namespace, tl: Any, guard: tuple[Any, Any] | None = None) -> None:
     from threadlog.http import create_app
 
-    if not args.no_access_log:
-        logging.getLogger("threadlog.access").setLevel(logging.INFO)
+    # Its own level either way: with -v the root logger is at INFO, and an unset
+    # level would inherit it (--no-access-log still wrote access lines).
+    logging.getLogger("threadlog.access").setLevel(logging.WARNING if args.no_access_log else logging.INFO)
     authorize, limits = guard or _http_guard(args)
     app = create_app(tl, namespace=args.namespace, path=args.path, authorize=authorize, limits=limits)
     server = _uvicorn_server(app, args.host, args.port, args.verbose, graceful_s=args.drain_timeout)
