@@ -166,6 +166,21 @@ def test_client_properties_files_parse_like_java(tmp_path):
     assert kafka_config.load_properties(str(path)) == {
         "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "sasl.jaas.x": "a=b", "long": "one,two",
         "blank.separated": "v=1"}
+    # Each expectation below is what java.util.Properties.load gave for the same file
+    # (Java 17): a comment never continues, a continuation at the end of the file
+    # keeps its value, escapes are decoded in keys and values.
+    cases = {
+        "# see vault \\\nsasl.username=alice\nsasl.password=s3cret\\":
+            {"sasl.password": "s3cret", "sasl.username": "alice"},
+        "ssl.ca.location=C:\\\\certs\\\\ca.pem\nsasl.password=pa\\=ss\\u00e9\n":
+            {"sasl.password": "pa=ss\u00e9", "ssl.ca.location": "C:\\certs\\ca.pem"},
+        "a\\:b=c\nx = y \\\n   z\n  indented : v\nk\\ ey=sp\nemoji=\\ud83d\\ude00\n":
+            {"a:b": "c", "emoji": "\U0001f600", "indented": "v", "k ey": "sp", "x": "y z"},
+        "odd=ends\\\\\\\neven=ends\\\\\nt=tab\\there\n": {"odd": "ends\\even=ends\\", "t": "tab\there"},
+    }
+    for text, expected in cases.items():
+        path.write_text(text, encoding="utf-8")
+        assert kafka_config.load_properties(str(path)) == expected, text
     path.write_text("ok=1\nsasl.password-hunter2\n", encoding="utf-8")
     with pytest.raises(ThreadLogError) as err:
         kafka_config.load_properties(str(path))

@@ -13,7 +13,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
@@ -350,11 +350,18 @@ def drain(consumer: Consumer, max_messages: int, timeout: float) -> list[Consume
     return cast("list[Consumed]", [first, *rest])
 
 
-_PROPERTY_LINE = re.compile(r"(?P<key>[^=:\s]+)(?P<sep>\s*[=:]?\s*)(?P<value>.*)")
+_BLANK = " \t\f"
+_ESCAPED = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
 
 
 def load_properties(path: str) -> dict[str, str]:
-    """A Java `client.properties` file: `key=value` (or `key: value`, `key value`), `#`/`!` comments, blank lines.
+    """A Java `client.properties` file, read as `java.util.Properties.load` reads it:
+    `key=value` (or `key: value`, `key value`), `#`/`!` comment lines (which never
+    continue), a line ending in an odd number of backslashes continued on the next
+    (also at the end of the file), escapes (`\\=`, `\\:`, `\\\\`, `\\t`, `\\uXXXX`...)
+    decoded in keys and values. Two choices: trailing blanks of a value are
+    dropped (unless escaped), as Kafka's Java clients trim what they parse, and a
+    line of a key alone is refused (Java reads it as an empty value: a typo).
 
     Values stay strings: librdkafka parses them as it parses its own config
     files. Errors name the file and line, never the line's text (it may be a secret).
@@ -365,18 +372,76 @@ def load_properties(path: str) -> dict[str, str]:
     except OSError as exc:
         raise invalid_argument(f"cannot read kafka config {path}: {exc.strerror or exc}") from None
     props: dict[str, str] = {}
-    pending = ""
-    for number, line in enumerate(raw, 1):
-        line = pending + line.strip()
-        pending = ""
-        if line.endswith("\\") and not line.endswith("\\\\"):
-            pending = line[:-1]  # a continuation line, as in Java
-            continue
-        if not line or line[0] in "#!":
-            continue
-        # As java.util.Properties: the key ends at the first '=', ':' or blank.
-        match = _PROPERTY_LINE.match(line)
-        if match is None or not (match["sep"].strip() or match["value"]):
-            raise invalid_argument(f"{path}:{number}: expected key=value")
-        props[match["key"]] = match["value"]
+    for number, line in _logical_lines(raw):
+        try:
+            key, value = _key_value(line)
+        except ValueError as exc:
+            raise invalid_argument(f"{path}:{number}: {exc}") from None
+        props[key] = value
     return props
+
+
+def _logical_lines(raw: list[str]) -> Iterator[tuple[int, str]]:
+    """(number of its first line, text) of each logical line, as Java joins them."""
+    joined: str | None = None
+    first = 0
+    for number, natural in enumerate(raw, 1):
+        text = natural.lstrip(_BLANK)
+        if joined is None:
+            if not text or text[0] in "#!":
+                continue  # blank, or a comment: never continued
+            first, joined = number, ""
+        joined += text
+        if (len(joined) - len(joined.rstrip("\\"))) % 2 == 1:
+            joined = joined[:-1]  # continued on the next line
+            continue
+        yield first, joined
+        joined = None
+    if joined is not None:
+        yield first, joined  # continued past the last line: what it has
+
+
+def _key_value(line: str) -> tuple[str, str]:
+    # The key ends at the first unescaped '=', ':' or blank; then blanks, at most one '=' or ':', blanks.
+    i, n = 0, len(line)
+    while i < n and line[i] not in "=:" + _BLANK:
+        i += 2 if line[i] == "\\" else 1
+    j = min(i, n)
+    while j < n and line[j] in _BLANK:
+        j += 1
+    separated = j < n and line[j] in "=:"
+    if separated:
+        j += 1
+        while j < n and line[j] in _BLANK:
+            j += 1
+    value = line[j:]
+    while value and value[-1] in _BLANK and (len(value) - 1 - len(value[:-1].rstrip("\\"))) % 2 == 0:
+        value = value[:-1]  # an unescaped trailing blank
+    if not line[:i] or not (separated or value):
+        raise ValueError("expected key=value")
+    return _unescape(line[:i]), _unescape(value)
+
+
+def _unescape(text: str) -> str:
+    if "\\" not in text:
+        return text
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        i += 1
+        if c != "\\":
+            out.append(c)
+        elif i < n and text[i] == "u":
+            digits = text[i + 1:i + 5]
+            if len(digits) < 4 or not all(d in "0123456789abcdefABCDEF" for d in digits):
+                raise ValueError("malformed \\uXXXX escape")
+            out.append(chr(int(digits, 16)))
+            i += 5
+        elif i < n:
+            out.append(_ESCAPED.get(text[i], text[i]))
+            i += 1
+    try:  # \uXXXX pairs are UTF-16: join surrogate pairs, refuse a lone one
+        return "".join(out).encode("utf-16-le", "surrogatepass").decode("utf-16-le")
+    except UnicodeError:
+        raise ValueError("a \\uXXXX escape leaves a lone surrogate") from None
