@@ -246,7 +246,8 @@ async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None
     return 0
 
 
-async def _demo(bootstrap: str, namespace: str, state_dir: str | None, kafka: dict[str, Any]) -> None:
+async def _demo(bootstrap: str, namespace: str, state_dir: str | None, kafka: dict[str, Any],
+                request_timeout_ms: int = 30_000) -> None:
     import threadlog
 
     transcript = [
@@ -254,14 +255,15 @@ async def _demo(bootstrap: str, namespace: str, state_dir: str | None, kafka: di
         {"role": "assistant", "content": "Day 1: Fushimi Inari.", "toolCalls": None},
     ]
     t0 = time.perf_counter()
-    async with threadlog.open(bootstrap, namespace=namespace, state_dir=state_dir, kafka=kafka) as writer:
+    async with threadlog.open(bootstrap, namespace=namespace, state_dir=state_dir, kafka=kafka,
+                              request_timeout_ms=request_timeout_ms) as writer:
         print(f"[client A] opened namespace {namespace!r} in {time.perf_counter() - t0:.2f}s")
         t1 = time.perf_counter()
         await writer.messages.save_thread("thread-1", transcript)
         print(f"[client A] saved 2 messages to thread-1 in {(time.perf_counter() - t1) * 1e3:.1f} ms "
               "(a proposal on the thread's partition, judged in log order)")
         async with threadlog.open(bootstrap, namespace=namespace, state_dir=state_dir,
-                                  processors="embedded", kafka=kafka) as reader:
+                                  processors="embedded", kafka=kafka, request_timeout_ms=request_timeout_ms) as reader:
             print("[client B] opened the same namespace (its own projection store)")
             t2 = time.perf_counter()
             loaded = await reader.messages.load_thread("thread-1")
@@ -279,16 +281,17 @@ async def _demo(bootstrap: str, namespace: str, state_dir: str | None, kafka: di
 def cmd_demo(args: argparse.Namespace) -> int:
     from threadlog import broker
 
-    if args.bootstrap:
-        bootstrap = args.bootstrap
-    else:
+    # As every command that connects: --bootstrap, else THREADLOG_BOOTSTRAP; only
+    # without either does the demo start (or reuse) the local broker.
+    bootstrap = args.bootstrap or os.environ.get("THREADLOG_BOOTSTRAP")
+    if not bootstrap:
         st = broker.start(port=args.port, log=lambda m: print(m, file=sys.stderr))
         bootstrap = st.bootstrap
         print(f"local Kafka {broker.KAFKA_VERSION} (KRaft) at {bootstrap}")
     namespace = args.namespace or f"demo-{uuid.uuid4().hex[:8]}"
     kafka = _kafka_props(args)
     try:
-        asyncio.run(_demo(bootstrap, namespace, args.state_dir, kafka))
+        asyncio.run(_demo(bootstrap, namespace, args.state_dir, kafka, args.request_timeout_ms))
     finally:
         # A demo leaves nothing behind unless asked to: its topics, and its
         # local state when that was in the default place (a given --state-dir
