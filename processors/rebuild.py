@@ -60,7 +60,7 @@ def rebuild(
 
 
 # What a store directory holds (projections/partition_stores.py, threadlog/runtime.py).
-_STORE_ENTRY = re.compile(r"events-\d+|deliveries")
+_STORE_ENTRY = re.compile(r"events-\d+|deliveries|topics\.json")
 
 
 def _require_store_layout(path: Path) -> None:

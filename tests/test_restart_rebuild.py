@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from support import within
+from confluent_kafka.admin import AdminClient
+from support import until, within
 from threadlog.processors.judge import all_verdicts
 from threadlog.processors.rebuild import rebuild
 from threadlog.projections.fold import current_seq
+
+from threadlog.kernel.topics import Topics
 
 
 async def test_a_host_restarted_between_writes_resumes_from_its_state(open_client, tmp_path, bootstrap):
@@ -54,3 +57,27 @@ async def test_full_rebuild_from_offset_zero_yields_the_same_reads(open_client, 
     parts = fresh.runtime.layout.events
     assert ({p: all_verdicts(fresh.runtime.store, p) for p in range(parts)}
             == {p: all_verdicts(reopened.runtime.store, p) for p in range(parts)})
+
+
+async def test_state_of_a_deleted_and_recreated_namespace_is_not_served(open_client, tmp_path, bootstrap, namespace):
+    """Tried: a host's state directory kept while its namespace is deleted and
+    created again under the same name. Its stored positions pointed into the old
+    log: it served the old transcript and would judge the new log from there on.
+    Kafka's topic ids tell the incarnations apart: the stale slot is emptied."""
+    state = str(tmp_path / "host")
+    first = await open_client(state_dir=state, partitions=1)
+    for n in range(5):
+        await within(first.messages.save_thread("t", [{"n": n}]))
+    await first.close()
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    names = Topics(namespace).all()
+    for fut in admin.delete_topics(names, operation_timeout=30).values():
+        fut.result(timeout=30)
+    await until(lambda: not set(names) & set(admin.list_topics(timeout=10).topics), 30, "the topics gone")
+    again = await open_client(state_dir=state, partitions=1)  # creates the namespace anew
+    assert await within(again.messages.load_thread("t")) == []
+    await within(again.messages.save_thread("t", [{"n": "new"}]))
+    assert await within(again.messages.load_thread("t")) == [{"n": "new"}]
+    fresh = await open_client(state_dir=str(tmp_path / "fresh"), partitions=1)
+    assert await within(fresh.messages.load_thread("t")) == [{"n": "new"}]  # folded as far
+    assert all_verdicts(fresh.runtime.store, 0) == all_verdicts(again.runtime.store, 0)

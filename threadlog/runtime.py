@@ -40,6 +40,7 @@ from .processors.handlers import load_all as load_handlers
 from .processors.judge import Judge
 from .processors.lookups import Lookups
 from .processors.snapshotter import EVERY_RECORDS, INTERVAL_S, Snapshotter
+from .projections import incarnation
 from .projections.barrier import EndOffsets, LatestOffsets, ReadBarrier
 from .projections.delivery_follower import DeliveryIndex
 from .projections.fold import load_all as load_folds
@@ -125,6 +126,9 @@ class Runtime:
                                            self.opts.request_timeout)
             self.timings["started"] = time.monotonic() - t0
             return
+        ids = incarnation.topic_ids(self.admin, [self.topics.events, self.topics.deliveries],
+                                    self.opts.request_timeout)
+        incarnation.settle(self.slot.path, ids)  # before any store of the slot opens
         self.stores = PartitionStores(self.slot.path, self.topics.events)
         self.index_store = Store(self.slot.path / "deliveries")
         self.deliveries = DeliveryIndex(self.opts.bootstrap_servers, self.topics.deliveries,
