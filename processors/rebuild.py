@@ -32,7 +32,7 @@ def rebuild(
     namespace: str,
     store_path: str | Path,
     progress: Callable[[str], None] = print,
-    timeout: float = 600.0,
+    timeout: float = 600.0,  # seconds without progress before giving up
     kafka: kafka_config.Props | None = None,
     request_timeout: float = 30.0,
 ) -> dict:
@@ -119,14 +119,21 @@ def _rebuild(bootstrap: str, namespace: str, store_path: str | Path, progress: C
         targets = barrier.end_offsets_sync()
         total = sum(targets.values())
         follower.start()
-        deadline = started + timeout
+        # `timeout` bounds a stall, not the rebuild: a large namespace takes as long
+        # as it takes while it moves (a fixed deadline failed big rebuilds, after
+        # the old store was gone).
+        last, moved_at = -1, time.monotonic()
         while True:
             done = sum(min(follower.applied(p), t) for p, t in targets.items())
             progress(f"rebuild {namespace}: {done}/{total} offsets folded")
             if done >= total:
                 break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"rebuild did not finish in {timeout}s")
+            if done > last:
+                last, moved_at = done, time.monotonic()
+            elif time.monotonic() - moved_at > timeout:
+                raise unavailable(f"rebuild made no progress for {timeout:.0f}s at {done}/{total} offsets (a "
+                                  "partition whose proposals need newer judging rules waits for an upgraded "
+                                  "judge; see the log); run it again to start over")
             try:
                 follower.wait_sync(targets, timeout=1.0)
             except Exception:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import uuid
+
+import pytest
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from support import until, within
-from threadlog.processors.judge import all_verdicts
+from threadlog.processors.judge import RULES, all_verdicts
 from threadlog.processors.rebuild import rebuild
 from threadlog.projections.fold import current_seq
 
+from threadlog import ThreadLogError
 from threadlog.kernel.topics import Topics
 
 
@@ -81,3 +87,24 @@ async def test_state_of_a_deleted_and_recreated_namespace_is_not_served(open_cli
     fresh = await open_client(state_dir=str(tmp_path / "fresh"), partitions=1)
     assert await within(fresh.messages.load_thread("t")) == [{"n": "new"}]  # folded as far
     assert all_verdicts(fresh.runtime.store, 0) == all_verdicts(again.runtime.store, 0)
+
+
+async def test_a_rebuild_that_stops_moving_gives_up_with_unavailable(open_client, tmp_path, bootstrap, namespace):
+    """Tried: a proposal that needs judging rules newer than this judge's: its
+    partition waits for an upgraded judge, for good. The rebuild gives up once
+    nothing moved for its stall timeout, saying why, as UNAVAILABLE."""
+    tl = await open_client(state_dir=str(tmp_path / "host"), partitions=1)
+    await within(tl.messages.save_thread("t", [{"n": 1}]))
+    codec = tl.runtime.codec
+    newer = codec.encode("threadlog.Proposal", {
+        "proposalId": uuid.uuid4().hex, "key": "t", "type": "threadlog.cmd.SaveTranscript", "at": 1.0,
+        "rules": RULES + 1, "seen": [],
+        "payload": codec.encode("threadlog.cmd.SaveTranscript", {"threadId": "t", "messages": "[]"})})
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce(tl.runtime.topics.events, newer, b"t", partition=0)
+    assert producer.flush(30) == 0
+    await tl.close()
+    with pytest.raises(ThreadLogError) as err:
+        await asyncio.to_thread(rebuild, bootstrap, namespace, tmp_path / "rebuilt", progress=lambda _: None,
+                                timeout=3.0)
+    assert err.value.code == "UNAVAILABLE" and "no progress for 3s at 1/2 offsets" in err.value.message

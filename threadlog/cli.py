@@ -393,7 +393,8 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     opts = Options(bootstrap_servers=args.bootstrap, namespace=args.namespace, state_dir=args.state_dir,
                    request_timeout_ms=args.request_timeout_ms, kafka=_kafka_props(args))
     path = Path(args.store) if args.store else opts.namespace_state / "slot-0"
-    stats = rebuild(args.bootstrap, args.namespace, path, kafka=opts.kafka, request_timeout=opts.request_timeout)
+    stats = rebuild(args.bootstrap, args.namespace, path, kafka=opts.kafka, request_timeout=opts.request_timeout,
+                    timeout=args.stall_timeout)
     print(f"rebuilt {path}: {stats['offsets']} offsets in {stats['seconds']:.2f}s, "
           f"{stats['skipped']} undecodable events skipped")
     return 0
@@ -824,6 +825,9 @@ def build_parser() -> argparse.ArgumentParser:
     _connects(r)
     _namespace_state(r)
     r.add_argument("--store", default=None, help="store path (default: slot-0 of the namespace)")
+    r.add_argument("--stall-timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="give up (UNAVAILABLE) after this long without progress; a rebuild that moves is not "
+                        "bounded")
     r.set_defaults(fn=cmd_rebuild)
 
     ns = sub.add_parser("namespaces", help="list the namespaces on the cluster, or delete one")
