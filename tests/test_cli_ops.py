@@ -216,3 +216,21 @@ def test_serve_refuses_a_bad_token_file_or_limit_in_one_line(tmp_path):
     assert "no token" in one_error_line(proc, "INVALID_ARGUMENT")
     proc = cli("serve", "--max-streams", "0", "--bootstrap", "127.0.0.1:1")
     assert "--max-streams" in one_error_line(proc, "INVALID_ARGUMENT")
+
+
+def test_serve_and_worker_on_a_busy_port_fail_in_one_line_before_connecting():
+    """Tried: `serve --port P` and `worker --listen`/`--http` on a port another
+    socket listens on, with no cluster to reach (so nothing past the check runs):
+    one line, UNAVAILABLE, exit 2 -- not uvicorn's traceback and exit 3."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        for args, flag in ((("serve", "--port", str(port)), "--host/--port"),
+                           (("worker", "--listen", f"127.0.0.1:{port}"), "--listen"),
+                           (("worker", "--http", f"127.0.0.1:{port}"), "--http")):
+            proc = cli(*args, "--bootstrap", "127.0.0.1:1", "--namespace", "busy")
+            line = one_error_line(proc, "UNAVAILABLE")
+            assert proc.returncode == 2 and f"cannot listen on 127.0.0.1:{port} ({flag})" in line, line

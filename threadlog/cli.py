@@ -126,6 +126,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.drain_timeout < 0:
         print("threadlog worker: --drain-timeout must be >= 0", file=sys.stderr)
         return 2
+    _require_bindable(*listen, "--listen")
+    if http is not None:
+        _require_bindable(*http, "--http")
     rt = Runtime(opts, worker=True, snapshot_every=args.snapshot_every, snapshot_interval_s=args.snapshot_interval)
     return asyncio.run(_worker(rt, listen, http, args.drain_timeout, args.verbose))
 
@@ -137,6 +140,26 @@ def _host_port(text: str, flag: str) -> tuple[str, int] | None:
     except ValueError:
         print(f"threadlog worker: {flag} must be HOST:PORT, got {text!r}", file=sys.stderr)
         return None
+
+
+def _require_bindable(host: str, port: int, flag: str) -> None:
+    """UNAVAILABLE, in one line, if `host:port` cannot be listened on. Checked before
+    connecting: a busy port made uvicorn exit 3 with a traceback, and a worker
+    joined the consumer group (and took partitions from the others) first."""
+    import socket
+
+    from threadlog.kernel.errors import unavailable
+
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, address = infos[0]
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn and asyncio do
+            sock.bind(address)
+    except OSError as exc:
+        raise unavailable(f"cannot listen on {host}:{port} ({flag}): {exc.strerror or exc}") from None
 
 
 def _uvicorn_server(app: Any, host: str, port: int, verbose: bool, graceful_s: float = 2.0) -> Any:
@@ -418,6 +441,7 @@ async def _serve(args: argparse.Namespace) -> None:
     import threadlog
 
     guard = _http_guard(args)  # a bad flag or token file fails before connecting
+    _require_bindable(args.host, args.port, "--host/--port")
     # Opened here rather than in the app's lifespan: a failed open is then the
     # command's one error line (uvicorn would log a traceback), and serving a
     # namespace never creates it.
