@@ -179,7 +179,7 @@ def _uvicorn_server(app: Any, host: str, port: int, verbose: bool, graceful_s: f
 
     config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False,
                             log_level="info" if verbose else "warning", lifespan="on",
-                            timeout_graceful_shutdown=max(1, round(graceful_s)))
+                            timeout_graceful_shutdown=graceful_s)  # type: ignore[arg-type]  # a float works (asyncio.timeout)
     return Server(config)
 
 
