@@ -787,7 +787,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("replay", help="print a run's delivery chunks as JSON lines with their offsets")
     rp.add_argument("run_id", help="the run")
-    rp.add_argument("--after", default="-1", help="offset to start strictly after (default: from the start)")
+    rp.add_argument("--after", default="-1",
+                    help="chunk offset to start strictly after (default: from the start); with --records, the "
+                         "records from the one holding that chunk on (it may hold later chunks)")
     rp.add_argument("--follow", action="store_true", help="keep waiting for chunks until the log is closed")
     rp.add_argument("--records", action="store_true",
                     help="print every record instead: claims, dropped chunks and why, upserts, the close")
