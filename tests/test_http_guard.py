@@ -369,3 +369,35 @@ async def test_no_access_log_holds_with_verbose_logging(bootstrap, namespace, tl
             await proc.wait()
     assert "GET /threads/t" not in err and "threadlog.access" not in err, err[-2000:]
     assert "INFO" in err  # -v was on
+
+
+async def test_serve_ends_open_streams_cleanly_on_sigterm(bootstrap, namespace, tl, tmp_path):
+    """Tried: SIGTERM while an SSE stream waits on a run still open. Streams never
+    end by themselves: uvicorn cancelled them after the drain timeout, a traceback
+    each and a response cut mid-chunk. Now the stream ends at once, properly."""
+    import signal
+    import sys
+
+    [first] = await within(tl.delivery("r-term").append([chunk(0)]))
+    env = {k: v for k, v in os.environ.items() if k != "THREADLOG_KAFKA_CONFIG"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "threadlog", "serve", "--bootstrap", bootstrap, "--namespace", namespace,
+        "--port", "0", "--state-dir", str(tmp_path / "serve"), "--drain-timeout", "20",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+    try:
+        line = (await within(proc.stdout.readline(), 60)).decode()
+        base = line.split(" at ", 1)[1].strip().removesuffix("/api/chat")
+        async with httpx.AsyncClient(timeout=30) as http, http.stream("GET", f"{base}/runs/r-term/stream") as r:
+            events = sse_events(r)
+            assert (await within(events.__anext__())).id == first
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            assert [e async for e in events] == []  # ends, no error event, no cut response (that raises)
+        assert await within(proc.wait(), 30) == 0
+        assert time.monotonic() - started < 15  # not the 20 s drain: the stream ended at once
+        err = (await within(proc.stderr.read())).decode()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert "Traceback" not in err and "Exception in ASGI" not in err, err[-3000:]

@@ -488,6 +488,7 @@ async def _serve_app(args: argparse.Namespace, tl: Any, guard: tuple[Any, Any] |
         ready = app.state.ops.get("ready")
         if ready is not None:
             ready.draining = True
+        app.state.streams.close_streams()  # SSE streams end now, cleanly; the rest drains
         server.should_exit = True
 
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -19,6 +19,7 @@ most `max_body_bytes`, at most `max_streams` SSE streams open server-wide.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import inspect
 import threading
@@ -179,12 +180,20 @@ def path_problem(request: Request) -> str | None:
 
 
 class StreamSlots:
-    """At most `limit` SSE streams open at once (server-wide; thread-safe)."""
+    """At most `limit` SSE streams open at once (server-wide; thread-safe), and
+    the server's word that they end (`close_streams`, on the server's loop)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.open = 0
         self._lock = threading.Lock()
+        self.closing = asyncio.Event()
+
+    def close_streams(self) -> None:
+        """End every open stream, and any opened from now on, cleanly (a server
+        shutting down: streams never end by themselves, and uvicorn cancelled
+        them after its drain timeout, a traceback each and a cut response)."""
+        self.closing.set()
 
     def take(self) -> bool:
         with self._lock:

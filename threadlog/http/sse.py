@@ -13,9 +13,10 @@ real event stream, never an HTML page.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from typing import Any
 
 import anyio
@@ -174,11 +175,18 @@ class EventStreamResponse(StreamingResponse):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _serve(self, receive: Receive, send: Send) -> None:
+        started = closed_by_server = False
+
+        async def sending(message: MutableMapping[str, Any]) -> None:
+            nonlocal started
+            await send(message)
+            started = True
+
         async with anyio.create_task_group() as tg:
 
             async def body() -> None:
                 try:
-                    await self.stream_response(send)
+                    await self.stream_response(sending)
                 except OSError:
                     pass  # the client went away mid-send
                 tg.cancel_scope.cancel()
@@ -190,5 +198,19 @@ class EventStreamResponse(StreamingResponse):
                         break
                 tg.cancel_scope.cancel()
 
+            async def server_closing() -> None:
+                nonlocal closed_by_server
+                assert self.slots is not None
+                await self.slots.closing.wait()
+                closed_by_server = True
+                tg.cancel_scope.cancel()
+
             tg.start_soon(body)
             tg.start_soon(disconnect)
+            if self.slots is not None:
+                tg.start_soon(server_closing)
+        if closed_by_server and started:
+            # The body was stopped between two sends: end the response properly (the
+            # client sees the stream end, and resumes elsewhere with Last-Event-ID).
+            with contextlib.suppress(OSError):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
