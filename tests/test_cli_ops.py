@@ -110,7 +110,7 @@ def test_demo_removes_its_namespace_unless_kept(bootstrap, namespace, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "demo ok" in proc.stdout and topics_of(bootstrap, namespace) == set()
     # THREADLOG_BOOTSTRAP, as for every command that connects: no local broker is started.
-    proc = cli("demo", "--namespace", f"{namespace}-env", "--state-dir", str(tmp_path / "env"), "--port", "1",
+    proc = cli("demo", "--namespace", f"{namespace}-env", "--state-dir", str(tmp_path / "env"), "--port", "70000",
                env={"THREADLOG_BOOTSTRAP": bootstrap})
     assert proc.returncode == 0, proc.stderr
     assert "demo ok" in proc.stdout and "local Kafka" not in proc.stdout
