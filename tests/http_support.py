@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
+import sys
 
 import httpx
 import uvicorn
@@ -80,3 +83,39 @@ async def read_stream(client: httpx.AsyncClient, url: str, *, headers=None, limi
 
     response = await asyncio.wait_for(run(), seconds)
     return response, events
+
+
+class ServeProcess:
+    """A `threadlog serve` subprocess: `base` is its URL root, `stop()` sends
+    SIGTERM, checks it exits 0 and returns its stderr."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, base: str) -> None:
+        self.proc = proc
+        self.base = base
+
+    async def stop(self) -> str:
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):  # it may be on its way out already
+                self.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(self.proc.wait(), 30) == 0
+        assert self.proc.stderr is not None
+        return (await asyncio.wait_for(self.proc.stderr.read(), 30)).decode()
+
+
+@contextlib.asynccontextmanager
+async def serve_process(bootstrap: str, namespace: str, state_dir, *flags: str):
+    """Run `threadlog serve --port 0` with `flags` until it printed where it serves; killed on the way out."""
+    env = {k: v for k, v in os.environ.items() if k != "THREADLOG_KAFKA_CONFIG"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "threadlog", "serve", "--bootstrap", bootstrap, "--namespace", namespace,
+        "--port", "0", "--state-dir", str(state_dir), *flags,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+        assert "serving namespace" in line, line
+        yield ServeProcess(proc, line.split(" at ", 1)[1].strip().removesuffix("/api/chat"))
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import time
 
 import httpx
 import pytest
 from delivery_support import chunk
-from http_support import read_stream, serving, sse_events
+from http_support import read_stream, serve_process, serving, sse_events
 from support import within
 
 from threadlog.http import Limits, create_app, unauthenticated
@@ -308,21 +309,12 @@ async def test_a_reader_waits_for_a_consumer_then_gives_up_with_unavailable(tl):
 
 
 async def test_threadlog_serve_with_a_token_file_and_limits(bootstrap, namespace, tl, tmp_path):
-    import signal
-    import sys
-
     await within(tl.messages.save_thread("t", [{"role": "user", "content": "hi"}]))
     tokens = tmp_path / "tokens"
     tokens.write_text("s3cret-serve-token\n")
-    env = {k: v for k, v in os.environ.items() if k != "THREADLOG_KAFKA_CONFIG"}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "threadlog", "serve", "--bootstrap", bootstrap, "--namespace", namespace,
-        "--port", "0", "--state-dir", str(tmp_path / "serve"), "--token-file", str(tokens),
-        "--max-id-bytes", "16", "-v", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
-    try:
-        line = (await within(proc.stdout.readline(), 60)).decode()
-        assert "serving namespace" in line, line
-        base = line.split(" at ", 1)[1].strip().removesuffix("/api/chat")
+    async with serve_process(bootstrap, namespace, tmp_path / "serve", "--token-file", str(tokens),
+                             "--max-id-bytes", "16", "-v") as serve:
+        base = serve.base
         auth = {"Authorization": "Bearer s3cret-serve-token"}
         async with httpx.AsyncClient(timeout=30) as http:
             r = await http.get(f"{base}/threads/t")
@@ -333,13 +325,7 @@ async def test_threadlog_serve_with_a_token_file_and_limits(bootstrap, namespace
             assert r.status_code == 200 and r.json()["messages"] == [{"role": "user", "content": "hi"}]
             r = await http.get(f"{base}/threads/{'t' * 17}", headers=auth)
             assert r.status_code == 400 and "more than the 16 allowed" in r.json()["error"]["message"]
-        proc.send_signal(signal.SIGTERM)
-        assert await within(proc.wait(), 30) == 0
-        err = (await within(proc.stderr.read())).decode()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        err = await within(serve.stop())
     assert "GET /threads/t 401" in err  # -v logged the requests...
     assert "s3cret-serve-token" not in err  # ...never the token
 
@@ -347,26 +333,10 @@ async def test_threadlog_serve_with_a_token_file_and_limits(bootstrap, namespace
 async def test_no_access_log_holds_with_verbose_logging(bootstrap, namespace, tl, tmp_path):
     """Tried: `serve -v --no-access-log` (with -v the root logger is at INFO, and
     the access logger inherited it); a request, then SIGTERM: no access line."""
-    import signal
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "THREADLOG_KAFKA_CONFIG"}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "threadlog", "serve", "--bootstrap", bootstrap, "--namespace", namespace,
-        "--port", "0", "--state-dir", str(tmp_path / "serve"), "-v", "--no-access-log",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
-    try:
-        line = (await within(proc.stdout.readline(), 60)).decode()
-        base = line.split(" at ", 1)[1].strip().removesuffix("/api/chat")
+    async with serve_process(bootstrap, namespace, tmp_path / "serve", "-v", "--no-access-log") as serve:
         async with httpx.AsyncClient(timeout=30) as http:
-            assert (await http.get(f"{base}/threads/t")).status_code == 200
-        proc.send_signal(signal.SIGTERM)
-        assert await within(proc.wait(), 30) == 0
-        err = (await within(proc.stderr.read())).decode()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+            assert (await http.get(f"{serve.base}/threads/t")).status_code == 200
+        err = await within(serve.stop())
     assert "GET /threads/t" not in err and "threadlog.access" not in err, err[-2000:]
     assert "INFO" in err  # -v was on
 
@@ -375,29 +345,15 @@ async def test_serve_ends_open_streams_cleanly_on_sigterm(bootstrap, namespace, 
     """Tried: SIGTERM while an SSE stream waits on a run still open. Streams never
     end by themselves: uvicorn cancelled them after the drain timeout, a traceback
     each and a response cut mid-chunk. Now the stream ends at once, properly."""
-    import signal
-    import sys
-
     [first] = await within(tl.delivery("r-term").append([chunk(0)]))
-    env = {k: v for k, v in os.environ.items() if k != "THREADLOG_KAFKA_CONFIG"}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "threadlog", "serve", "--bootstrap", bootstrap, "--namespace", namespace,
-        "--port", "0", "--state-dir", str(tmp_path / "serve"), "--drain-timeout", "20",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
-    try:
-        line = (await within(proc.stdout.readline(), 60)).decode()
-        base = line.split(" at ", 1)[1].strip().removesuffix("/api/chat")
-        async with httpx.AsyncClient(timeout=30) as http, http.stream("GET", f"{base}/runs/r-term/stream") as r:
+    async with serve_process(bootstrap, namespace, tmp_path / "serve", "--drain-timeout", "20") as serve:
+        async with httpx.AsyncClient(timeout=30) as http, \
+                http.stream("GET", f"{serve.base}/runs/r-term/stream") as r:
             events = sse_events(r)
             assert (await within(events.__anext__())).id == first
             started = time.monotonic()
-            proc.send_signal(signal.SIGTERM)
+            serve.proc.send_signal(signal.SIGTERM)
             assert [e async for e in events] == []  # ends, no error event, no cut response (that raises)
-        assert await within(proc.wait(), 30) == 0
+        err = await within(serve.stop())
         assert time.monotonic() - started < 15  # not the 20 s drain: the stream ended at once
-        err = (await within(proc.stderr.read())).decode()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
     assert "Traceback" not in err and "Exception in ASGI" not in err, err[-3000:]

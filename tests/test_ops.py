@@ -18,7 +18,7 @@ import httpx
 import orjson
 import pytest
 from delivery_support import chunk
-from http_support import read_stream, serving, sse_events
+from http_support import read_stream, serve_process, serving, sse_events
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from support import within
@@ -215,28 +215,15 @@ async def test_sigterm_answers_the_worker_request_in_flight_then_exits_0(bootstr
 
 async def test_serve_json_logs_access_lines_and_sigterm_exit_0(bootstrap, namespace, tl, tmp_path):
     await within(tl.messages.save_thread("t", ["hi"]))
-    env = {k: v for k, v in os.environ.items() if k != "THREADLOG_KAFKA_CONFIG"}
     # -v and --log-format after the command, as operators type them.
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "threadlog", "serve", "--bootstrap", bootstrap, "--namespace", namespace,
-        "--port", "0", "--state-dir", str(tmp_path / "serve"), "-v", "--log-format", "json",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
-    try:
-        line = (await within(proc.stdout.readline(), 60)).decode()
-        assert "serving namespace" in line, line
-        base = line.split(" at ", 1)[1].strip().removesuffix("/api/chat")
+    async with serve_process(bootstrap, namespace, tmp_path / "serve", "-v", "--log-format", "json") as serve:
+        base = serve.base
         async with httpx.AsyncClient(timeout=30) as http:
             r = await http.get(f"{base}/api/chat", params={"threadId": "t", "token": "s3cret-token"})
             assert r.status_code == 200 and r.json()["messages"] == ["hi"]
             assert (await http.get(f"{base}/readyz")).status_code == 200
             assert (await http.get(f"{base}/nope")).status_code == 404
-        proc.send_signal(signal.SIGTERM)
-        assert await within(proc.wait(), 30) == 0
-        err = (await within(proc.stderr.read())).decode()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        err = await within(serve.stop())
     lines = [json.loads(ln) for ln in err.splitlines() if ln.strip()]  # every line is one JSON object
     assert lines and all({"ts", "level", "logger", "message"} <= ln.keys() for ln in lines)
     access = [ln for ln in lines if ln["logger"] == "threadlog.access"]
