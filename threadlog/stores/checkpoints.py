@@ -123,8 +123,10 @@ class WriterLease:
         Stops the background renewal."""
         self._released = True
         self._stop_renewing()
-        if self._lost_reason is not None:
-            return  # nothing of ours to end
+        # Sent even when this client counts the lease lost: "lost" may be its own
+        # clock's verdict (no renewal answered in time) while the judge accepted a
+        # renewal, so the lease may still hold the thread. The judge ends it only
+        # if it is still current; a stale release changes nothing.
         await self._store._send("threadlog.cmd.ReleaseCheckpointWriter", self.thread_id,
                                 {"writer": writer_record(self)})
 
