@@ -24,6 +24,7 @@ from threadlog import ThreadLogError
         {"lease_duration_ms": 1000, "renew_after_ms": 1000},
         {"lease_duration_ms": 1000, "renew_after_ms": 2000},
         {"lease_duration_ms": 0},
+        {"lease_duration_ms": 31 * 24 * 3600 * 1000},  # over the judge's 30 days: every acquire was refused
         {"renew_after_ms": -1},
         {"lease_duration_ms": True},
         {"first_chunk_wait_ms": 0},

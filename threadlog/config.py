@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .kernel import kafka_config
+from .kernel.checkpoint_rules import MAX_LEASE_MS
 from .kernel.errors import invalid_argument
 from .kernel.validation import is_int
 
@@ -63,6 +64,9 @@ class Options:
             value = getattr(self, name)
             if not is_int(value) or value <= 0:
                 raise invalid_argument(f"{name} must be a positive int, got {value!r}")
+        if self.lease_duration_ms > MAX_LEASE_MS:
+            raise invalid_argument(f"lease_duration_ms must be at most {MAX_LEASE_MS} (30 days), "
+                                   f"got {self.lease_duration_ms}")
         if self.renew_after_ms >= self.lease_duration_ms:
             raise invalid_argument(
                 f"renew_after_ms ({self.renew_after_ms}) must be less than "

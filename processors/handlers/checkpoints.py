@@ -24,6 +24,7 @@ from threadlog.projections.folds import checkpoints as state
 from threadlog.projections.folds import presence
 
 from threadlog.kernel.checkpoint_rules import (
+    MAX_LEASE_MS,
     blob_keys,
     check_checkpoint_body,
     check_checkpoint_ids,
@@ -81,7 +82,6 @@ def _require_current(ctx: Context, thread_id: str, writer: dict) -> None:
 
 DEFAULT_LEASE_MS = 120_000
 DEFAULT_RENEW_AFTER_MS = 45_000
-MAX_LEASE_MS = 30 * 24 * 3600 * 1000
 
 
 def _lease_length(cmd: dict) -> tuple[int, int]:

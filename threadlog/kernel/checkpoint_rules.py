@@ -39,6 +39,11 @@ DRIVE_PREFIX = re.compile(r"^[A-Za-z]:(?:[\\/]|\Z)")
 _LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
 
 
+# The longest writer lease a judge grants (a proposal names its length). `open`
+# refuses longer settings itself: accepted there, every acquire was refused.
+MAX_LEASE_MS = 30 * 24 * 3600 * 1000
+
+
 def invalid_id(message: str) -> ThreadLogError:
     return ThreadLogError(INVALID_ID, message)
 
