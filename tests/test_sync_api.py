@@ -8,6 +8,7 @@ here: these tests are what a Django view, a Flask route or a script does.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import threading
@@ -16,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import import_module
 
 import pytest
-from checkpoint_helpers import artifact, checkpoint, file_key
+from checkpoint_helpers import LaggingFollower, artifact, checkpoint, file_key
 
 import threadlog
 from threadlog import ThreadLogError, sync
@@ -512,3 +513,37 @@ def test_the_sync_stores_have_the_async_stores_methods(async_cls, sync_cls):
 
 def test_the_sync_delivery_log_has_the_spec_methods():
     assert _public(sync.SyncDeliveryLog) == {"append", "read", "snapshot", "close", "upsert"}
+
+
+def test_a_write_whose_verdict_is_late_is_outcome_unknown_not_unavailable(connect):
+    """Tried: a blocking acquire_writer while the judge lags longer than the request
+    timeout. The proposal is written, so UNAVAILABLE ("nothing was written") was
+    wrong: the blocking wait raced the call's own deadline. The call's own
+    OUTCOME_UNKNOWN comes through, and the grant does apply later."""
+    tl = connect(request_timeout_ms=1_000)
+    tl.messages.save_thread("warm", [])
+    inner = tl._async()
+
+    async def lag() -> None:
+        await LaggingFollower(inner, 3.0).__aenter__()
+
+    asyncio.run_coroutine_threadsafe(lag(), tl._loop).result(10)
+    assert code_of(tl.checkpoints.acquire_writer, "t", auto_renew=False) == "OUTCOME_UNKNOWN"
+    deadline = time.monotonic() + 15
+    while code_of(tl.checkpoints.acquire_writer, "t", auto_renew=False) != "SANDBOX_SNAPSHOT_WRITER_CONFLICT":
+        assert time.monotonic() < deadline, "the late grant never applied"
+        time.sleep(0.2)
+
+
+def test_a_call_bounded_by_itself_is_not_cut_at_one_request_timeout(connect):
+    """A fork is two proposals, each within the request timeout: the blocking wait
+    of one timeout cut such calls short with UNAVAILABLE ("nothing was written")
+    while they went on. Tried with a call that takes 1.5 request timeouts."""
+    tl = connect(request_timeout_ms=1_000)
+
+    async def two_steps() -> str:
+        await asyncio.sleep(0.75)
+        await asyncio.sleep(0.75)
+        return "both applied"
+
+    assert tl._run(two_steps()) == "both applied"

@@ -6,9 +6,13 @@ hands its coroutine to that loop and waits for the answer. The async client
 therefore only ever runs on its own loop (as it would in an async app), while
 any number of OS threads call the blocking methods at once.
 
-Bounds. Every blocking call waits at most the client's request timeout
-(`request_timeout_ms`, 30 s by default); past it the call is cancelled on the
-loop and raises `ThreadLogError(UNAVAILABLE)`. A delivery reader applies it to
+Bounds. Every call of the async API bounds itself (each step within the
+client's request timeout, `request_timeout_ms`, 30 s by default) and its own
+error comes through: `UNAVAILABLE` when nothing was written, `OUTCOME_UNKNOWN`
+when a write's fate is unknown. A blocking call waits for it up to twice the
+request timeout plus 5 s (a fork is two proposals); past that the call is
+cancelled on the loop and raises `OUTCOME_UNKNOWN`. A delivery reader applies
+the request timeout itself to
 each step: a `next()` that gets no chunk within the timeout raises UNAVAILABLE,
 and the caller resumes with `read(<last offset it holds>)`. A streamed blob
 `put` applies it to the hand-off of each chunk and to the final commit.
@@ -30,7 +34,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .blob_gc import DEFAULT_GRACE_MS, GcReport
-from .kernel.errors import ThreadLogError, unavailable
+from .kernel.errors import OUTCOME_UNKNOWN, ThreadLogError, unavailable
 from .types import (
     Artifact,
     ArtifactInput,
@@ -203,15 +207,27 @@ class SyncThreadLog:
         finally:
             self._tasks.discard(task)
 
-    def _wait(self, fut: concurrent.futures.Future[T], what: str = "the call") -> T:
-        """The result of `fut`, waiting at most the request timeout."""
+    def _wait(self, fut: concurrent.futures.Future[T], what: str = "the call", *, backstop: bool = False) -> T:
+        """The result of `fut`, waiting at most the request timeout (UNAVAILABLE).
+
+        `backstop`: a call that bounds itself (every API call does: each step
+        within the request timeout). Waiting only one timeout raced the call's
+        own deadline and answered UNAVAILABLE -- "nothing was written" -- for a
+        write that may still apply, or for a fork (two proposals) still under
+        way. So the wait is longer, and the call's own error comes through
+        (OUTCOME_UNKNOWN when a write's fate is unknown); if even that long
+        passes, the outcome is unknown too."""
+        limit = self.request_timeout * 2 + 5.0 if backstop else self.request_timeout
         try:
-            done, _ = concurrent.futures.wait([fut], self.request_timeout)
+            done, _ = concurrent.futures.wait([fut], limit)
         except BaseException:
             fut.cancel()  # e.g. KeyboardInterrupt in the waiting thread: do not leave the call running
             raise
         if not done:
             fut.cancel()
+            if backstop:
+                raise ThreadLogError(OUTCOME_UNKNOWN, f"{what} did not finish within {limit:g} s: "
+                                                      "a write may still apply")
             raise unavailable(f"{what} did not finish within the request timeout ({self.request_timeout:g} s)")
         try:
             return fut.result()
@@ -220,7 +236,7 @@ class SyncThreadLog:
             raise unavailable(f"{what} did not finish: {why}") from None
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self._wait(self._submit(coro))
+        return self._wait(self._submit(coro), backstop=True)
 
     def _async(self) -> ThreadLog:
         # Only read on the loop thread, after open succeeded.
