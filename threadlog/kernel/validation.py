@@ -102,6 +102,10 @@ def json_depth_problem(text: str | bytes, label: str = "value") -> str | None:
     return None
 
 
+_MAX_DIGITS = 4300  # sys.get_int_max_str_digits()'s default
+_DIGITS_LIMIT = 10**_MAX_DIGITS
+
+
 def _check_json(value: Any, path: str, depth: int = 0) -> None:
     if value is None or isinstance(value, bool):
         return
@@ -114,6 +118,10 @@ def _check_json(value: Any, path: str, depth: int = 0) -> None:
     if isinstance(value, (int, float)):
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{path}: {value!r} is not a JSON number")
+        if isinstance(value, int) and not -_DIGITS_LIMIT < value < _DIGITS_LIMIT:
+            # CPython turns no int of more digits into text (nor text into one):
+            # refused here rather than failing later, in the encoder, untyped.
+            raise ValueError(f"{path}: an integer of more than {_MAX_DIGITS} digits is not JSON text here")
         return
     if isinstance(value, (list, tuple, dict)) and depth >= MAX_JSON_DEPTH:
         where = path if len(path) <= 80 else path[:80] + "..."
