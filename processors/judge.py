@@ -76,9 +76,12 @@ Others = Callable[[int, str, str, int], "list[str] | None"]
 
 # The judging rules this code implements (Proposal.rules). A proposal naming a
 # newer version is not guessed at: its partition stops until judges are upgraded.
-# 3: run heartbeats (threadlog.cmd.HeartbeatRun; a claim clears heartbeatAt) and blob
+# 3: run heartbeats (threadlog.cmd.HeartbeatRun; claims set heartbeatAt) and blob
 #    garbage collection (processors/handlers/blob_gc.py).
-RULES = 3
+# 4: a claim leaves heartbeatAt alone and is refused on a finished run; LangGraph's
+#    keep_latest keeps writes of a checkpoint newer than the latest (its put may
+#    be on its way); agent-session items are JSON values (no NaN).
+RULES = 4
 
 # How far a proposal's own time may run ahead of the broker's clock (its
 # LogAppendTime). Time only ever moves forward per partition, so a proposer
@@ -878,7 +881,8 @@ def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: di
         return sorted(found)
 
     ctx = Context(now=now, key=env["key"], command_id=env["proposalId"], partition=p, view=child, holders=holders,
-                  partitions=partitions, offset=offset, seen=list(seen) if len(seen) == partitions else [])
+                  partitions=partitions, offset=offset, seen=list(seen) if len(seen) == partitions else [],
+                  rules=env["rules"])
     try:
         decision = handler(ctx, payload)
         if quiet:

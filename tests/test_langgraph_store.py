@@ -407,14 +407,22 @@ async def test_a_single_str_is_not_taken_for_a_sequence_of_ids(open_client):
 
 async def test_keep_latest_keeps_the_writes_of_a_checkpoint_not_put_yet(open_client):
     """With durability="async" a run's writes can land before its checkpoint's put.
-    Tried: writes for checkpoint C, a keep_latest prune, then C's put: C is read
-    back with its writes. A `delete` prune still removes every write."""
+    Tried: writes for checkpoint C (newer than the latest), writes for an older
+    checkpoint never put (a crashed run), a keep_latest prune, then C's put: C is
+    read back with its writes, the older orphans are gone. A `delete` prune
+    removes every write."""
     saver = AsyncThreadLogSaver(await open_client())
     first = await put(saver, "t-async", {"v": 1})
-    future_id = str(uuid.uuid6()) if hasattr(uuid, "uuid6") else "1f0" + uuid.uuid4().hex[3:]
+    future_id = generate_checkpoint()["id"]  # ids grow with time: newer than the latest
+    assert future_id > first["configurable"]["checkpoint_id"]
     future = generate_config("t-async", checkpoint_id=future_id)
     await within(saver.aput_writes(future, [(ERROR, "boom"), ("out", 1)], "task-1"))
+    older_id = first["configurable"]["checkpoint_id"][:-1] + "0"  # sorts before the latest, never put
+    assert older_id < first["configurable"]["checkpoint_id"]
+    await within(saver.aput_writes(generate_config("t-async", checkpoint_id=older_id), [("lost", 1)], "task-0"))
     await within(saver.aprune(["t-async"], strategy="keep_latest"))
+    await saver.tl.read_barrier(None)
+    assert not [k for k in thread_keys(saver.tl, "t-async") if older_id.encode() in k]
     cp = generate_checkpoint(checkpoint_id=future_id, channel_values={"v": 2},
                              channel_versions={"v": saver.get_next_version(None, None)})
     config = generate_config("t-async")

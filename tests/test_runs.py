@@ -354,20 +354,21 @@ async def test_claim_of_unknown_and_terminal_runs_is_refused(tl):
 async def test_a_claimed_run_that_never_detaches_is_never_reclaimable(tl):
     """SPEC 6 lists only runs with `detachedSince` set: a host that claims (the
     SPEC's `claim`, no heartbeats) and streams past any TTL keeps its run. Tried:
-    a plain claim; a `drive` that stops (listed by its heartbeat); a plain claim
-    by the next host (not listed again until it detaches)."""
+    plain claims (never listed); then a `drive` that stops (listed by its last
+    heartbeat, which a later claim leaves alone: a drive that dies between its
+    claim and its first heartbeat must stay findable)."""
     await _create(tl, "r", "t", 0)
     assert await within(tl.runs.claim("r")) == 1
+    assert await within(tl.runs.claim("r")) == 2
     record = await within(tl.runs.get("r"))
     assert "heartbeatAt" not in record and "detachedSince" not in record
     assert await within(tl.runs.list_reclaimable(now=10**15, ttl_ms=0)) == []
     driver = await within(tl.runs.drive("r", heartbeat_ms=1_000))
     await within(driver.close())
+    last = (await within(tl.runs.get("r")))["heartbeatAt"]
     assert [r["runId"] for r in await within(tl.runs.list_reclaimable(now=10**15, ttl_ms=0))] == ["r"]
-    assert await within(tl.runs.claim("r")) == 3
-    assert "heartbeatAt" not in await within(tl.runs.get("r"))
-    assert await within(tl.runs.list_reclaimable(now=10**15, ttl_ms=0)) == []
-    await within(tl.runs.update("r", {"detachedSince": 5}))
+    assert await within(tl.runs.claim("r")) == 4
+    assert (await within(tl.runs.get("r")))["heartbeatAt"] == last
     assert [r["runId"] for r in await within(tl.runs.list_reclaimable(now=10**15, ttl_ms=0))] == ["r"]
 
 

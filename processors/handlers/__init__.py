@@ -80,6 +80,11 @@ class Context:
     # offsets of every events partition it names (`seen`; [] if it names none).
     offset: int = -1
     seen: list[int] = field(default_factory=list)
+    # The judging rules the proposal was written for (Proposal.rules). A rule
+    # that changed how a legitimate proposal is judged applies its new form
+    # only from the version that introduced it, so a rebuild of an older log
+    # reaches the verdicts its clients were told.
+    rules: int = 2
 
 
 Handler = Callable[[Context, dict], Decision]

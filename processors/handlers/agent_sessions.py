@@ -10,10 +10,12 @@ concurrent pops never answer the same item -- and `clear_session` removes all.
 
 from __future__ import annotations
 
+import json
+
 from threadlog.projections.folds import agent_sessions as state
 
 from threadlog.kernel.errors import invalid_argument
-from threadlog.kernel.validation import is_text, loads_json_value, require_id
+from threadlog.kernel.validation import is_text, json_depth_problem, loads_json_value, require_id
 
 from . import Context, Decision, handles
 
@@ -35,7 +37,7 @@ def _session(ctx: Context, cmd: dict) -> str:
     return session
 
 
-@handles("threadlog.cmd.AgentSessionAddItems")
+@handles("threadlog.cmd.AgentSessionAddItems", rules=4)
 def add_items(ctx: Context, cmd: dict) -> Decision:
     session = _session(ctx, cmd)
     items = cmd["items"]
@@ -47,7 +49,10 @@ def add_items(ctx: Context, cmd: dict) -> Decision:
         if not is_text(text):
             raise invalid_argument(f"items[{i}] is not well-formed Unicode text")
         try:
-            loads_json_value(text, f"items[{i}]")
+            if ctx.rules >= 4:
+                loads_json_value(text, f"items[{i}]")  # JSON values only: no NaN (rules 4)
+            else:
+                _loads_rules_3(text, f"items[{i}]")
         except ValueError as exc:
             raise invalid_argument(str(exc)) from None
     m = state.read_meta(ctx.view, session)
@@ -79,3 +84,15 @@ def clear(ctx: Context, cmd: dict) -> Decision:
     if m["next"] <= m["first"]:
         return Decision()  # already empty: nothing to write
     return Decision(events=[("threadlog.evt.AgentSessionCleared", {"sessionId": session})])
+
+
+def _loads_rules_3(text: str, label: str) -> None:
+    """What rules 3 accepted as an item: any text `json.loads` parses (NaN too),
+    within the nesting bound every rule parses with (for determinism)."""
+    deep = json_depth_problem(text, label)
+    if deep:
+        raise ValueError(deep)
+    try:
+        json.loads(text)
+    except ValueError:
+        raise ValueError(f"{label} is not JSON text") from None

@@ -204,18 +204,27 @@ def _versions(raw: bytes) -> dict:
     return json.loads(raw)["versions"]
 
 
-def _deletion(ctx: Context, thread: str, doomed: set[tuple[str, str]], *, orphan_writes: bool) -> Decision:
+ALL_ORPHANS, OLDER_ORPHANS, NO_ORPHANS = "all", "older", "none"
+
+
+def _deletion(ctx: Context, thread: str, doomed: set[tuple[str, str]], *, orphan_writes: str) -> Decision:
     """Delete `doomed` (ns, id) checkpoints with their writes, the channel values no
     survivor of their namespaces references, and say which checkpoint is each
-    touched namespace's newest afterwards."""
+    touched namespace's newest afterwards. `orphan_writes`: which writes of
+    checkpoints that do not exist go too -- all, those older than their
+    namespace's latest checkpoint (a newer one's put may be on its way), none."""
     by_ns = _checkpoints(ctx, thread)
     doomed = {(ns, cid) for ns, cid in doomed if cid in by_ns.get(ns, {})}
     touched = {ns for ns, _ in doomed}
-    if orphan_writes:
-        # Writes whose checkpoint does not exist (or is doomed) can never be read: reclaim them too.
+    if orphan_writes != NO_ORPHANS:
         for k, _ in ctx.view.scan(state.write_prefix(thread)):
             _, ns, cid, _, _ = state.split_write_key(k)
-            if cid not in by_ns.get(ns, {}) or (ns, cid) in doomed:
+            held = by_ns.get(ns, {})
+            if (ns, cid) in doomed:
+                continue
+            if cid not in held and (orphan_writes == ALL_ORPHANS or (held and cid < max(held))):
+                # Never readable: their checkpoint does not exist (and, older than
+                # the latest, is no put still on its way: ids grow with time).
                 doomed.add((ns, cid))
     blobs: list[dict] = []
     heads: list[dict] = []
@@ -234,7 +243,7 @@ def _deletion(ctx: Context, thread: str, doomed: set[tuple[str, str]], *, orphan
                              {"threadId": thread, "checkpoints": refs, "blobs": blobs, "heads": heads})])
 
 
-@handles("threadlog.cmd.LangGraphPrune")
+@handles("threadlog.cmd.LangGraphPrune", rules=4)
 def prune(ctx: Context, cmd: dict) -> Decision:
     thread = _thread(ctx, cmd)
     strategy = cmd["strategy"]
@@ -249,7 +258,12 @@ def prune(ctx: Context, cmd: dict) -> Decision:
     # put, and a prune in between must not take them (as LangGraph's Postgres
     # saver: "a run appending to the thread meanwhile is safe"). `delete`
     # removes the thread's every write.
-    return _deletion(ctx, thread, doomed, orphan_writes=strategy == "delete")
+    # Rules 4: keep_latest keeps the writes of a checkpoint newer than the latest:
+    # with durability="async" a run's writes can be judged before its put, and a
+    # prune in between must not take them (as LangGraph's Postgres saver: "a run
+    # appending to the thread meanwhile is safe"). Rules 3 took every orphan.
+    orphans = ALL_ORPHANS if strategy == "delete" or ctx.rules < 4 else OLDER_ORPHANS
+    return _deletion(ctx, thread, doomed, orphan_writes=orphans)
 
 
 @handles("threadlog.cmd.LangGraphDeleteRuns")
@@ -261,7 +275,7 @@ def delete_runs(ctx: Context, cmd: dict) -> Decision:
         for k, _ in ctx.view.scan(state.runt_prefix(thread, run_id)):
             _, _, ns, cid = state.split_runt_key(k)
             doomed.add((ns, cid))
-    return _deletion(ctx, thread, doomed, orphan_writes=False)
+    return _deletion(ctx, thread, doomed, orphan_writes=NO_ORPHANS)
 
 
 # -- copy ------------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ def update(ctx: Context, cmd: dict) -> Decision:
                                                          "patch": dumps(patch)})])
 
 
-@handles("threadlog.cmd.ClaimRun", rules=3)
+@handles("threadlog.cmd.ClaimRun", rules=4)
 def claim(ctx: Context, cmd: dict) -> Decision:
     """Mirror a claim into the run record.
 
@@ -67,15 +67,21 @@ def claim(ctx: Context, cmd: dict) -> Decision:
     record = _load(ctx, thread_id, run_id)
     if record is None:
         raise ThreadLogError(RUN_NOT_FOUND, f"run {run_id!r} does not exist")
-    if is_terminal(record):
+    if ctx.rules >= 4 and is_terminal(record):
         # The client checks this before the grant, but the run may have finished
         # in between (or the proposal is raw): a finished run gets no driver.
         raise ThreadLogError(RUN_TERMINAL, f"run {run_id!r} is {record['status']}; a finished run cannot be claimed")
     if epoch <= state.max_epoch(ctx.view, thread_id, run_id):
         return Decision(result=epoch)
-    # `at` is the judged time, kept on the event; the fold clears heartbeatAt (see run_claimed).
+    # Rules 3: a claim set heartbeatAt to its time (RunClaimed.at). Rules 4: it
+    # leaves heartbeatAt alone (`at` null). Why: a host that claims with the
+    # SPEC's `claim` and never heartbeats was listed by list_reclaimable once
+    # the TTL passed although it was streaming (SPEC 6 lists detached runs);
+    # and clearing it instead would leave a run whose `drive` died before its
+    # first heartbeat listed by nothing, for good.
+    at = ctx.now if ctx.rules < 4 else None
     return Decision(events=[("threadlog.evt.RunClaimed", {"runId": run_id, "threadId": thread_id, "epoch": epoch,
-                                                         "at": ctx.now})],
+                                                         "at": at})],
                     result=epoch)
 
 

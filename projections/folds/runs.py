@@ -143,13 +143,12 @@ def run_claimed(view: View, meta: EventMeta, ev: dict) -> None:
     old = view.get_json(record_key(ev["threadId"], ev["runId"]))
     if old is None:
         return
-    # A claim ends the previous driver's heartbeats and starts none: only a
-    # driver that heartbeats (`drive`, which proposes its first heartbeat right
-    # after its claim) is reclaimable once quiet. Why: a host that claims with
-    # the SPEC's `claim` and never heartbeats must not be handed to a reaper
-    # while it streams -- SPEC 6 lists only runs with `detachedSince` set.
-    new = {k: v for k, v in old.items() if k != "heartbeatAt"}
-    new["driverEpoch"] = ev["epoch"]
+    new = {**old, "driverEpoch": ev["epoch"]}
+    # Claims of rules 3 carried their time and set heartbeatAt; claims of rules 4
+    # (and those judged before heartbeats existed) carry none and leave it alone
+    # (processors/handlers/runs.py `claim` says why).
+    if ev.get("at") is not None:
+        new["heartbeatAt"] = ev["at"]
     _put(view, old, new)
     _raise_epoch(view, ev["threadId"], ev["runId"], ev["epoch"])
 

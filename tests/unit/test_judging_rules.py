@@ -40,10 +40,10 @@ class Log:
         self.ends = dict.fromkeys(range(PARTITIONS), 0)
 
     def propose(self, type_name: str, key: str, payload: dict, *, at: float = 1_000.0, seen: bool = False,
-                proposal_id: str | None = None) -> Record:
+                proposal_id: str | None = None, rules: int = 2) -> Record:
         p = partition_for(key, PARTITIONS)
         env = {"proposalId": proposal_id or uuid.uuid4().hex, "key": key, "type": type_name, "at": at,
-               "rules": 2, "seen": [self.ends[q] for q in range(PARTITIONS)] if seen else [],
+               "rules": rules, "seen": [self.ends[q] for q in range(PARTITIONS)] if seen else [],
                "payload": codec.encode(type_name, payload)}
         return self.raw(p, codec.encode("threadlog.Proposal", env))
 
@@ -323,14 +323,14 @@ def _at_stack_depth(frames: int, fn):
 def test_deeply_nested_json_gets_the_same_verdict_at_any_stack_depth(tmp_path):
     """Tried: JSON nested 900 levels in every judged text a proposal carries (a
     transcript, a run patch, an interrupt payload, an agent-session item, a
-    checkpoint's conversation), judged from a shallow stack and from one 600
+    checkpoint's conversation), judged from a shallow stack and from one 300
     frames deeper. CPython's parser fails at a depth that depends on the
     caller's stack, so without a fixed bound the two judges disagreed; with it,
-    everything past 256 levels is refused by both, and 256 is accepted."""
+    everything past 512 levels is refused by both, and 512 is accepted."""
     log = Log()
     tok = "t" * 32
     acquire(log, "a", tok)
-    log.propose("threadlog.cmd.SaveTranscript", "a", {"threadId": "a", "messages": _nested(256)})
+    log.propose("threadlog.cmd.SaveTranscript", "a", {"threadId": "a", "messages": _nested(512)})
     log.propose("threadlog.cmd.SaveTranscript", "a", {"threadId": "a", "messages": _nested(900)})
     log.propose("threadlog.cmd.UpdateRun", "a", {"runId": "r", "threadId": "a",
                                                  "patch": '{"usage":' + _nested(899) + "}"})
@@ -346,11 +346,11 @@ def test_deeply_nested_json_gets_the_same_verdict_at_any_stack_depth(tmp_path):
     stores = [Store(tmp_path / "shallow"), Store(tmp_path / "deep")]
     try:
         shallow = judge_all(stores[0], log.records)
-        deep = _at_stack_depth(600, lambda: judge_all(stores[1], log.records))
+        deep = _at_stack_depth(300, lambda: judge_all(stores[1], log.records))
         assert shallow == deep
         assert [v.get("code") for v in shallow] == [None, None, *["INVALID_ARGUMENT"] * 4,
                                                     "SANDBOX_SNAPSHOT_INVALID_ENTRY"]
-        assert all("nests deeper than 256" in v["message"] for v in shallow[2:]), shallow[2:]
+        assert all("nests deeper than 512" in v["message"] for v in shallow[2:]), shallow[2:]
         assert dict(stores[0].scan(b"")) == dict(stores[1].scan(b""))
     finally:
         for s in stores:

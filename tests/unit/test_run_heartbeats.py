@@ -33,8 +33,9 @@ def create(log: Log, at: float = 1_000.0) -> None:
                 {"runId": RUN, "threadId": THREAD, "startedAt": 1, "status": None}, at=at, seen=True)
 
 
-def claim(log: Log, epoch: int, at: float) -> None:
-    log.propose("threadlog.cmd.ClaimRun", THREAD, {"runId": RUN, "threadId": THREAD, "epoch": epoch}, at=at)
+def claim(log: Log, epoch: int, at: float, rules: int = 3) -> None:
+    log.propose("threadlog.cmd.ClaimRun", THREAD, {"runId": RUN, "threadId": THREAD, "epoch": epoch}, at=at,
+                rules=rules)
 
 
 def beat(log: Log, epoch: int, at: float, detach: bool = False, run: str = RUN) -> None:
@@ -54,13 +55,13 @@ def index(store: Store) -> dict[bytes, list[float]]:
             for tag in (state.RUN_DETACHED, state.RUN_HEARTBEAT)}
 
 
-def test_heartbeats_are_judged_at_the_records_time_and_fenced_by_the_epoch(stores, tmp_path):
+def test_heartbeats_are_judged_at_the_records_time_and_fenced_by_the_epoch(stores):
     log = Log()
     create(log)
-    claim(log, 1, at=2_000)                 # 1: a claim sets no heartbeatAt (only heartbeats do)
+    claim(log, 1, at=2_000)                 # 1: heartbeatAt := the claim's time
     beat(log, 1, at=3_000)                  # 2: the driver is alive
     beat(log, 1, at=2_500)                  # 3: a proposer clock behind: judged at 3 000 (time never runs back)
-    claim(log, 2, at=4_000)                 # 4: another host claims: the old driver's heartbeatAt goes
+    claim(log, 2, at=4_000)                 # 4: another host claims
     beat(log, 1, at=4_500)                  # 5: the old driver: superseded
     beat(log, 3, at=4_600)                  # 6: an epoch never granted
     beat(log, 0, at=4_700)                  # 7: not an epoch
@@ -73,15 +74,9 @@ def test_heartbeats_are_judged_at_the_records_time_and_fenced_by_the_epoch(store
     assert verdicts[3]["result"]["heartbeatAt"] == 3_000
     assert "superseded" in verdicts[5]["message"] and "never granted" in verdicts[6]["message"]
     r = record(stores[0])
-    # The refused heartbeats changed nothing: the claim of epoch 2 cleared the time last,
-    # so a host that claims and never heartbeats is not listed as reclaimable (SPEC 6).
-    assert r["driverEpoch"] == 2 and "heartbeatAt" not in r and "detachedSince" not in r
-    assert index(stores[0]) == {state.RUN_DETACHED: [], state.RUN_HEARTBEAT: []}
-    # Before that claim, the first driver's heartbeat had put the run in the heartbeat index.
-    before = Store(tmp_path / "before")
-    judge_all(before, log.records[:4])
-    assert index(before) == {state.RUN_DETACHED: [], state.RUN_HEARTBEAT: [3_000]}
-    before.close()
+    # The refused heartbeats changed nothing: the claim of epoch 2 set the time last.
+    assert r["driverEpoch"] == 2 and r["heartbeatAt"] == 4_000 and "detachedSince" not in r
+    assert index(stores[0]) == {state.RUN_DETACHED: [], state.RUN_HEARTBEAT: [4_000]}
     # A rebuild (the same log judged again, from nothing) agrees on every verdict and every key.
     assert judge_all(stores[1], log.records) == verdicts
     assert dict(stores[0].scan(b"")) == dict(stores[1].scan(b""))
@@ -135,22 +130,34 @@ def test_a_claim_judged_before_heartbeats_existed_sets_no_heartbeat_time(stores)
     assert index(stores[0]) == {state.RUN_DETACHED: [], state.RUN_HEARTBEAT: []}
 
 
-def test_heartbeats_and_claims_need_rules_3():
-    assert RULES >= 3
-    assert rules_for("threadlog.cmd.HeartbeatRun") == 3 and rules_for("threadlog.cmd.ClaimRun") == 3
+def test_heartbeats_need_rules_3_and_claims_rules_4():
+    assert RULES >= 4
+    assert rules_for("threadlog.cmd.HeartbeatRun") == 3 and rules_for("threadlog.cmd.ClaimRun") == 4
     assert rules_for("threadlog.cmd.UpdateRun") == 2
 
 
-def test_a_claim_of_a_finished_run_is_refused_and_changes_nothing(stores):
-    """Tried: a raw ClaimRun mirror judged after the run completed (a run that
-    finishes between the claimer's read and the grant ends up here)."""
+def test_rules_4_claims_leave_heartbeat_time_alone_and_are_refused_on_a_finished_run(stores):
+    """Rules 4 (what clients send now). A claim leaves heartbeatAt as it was: a host
+    that claims (the SPEC's `claim`) and never heartbeats is not listed once the TTL
+    passes (SPEC 6 lists detached runs), and a run whose `drive` died before its
+    first heartbeat stays listed by the old one. A claim judged after the run
+    finished (a race with the claimer's read, or a raw proposal) is refused."""
     log = Log()
     create(log)
-    claim(log, 1, at=2_000)
+    claim(log, 1, at=2_000, rules=4)        # 1: no heartbeatAt yet, none set
+    beat(log, 1, at=3_000)                  # 2: the driver heartbeats
+    claim(log, 2, at=4_000, rules=4)        # 3: a new driver: the last heartbeat time stays
     log.propose("threadlog.cmd.UpdateRun", THREAD,
-                {"runId": RUN, "threadId": THREAD, "patch": '{"status": "completed"}'}, at=3_000)
-    claim(log, 2, at=4_000)
-    verdicts = judge_all(stores[0], log.records)
-    assert [v.get("code") for v in verdicts] == [None, None, None, "RUN_TERMINAL"]
-    r = record(stores[0])
-    assert r["status"] == "completed" and r["driverEpoch"] == 1
+                {"runId": RUN, "threadId": THREAD, "patch": '{"status": "completed"}'}, at=5_000)
+    claim(log, 3, at=6_000, rules=4)        # 5: finished: refused
+    claim(log, 3, at=6_000, rules=3)        # 6: rules 3 judged as its clients were told: accepted
+    judge_all(stores[0], log.records[:2])
+    assert "heartbeatAt" not in record(stores[0]) and index(stores[0])[state.RUN_HEARTBEAT] == []
+    judge_all(stores[0], log.records[2:4])
+    assert record(stores[0])["heartbeatAt"] == 3_000 and record(stores[0])["driverEpoch"] == 2
+    verdicts = judge_all(stores[0], log.records[4:])
+    assert [v.get("code") for v in verdicts] == [None, "RUN_TERMINAL", None]
+    assert record(stores[0])["driverEpoch"] == 3 and record(stores[0])["status"] == "completed"
+    assert rules_for("threadlog.cmd.ClaimRun") == 4 <= RULES
+    judge_all(stores[1], log.records)
+    assert dict(stores[0].scan(b"")) == dict(stores[1].scan(b""))

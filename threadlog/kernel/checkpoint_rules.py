@@ -23,7 +23,17 @@ from typing import Any
 
 from . import validation
 from .errors import INVALID_ENTRY, INVALID_ID, WRITER_LOST, ThreadLogError
-from .validation import dumps, is_int, is_safe_size, is_text, is_timestamp, is_valid_id, json_problem, loads
+from .validation import (
+    dumps,
+    is_int,
+    is_safe_size,
+    is_text,
+    is_timestamp,
+    is_valid_id,
+    json_depth_problem,
+    json_problem,
+    loads,
+)
 
 REASONS = ("automatic", "named", "fork-root")
 CHECKPOINT_KEYS = frozenset({"id", "threadId", "parentCheckpointId", "createdAt", "reason", "label",
@@ -298,8 +308,10 @@ def _head(record: dict) -> dict[str, Any]:
 
 def from_wire(record: dict) -> dict:
     """A `threadlog.Checkpoint` Avro record as the API dict (absent fields dropped)."""
+    text = record["conversation"]
+    deep = json_depth_problem(text, "conversation")  # a judge parses this: see MAX_JSON_DEPTH
     try:
-        conversation: Any = loads(record["conversation"])
+        conversation: Any = UnparsedJson(deep) if deep else loads(text)
     except ValueError as exc:
         conversation = UnparsedJson(str(exc))
     out = _head(record)
