@@ -13,7 +13,7 @@ from confluent_kafka.admin import AdminClient
 from support import within
 
 import threadlog
-from threadlog.kernel.topics import Topics
+from threadlog.kernel.topics import Topics, ensure_topics
 
 
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -114,6 +114,12 @@ def test_demo_removes_its_namespace_unless_kept(bootstrap, namespace, tmp_path):
                env={"THREADLOG_BOOTSTRAP": bootstrap})
     assert proc.returncode == 0, proc.stderr
     assert "demo ok" in proc.stdout and "local Kafka" not in proc.stdout
+    # An existing namespace (THREADLOG_BOOTSTRAP may name a real cluster) is never the demo's to delete.
+    ensure_topics(AdminClient({"bootstrap.servers": bootstrap}), Topics(namespace), partitions=1, timeout=30)
+    proc = cli("demo", "--namespace", namespace, "--state-dir", str(tmp_path / "existing"), "--port", "70000",
+               env={"THREADLOG_BOOTSTRAP": bootstrap})
+    assert "already exists" in one_error_line(proc, "INVALID_ARGUMENT")
+    assert topics_of(bootstrap, namespace) == set(Topics(namespace).all())
 
 
 def test_every_flag_has_help_and_says_its_default():

@@ -313,6 +313,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"local Kafka {broker.KAFKA_VERSION} (KRaft) at {bootstrap}")
     namespace = args.namespace or f"demo-{uuid.uuid4().hex[:8]}"
     kafka = _kafka_props(args)
+    if args.namespace and args.namespace in _namespaces(bootstrap, kafka, args.request_timeout_ms / 1000.0):
+        # The demo deletes its namespace when done: never one it did not create
+        # (THREADLOG_BOOTSTRAP may well name a real cluster).
+        from threadlog.kernel.errors import invalid_argument
+
+        raise invalid_argument(f"namespace {args.namespace!r} already exists on {bootstrap}; the demo deletes "
+                               "its namespace when done: name a new one (or none)")
     try:
         asyncio.run(_demo(bootstrap, namespace, args.state_dir, kafka, args.request_timeout_ms))
     finally:
