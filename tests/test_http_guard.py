@@ -76,17 +76,24 @@ async def test_a_broken_hook_fails_closed_with_a_500(tl, client):
     def says_maybe(request, *, thread_id=None, run_id=None):
         return "yes"  # not True: never taken for an allow
 
-    for hook in (explodes, says_maybe):
+    class UpstreamError(Exception):  # as aiohttp's and urllib's HTTP errors: the upstream's headers
+        headers = {"Set-Cookie": "upstream-session=1", "Content-Length": "12345"}
+
+    def calls_upstream(request, *, thread_id=None, run_id=None):
+        raise UpstreamError("the policy service answered 502")
+
+    for hook in (explodes, says_maybe, calls_upstream):
         async with serving(tl, authorize=hook) as base:
             r = await client.get(f"{base}/api/chat?threadId=t")
             assert r.status_code == 500 and r.json()["error"]["code"] == "INTERNAL"
+            assert "set-cookie" not in r.headers  # another response's headers never leak into ours
             r = await client.get(f"{base}/runs/r/stream")
             assert r.status_code == 500 and r.json()["error"]["code"] == "INTERNAL"
 
 
 async def test_bearer_tokens_from_a_file_are_checked_and_never_logged(tl, client, tmp_path, caplog):
     tokens = tmp_path / "tokens"
-    tokens.write_text("# who may read\nalpha-token-1\n\n  beta-token-2  \nclé-token-3\n", encoding="utf-8")
+    tokens.write_text("# who may read\nalpha-token-1\n\n  beta-token-2  \nclé-token-3\nvoilà\n", encoding="utf-8")
     log = tl.delivery("r-tok")
     offs = await within(log.append([chunk(0), {"type": "RUN_FINISHED", "runId": "r-tok"}]))
     await within(log.close())
@@ -104,6 +111,9 @@ async def test_bearer_tokens_from_a_file_are_checked_and_never_logged(tl, client
             assert r.status_code == 200
         # A token of non-ASCII text: the header's UTF-8 bytes match the file's.
         r = await client.get(url, headers={"Authorization": "Bearer clé-token-3".encode()})
+        assert r.status_code == 200
+        # Ending in "à" (C3 A0): str.strip took the A0 byte (a non-breaking space in latin-1).
+        r = await client.get(url, headers={"Authorization": "Bearer voilà".encode()})
         assert r.status_code == 200
         r, events = await read_stream(client, f"{base}/runs/r-tok/stream",
                                       headers={"Authorization": "Bearer beta-token-2"})

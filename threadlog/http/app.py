@@ -183,8 +183,10 @@ async def _json_error(request: Request, exc: Exception) -> Response:
     status = getattr(exc, "status_code", 500)
     detail = getattr(exc, "detail", "internal error")
     code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(status, "INTERNAL")
-    # Starlette's own headers kept (a 405's `Allow`, which RFC 9110 requires).
-    headers = {**(getattr(exc, "headers", None) or {}), **NO_STORE}
+    # Starlette's own headers kept (a 405's `Allow`, which RFC 9110 requires);
+    # never those of any other exception (an upstream response's Set-Cookie,
+    # Content-Length...): this handler also answers every unexpected error.
+    headers = {**((exc.headers or {}) if isinstance(exc, HTTPException) else {}), **NO_STORE}
     return JSONResponse({"error": {"code": code, "message": str(detail)}}, status_code=status, headers=headers)
 
 

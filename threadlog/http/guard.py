@@ -95,11 +95,11 @@ def bearer_tokens(path: str | Path) -> Authorize:
 
     def authorize(request: Request, *, thread_id: str | None = None, run_id: str | None = None) -> bool:
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not given.strip():
+        if scheme.lower() != "bearer" or not given.strip(" \t"):
             raise unauthenticated("an Authorization: Bearer <token> header is required")
         # The header's own bytes: the server decoded them as latin-1, so this
         # gives back the UTF-8 a client sent for a non-ASCII token.
-        candidate = given.strip().encode("latin-1")
+        candidate = given.strip(" \t").encode("latin-1")  # str.strip would take \xa0 and \x85: UTF-8 bytes
         ok = False
         for token in tokens:  # no early exit: the time does not say which token was close
             ok |= hmac.compare_digest(candidate, token)
@@ -187,13 +187,38 @@ class StreamSlots:
         self.limit = limit
         self.open = 0
         self._lock = threading.Lock()
-        self.closing = asyncio.Event()
+        self._closing = False
+        # One event per waiting stream, made on its own loop: one asyncio.Event
+        # for all bound itself to the first loop that waited, and a stream on
+        # another loop (a second TestClient of one app) then failed.
+        self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
 
     def close_streams(self) -> None:
         """End every open stream, and any opened from now on, cleanly (a server
         shutting down: streams never end by themselves, and uvicorn cancelled
-        them after its drain timeout, a traceback each and a cut response)."""
-        self.closing.set()
+        them after its drain timeout, a traceback each and a cut response).
+        Callable from any thread."""
+        with self._lock:
+            self._closing = True
+            waiters = list(self._waiters)
+        for loop, event in waiters:
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:
+                pass  # that loop is closed: its stream is gone
+
+    async def wait_closing(self) -> None:
+        """Return once `close_streams` was called."""
+        waiter = (asyncio.get_running_loop(), asyncio.Event())
+        with self._lock:
+            if self._closing:
+                return
+            self._waiters.add(waiter)
+        try:
+            await waiter[1].wait()
+        finally:
+            with self._lock:
+                self._waiters.discard(waiter)
 
     def take(self) -> bool:
         with self._lock:

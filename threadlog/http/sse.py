@@ -175,12 +175,13 @@ class EventStreamResponse(StreamingResponse):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _serve(self, receive: Receive, send: Send) -> None:
-        started = closed_by_server = False
+        started = completed = closed_by_server = False
 
         async def sending(message: MutableMapping[str, Any]) -> None:
-            nonlocal started
+            nonlocal started, completed
             await send(message)
             started = True
+            completed = completed or (message["type"] == "http.response.body" and not message.get("more_body"))
 
         async with anyio.create_task_group() as tg:
 
@@ -201,7 +202,7 @@ class EventStreamResponse(StreamingResponse):
             async def server_closing() -> None:
                 nonlocal closed_by_server
                 assert self.slots is not None
-                await self.slots.closing.wait()
+                await self.slots.wait_closing()
                 closed_by_server = True
                 tg.cancel_scope.cancel()
 
@@ -209,7 +210,7 @@ class EventStreamResponse(StreamingResponse):
             tg.start_soon(disconnect)
             if self.slots is not None:
                 tg.start_soon(server_closing)
-        if closed_by_server and started:
+        if closed_by_server and started and not completed:  # the body may have ended first
             # The body was stopped between two sends: end the response properly (the
             # client sees the stream end, and resumes elsewhere with Last-Event-ID).
             with contextlib.suppress(OSError):
