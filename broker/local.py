@@ -179,13 +179,15 @@ def _running(st: BrokerState) -> bool:
 
 
 def _is_broker_of(pid: int, props: Path) -> bool:
+    if not os.path.isdir("/proc/self"):
+        return True  # no /proc here (not Linux): the pid is all there is to go by
     proc = Path(f"/proc/{pid}")
     try:
         args = (proc / "cmdline").read_bytes().split(b"\0")
     except FileNotFoundError:
         return False  # gone
     except OSError:
-        return True  # no /proc here (not Linux): the pid is all there is to go by
+        return True  # not ours to read (another user's process): the pid is all there is
     if b"kafka.Kafka" not in args:
         return False
     for arg in args:

@@ -7,6 +7,7 @@ reached (tests/test_judging.py compares them).
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Callable
@@ -46,7 +47,8 @@ def rebuild(
     anything is touched: dropping it under a running judge would corrupt what
     that process serves.
     """
-    _require_store_layout(Path(store_path))
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise invalid_argument(f"the stall timeout must be a positive number of seconds, got {timeout!r}")
     slot = hold_slot(store_path)
     if slot is None:
         pid = slot_holder(store_path)
@@ -54,13 +56,18 @@ def rebuild(
         raise ThreadLogError(STORE_IN_USE, f"store {store_path} is in use by a live process{by}; "
                                            "stop it first, or rebuild another slot with --store")
     try:
+        _require_store_layout(Path(store_path))
         return _rebuild(bootstrap, namespace, store_path, progress, timeout, kafka, request_timeout)
     finally:
         slot.release()
 
 
-# What a store directory holds (projections/partition_stores.py, threadlog/runtime.py).
-_STORE_ENTRY = re.compile(r"events-\d+|deliveries|topics\.json")
+# What a store directory holds (projections/partition_stores.py, threadlog/runtime.py,
+# projections/incarnation.py), what a crash can leave there (a snapshot being
+# taken, projections/store.py; a marker being written), and a slot of the older
+# one-store layout (RocksDB's own files).
+_STORE_ENTRY = re.compile(r"events-\d+|deliveries|topics\.json(\.tmp)?|\.(events-\d+|deliveries)\.snapshot-.*"
+                          r"|CURRENT|IDENTITY|LOCK|LOG(\.old\..*)?|MANIFEST-\d+|OPTIONS-\d+|\d+\.(sst|log|blob)")
 
 
 def _require_store_layout(path: Path) -> None:

@@ -19,25 +19,34 @@ import json
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 
-from confluent_kafka import KafkaException, TopicCollection
+from confluent_kafka import TopicCollection
 from confluent_kafka.admin import AdminClient
-
-from threadlog.kernel.errors import unavailable
 
 log = logging.getLogger("threadlog.state")
 
 MARKER = "topics.json"
 
 
-def topic_ids(admin: AdminClient, names: list[str], timeout: float) -> dict[str, str]:
-    """name -> Kafka topic id (base64 text)."""
-    try:
-        futures = admin.describe_topics(TopicCollection(names), request_timeout=timeout)
-        return {name: str(fut.result(timeout=timeout).topic_id) for name, fut in futures.items()}
-    except KafkaException as exc:
-        raise unavailable(f"could not describe topics {names}: {exc}") from None
+def topic_ids(admin: AdminClient, names: list[str], timeout: float) -> dict[str, str] | None:
+    """name -> Kafka topic id (base64 text); None when they cannot be read (the
+    check is then skipped, with a warning: it guards a rare mistake, and must not
+    keep a host from opening -- e.g. on a broker without DescribeTopics)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = max(0.5, deadline - time.monotonic())
+        try:
+            futures = admin.describe_topics(TopicCollection(names), request_timeout=left)
+            return {name: str(fut.result(timeout=left).topic_id) for name, fut in futures.items()}
+        except Exception as exc:
+            # A namespace just created may not be in every broker's metadata yet.
+            if time.monotonic() + 0.2 >= deadline:
+                log.warning("could not read the ids of topics %s (%s): the state directory is not checked "
+                            "against a namespace deleted and created again", names, exc)
+                return None
+            time.sleep(0.2)
 
 
 def settle(slot: Path, ids: dict[str, str]) -> bool:
@@ -50,11 +59,14 @@ def settle(slot: Path, ids: dict[str, str]) -> bool:
         recorded = None  # a new slot, or one from before markers: taken as it is
     emptied = False
     if isinstance(recorded, dict) and recorded != ids:
+        # Emptied before the marker names the new ids: a crash in between leaves
+        # the old marker, so the next start empties the rest.
         log.warning("state in %s was folded from other topics of this namespace (deleted and created again): "
                     "emptied, to be folded again", slot)
         for entry in slot.iterdir():
             if entry.name != MARKER:
-                shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+                # Errors raise: the marker must not name the new ids over old state.
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink(missing_ok=True)
         emptied = True
     if recorded != ids:
         slot.mkdir(parents=True, exist_ok=True)

@@ -107,4 +107,5 @@ async def test_a_rebuild_that_stops_moving_gives_up_with_unavailable(open_client
     with pytest.raises(ThreadLogError) as err:
         await asyncio.to_thread(rebuild, bootstrap, namespace, tmp_path / "rebuilt", progress=lambda _: None,
                                 timeout=3.0)
-    assert err.value.code == "UNAVAILABLE" and "no progress for 3s at 1/2 offsets" in err.value.message
+    # (At 1/2 offsets, or at 0/2 on a machine too busy to fetch within 3 s.)
+    assert err.value.code == "UNAVAILABLE" and "no progress for 3s at" in err.value.message

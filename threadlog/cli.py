@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -123,7 +124,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.snapshot_every < 1 or args.snapshot_interval <= 0:
         print("threadlog worker: --snapshot-every and --snapshot-interval must be positive", file=sys.stderr)
         return 2
-    if args.drain_timeout < 0:
+    if not args.drain_timeout >= 0 or math.isinf(args.drain_timeout):  # NaN and inf too
         print("threadlog worker: --drain-timeout must be >= 0", file=sys.stderr)
         return 2
     _require_bindable(*listen, "--listen")
@@ -448,6 +449,10 @@ async def _serve(args: argparse.Namespace) -> None:
     import threadlog
 
     guard = _http_guard(args)  # a bad flag or token file fails before connecting
+    if not args.drain_timeout >= 0 or math.isinf(args.drain_timeout):  # NaN and inf too
+        from threadlog.kernel.errors import invalid_argument
+
+        raise invalid_argument(f"--drain-timeout must be a number of seconds >= 0, got {args.drain_timeout}")
     _require_bindable(args.host, args.port, "--host/--port")
     # Opened here rather than in the app's lifespan: a failed open is then the
     # command's one error line (uvicorn would log a traceback), and serving a

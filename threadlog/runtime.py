@@ -127,8 +127,9 @@ class Runtime:
             self.timings["started"] = time.monotonic() - t0
             return
         ids = incarnation.topic_ids(self.admin, [self.topics.events, self.topics.deliveries],
-                                    self.opts.request_timeout)
-        incarnation.settle(self.slot.path, ids)  # before any store of the slot opens
+                                    min(10.0, self.opts.request_timeout))
+        if ids is not None:
+            incarnation.settle(self.slot.path, ids)  # before any store of the slot opens
         self.stores = PartitionStores(self.slot.path, self.topics.events)
         self.index_store = Store(self.slot.path / "deliveries")
         self.deliveries = DeliveryIndex(self.opts.bootstrap_servers, self.topics.deliveries,

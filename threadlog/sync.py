@@ -9,8 +9,8 @@ any number of OS threads call the blocking methods at once.
 Bounds. Every call of the async API bounds itself (each step within the
 client's request timeout, `request_timeout_ms`, 30 s by default) and its own
 error comes through: `UNAVAILABLE` when nothing was written, `OUTCOME_UNKNOWN`
-when a write's fate is unknown. A blocking call waits for it up to twice the
-request timeout plus 5 s (a fork is two proposals); past that the call is
+when a write's fate is unknown. A blocking call waits for it up to four times the
+request timeout plus 5 s (a fork is two proposals, a drive more); past that the call is
 cancelled on the loop and raises `OUTCOME_UNKNOWN`. A delivery reader applies
 the request timeout itself to
 each step: a `next()` that gets no chunk within the timeout raises UNAVAILABLE,
@@ -217,7 +217,7 @@ class SyncThreadLog:
         way. So the wait is longer, and the call's own error comes through
         (OUTCOME_UNKNOWN when a write's fate is unknown); if even that long
         passes, the outcome is unknown too."""
-        limit = self.request_timeout * 2 + 5.0 if backstop else self.request_timeout
+        limit = self.request_timeout * 4 + 5.0 if backstop else self.request_timeout
         try:
             done, _ = concurrent.futures.wait([fut], limit)
         except BaseException:

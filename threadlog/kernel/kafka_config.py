@@ -351,6 +351,7 @@ def drain(consumer: Consumer, max_messages: int, timeout: float) -> list[Consume
 
 
 _BLANK = " \t\f"
+_LINE_END = re.compile(r"\r\n|\r|\n")
 _ESCAPED = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
 
 
@@ -368,7 +369,9 @@ def load_properties(path: str) -> dict[str, str]:
     """
     try:
         with open(path, encoding="utf-8") as fh:
-            raw = fh.read().splitlines()
+            # Lines end at \r\n, \r or \n only, as for Java (str.splitlines also splits
+            # at \f, \x1c-\x1e, \x85, \u2028, \u2029: a password holding one broke).
+            raw = _LINE_END.split(fh.read())
     except OSError as exc:
         raise invalid_argument(f"cannot read kafka config {path}: {exc.strerror or exc}") from None
     props: dict[str, str] = {}

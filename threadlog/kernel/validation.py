@@ -88,7 +88,12 @@ def json_depth_problem(text: str | bytes, label: str = "value") -> str | None:
     transcripts): text with few brackets is not scanned at all."""
     data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
     if data.count(b"[") + data.count(b"{") <= MAX_JSON_DEPTH:
-        return None
+        return None  # (an upper bound in any encoding: every opener holds its byte)
+    if isinstance(text, bytes):
+        try:
+            text.decode("utf-8")
+        except UnicodeDecodeError:  # json.loads would read UTF-16/32, where quotes hide in other characters
+            return f"{label} is not UTF-8 text"
     # Outside strings only: with escaped backslashes and quotes gone, strings
     # are exactly the odd pieces between quotes (in the valid prefix the parser
     # reads before any error -- past an error it recurses no deeper).
