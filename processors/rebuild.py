@@ -15,6 +15,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
+from threadlog.projections import incarnation
 from threadlog.projections.barrier import LatestOffsets, ReadBarrier
 from threadlog.projections.fold import load_all
 from threadlog.projections.partition_stores import PartitionStores, hold_slot, slot_holder
@@ -66,7 +67,8 @@ def rebuild(
 # projections/incarnation.py), what a crash can leave there (a snapshot being
 # taken, projections/store.py; a marker being written), and a slot of the older
 # one-store layout (RocksDB's own files).
-_STORE_ENTRY = re.compile(r"events-\d+|deliveries|topics\.json(\.tmp)?|\.(events-\d+|deliveries)\.snapshot-.*"
+_STORE_ENTRY = re.compile(rf"events-\d+|deliveries|{re.escape(incarnation.MARKER)}(\.tmp)?"
+                          r"|\.(events-\d+|deliveries)\.snapshot-.*"
                           r"|CURRENT|IDENTITY|LOCK|LOG(\.old\..*)?|MANIFEST-\d+|OPTIONS-\d+|\d+\.(sst|log|blob)")
 
 

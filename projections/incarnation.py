@@ -22,7 +22,7 @@ import shutil
 import time
 from pathlib import Path
 
-from confluent_kafka import TopicCollection
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient
 
 log = logging.getLogger("threadlog.state")
@@ -41,23 +41,29 @@ def topic_ids(admin: AdminClient, names: list[str], timeout: float) -> dict[str,
             futures = admin.describe_topics(TopicCollection(names), request_timeout=left)
             return {name: str(fut.result(timeout=left).topic_id) for name, fut in futures.items()}
         except Exception as exc:
-            # A namespace just created may not be in every broker's metadata yet.
-            if time.monotonic() + 0.2 >= deadline:
+            # Only a namespace just created (not in every broker's metadata yet) is
+            # worth waiting for; anything else (a broker without DescribeTopics)
+            # would cost every open the whole wait.
+            if not _unknown_topic(exc) or time.monotonic() + 0.2 >= deadline:
                 log.warning("could not read the ids of topics %s (%s): the state directory is not checked "
                             "against a namespace deleted and created again", names, exc)
                 return None
             time.sleep(0.2)
 
 
-def settle(slot: Path, ids: dict[str, str]) -> bool:
+def _unknown_topic(exc: Exception) -> bool:
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+
+
+def settle(slot: Path, ids: dict[str, str]) -> None:
     """Make `slot` hold state of these topic ids only: empty it if its marker names
-    others, then record `ids`. True if it was emptied. Call before opening its stores."""
+    others, then record `ids`. Call before opening any of its stores."""
     marker = slot / MARKER
     try:
         recorded = json.loads(marker.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         recorded = None  # a new slot, or one from before markers: taken as it is
-    emptied = False
     if isinstance(recorded, dict) and recorded != ids:
         # Emptied before the marker names the new ids: a crash in between leaves
         # the old marker, so the next start empties the rest.
@@ -67,10 +73,8 @@ def settle(slot: Path, ids: dict[str, str]) -> bool:
             if entry.name != MARKER:
                 # Errors raise: the marker must not name the new ids over old state.
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink(missing_ok=True)
-        emptied = True
     if recorded != ids:
         slot.mkdir(parents=True, exist_ok=True)
         tmp = slot / (MARKER + ".tmp")
         tmp.write_text(json.dumps(ids, sort_keys=True), encoding="utf-8")
         os.replace(tmp, marker)
-    return emptied

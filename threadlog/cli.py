@@ -124,7 +124,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.snapshot_every < 1 or args.snapshot_interval <= 0:
         print("threadlog worker: --snapshot-every and --snapshot-interval must be positive", file=sys.stderr)
         return 2
-    if not args.drain_timeout >= 0 or math.isinf(args.drain_timeout):  # NaN and inf too
+    if not _drain_timeout_ok(args.drain_timeout):
         print("threadlog worker: --drain-timeout must be >= 0", file=sys.stderr)
         return 2
     _require_bindable(*listen, "--listen")
@@ -141,6 +141,10 @@ def _host_port(text: str, flag: str) -> tuple[str, int] | None:
     except ValueError:
         print(f"threadlog worker: {flag} must be HOST:PORT, got {text!r}", file=sys.stderr)
         return None
+
+
+def _drain_timeout_ok(seconds: float) -> bool:
+    return math.isfinite(seconds) and seconds >= 0  # NaN and inf reached asyncio.timeout
 
 
 def _require_bindable(host: str, port: int, flag: str) -> None:
@@ -449,7 +453,7 @@ async def _serve(args: argparse.Namespace) -> None:
     import threadlog
 
     guard = _http_guard(args)  # a bad flag or token file fails before connecting
-    if not args.drain_timeout >= 0 or math.isinf(args.drain_timeout):  # NaN and inf too
+    if not _drain_timeout_ok(args.drain_timeout):
         from threadlog.kernel.errors import invalid_argument
 
         raise invalid_argument(f"--drain-timeout must be a number of seconds >= 0, got {args.drain_timeout}")

@@ -193,7 +193,7 @@ class Run(TypedDict):
     detachedSince: NotRequired[Timestamp]
     cancelRequested: NotRequired[bool]
     driverEpoch: NotRequired[int]
-    heartbeatAt: NotRequired[Timestamp]  # last judged heartbeat of a `drive` driver; a claim clears it (not patchable)
+    heartbeatAt: NotRequired[Timestamp]  # last judged heartbeat of a `drive` driver (not patchable)
 
 
 class RunPatch(TypedDict, total=False):

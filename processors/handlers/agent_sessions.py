@@ -15,7 +15,7 @@ import json
 from threadlog.projections.folds import agent_sessions as state
 
 from threadlog.kernel.errors import invalid_argument
-from threadlog.kernel.validation import is_text, json_depth_problem, loads_json_value, require_id
+from threadlog.kernel.validation import is_text, loads_json_value, require_id, require_json_depth
 
 from . import Context, Decision, handles
 
@@ -89,9 +89,7 @@ def clear(ctx: Context, cmd: dict) -> Decision:
 def _loads_rules_3(text: str, label: str) -> None:
     """What rules 3 accepted as an item: any text `json.loads` parses (NaN too),
     within the nesting bound every rule parses with (for determinism)."""
-    deep = json_depth_problem(text, label)
-    if deep:
-        raise ValueError(deep)
+    require_json_depth(text, label)
     try:
         json.loads(text)
     except ValueError:

@@ -217,12 +217,12 @@ def _deletion(ctx: Context, thread: str, doomed: set[tuple[str, str]], *, orphan
     doomed = {(ns, cid) for ns, cid in doomed if cid in by_ns.get(ns, {})}
     touched = {ns for ns, _ in doomed}
     if orphan_writes != NO_ORPHANS:
+        latest = {ns: max(ids) for ns, ids in by_ns.items() if ids}
         for k, _ in ctx.view.scan(state.write_prefix(thread)):
             _, ns, cid, _, _ = state.split_write_key(k)
-            held = by_ns.get(ns, {})
-            if (ns, cid) in doomed:
+            if (ns, cid) in doomed or cid in by_ns.get(ns, {}):
                 continue
-            if cid not in held and (orphan_writes == ALL_ORPHANS or (held and cid < max(held))):
+            if orphan_writes == ALL_ORPHANS or (ns in latest and cid < latest[ns]):
                 # Never readable: their checkpoint does not exist (and, older than
                 # the latest, is no put still on its way: ids grow with time).
                 doomed.add((ns, cid))
@@ -253,11 +253,6 @@ def prune(ctx: Context, cmd: dict) -> Decision:
     for ns, ids in _checkpoints(ctx, thread).items():
         keep = {max(ids)} if strategy == "keep_latest" else set()
         doomed |= {(ns, cid) for cid in ids if cid not in keep}
-    # keep_latest reclaims only the writes of the checkpoints it deletes: with
-    # durability="async" a run's writes can be judged before its checkpoint's
-    # put, and a prune in between must not take them (as LangGraph's Postgres
-    # saver: "a run appending to the thread meanwhile is safe"). `delete`
-    # removes the thread's every write.
     # Rules 4: keep_latest keeps the writes of a checkpoint newer than the latest:
     # with durability="async" a run's writes can be judged before its put, and a
     # prune in between must not take them (as LangGraph's Postgres saver: "a run

@@ -359,7 +359,7 @@ def load_properties(path: str) -> dict[str, str]:
     """A Java `client.properties` file, read as `java.util.Properties.load` reads it:
     `key=value` (or `key: value`, `key value`), `#`/`!` comment lines (which never
     continue), a line ending in an odd number of backslashes continued on the next
-    (also at the end of the file), escapes (`\\=`, `\\:`, `\\\\`, `\\t`, `\\uXXXX`...)
+    (also at the end of the file), escapes (`\\=`, `\\:`, `\\\\`, `\\t`, `\\uHHHH`...)
     decoded in keys and values. Two choices: trailing blanks of a value are
     dropped (unless escaped), as Kafka's Java clients trim what they parse, and a
     line of a key alone is refused (Java reads it as an empty value: a typo).
@@ -438,13 +438,13 @@ def _unescape(text: str) -> str:
         elif i < n and text[i] == "u":
             digits = text[i + 1:i + 5]
             if len(digits) < 4 or not all(d in "0123456789abcdefABCDEF" for d in digits):
-                raise ValueError("malformed \\uXXXX escape")
+                raise ValueError("malformed \\uHHHH escape")
             out.append(chr(int(digits, 16)))
             i += 5
         elif i < n:
             out.append(_ESCAPED.get(text[i], text[i]))
             i += 1
-    try:  # \uXXXX pairs are UTF-16: join surrogate pairs, refuse a lone one
+    try:  # \uHHHH pairs are UTF-16: join surrogate pairs, refuse a lone one
         return "".join(out).encode("utf-16-le", "surrogatepass").decode("utf-16-le")
     except UnicodeError:
-        raise ValueError("a \\uXXXX escape leaves a lone surrogate") from None
+        raise ValueError("a \\uHHHH escape leaves a lone surrogate") from None

@@ -194,9 +194,9 @@ def quiet_since(record: Mapping[str, Any]) -> tuple[str, float] | None:
 
     A `running` run is quiet since `detachedSince` when that is set (its driver
     detached, or the application said so), else since `heartbeatAt` (its
-    driver's last judged heartbeat: a dead host stops heartbeating; a claim
-    clears it, so only a driver that heartbeats is found by it); a run with
-    neither has no driver known to have died and is not a candidate.
+    driver's last judged heartbeat: a dead host stops heartbeating; only a
+    `drive` heartbeats); a run with neither has no driver known to have died
+    and is not a candidate.
     The fold's indexes and the reader's exact check both ask this, so they agree."""
     if record.get("status") != "running":
         return None

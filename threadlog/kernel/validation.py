@@ -107,6 +107,13 @@ def json_depth_problem(text: str | bytes, label: str = "value") -> str | None:
     return None
 
 
+def require_json_depth(text: str | bytes, label: str = "value") -> None:
+    """ValueError (saying why) if JSON text nests deeper than MAX_JSON_DEPTH."""
+    deep = json_depth_problem(text, label)
+    if deep:
+        raise ValueError(deep)
+
+
 _MAX_DIGITS = 4300  # sys.get_int_max_str_digits()'s default
 _DIGITS_LIMIT = 10**_MAX_DIGITS
 
@@ -170,9 +177,7 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 def loads_json_value(text: str | bytes, label: str = "value") -> Any:
     """JSON text -> its value; ValueError saying why when it is not JSON (or
     nests deeper than MAX_JSON_DEPTH). What judges parse from proposals."""
-    deep = json_depth_problem(text, label)
-    if deep:
-        raise ValueError(deep)
+    require_json_depth(text, label)
     try:
         value = json.loads(text, parse_constant=_not_a_number)
     except ValueError as exc:

@@ -127,15 +127,14 @@ class WriterLease:
         # clock's verdict (no renewal answered in time) while the judge accepted a
         # renewal, so the lease may still hold the thread. The judge ends it only
         # if it is still current; a stale release changes nothing.
-        if self._lost_reason is not None:
-            try:  # best effort: SPEC, release "never raises for a stale lease"
-                await self._store._send("threadlog.cmd.ReleaseCheckpointWriter", self.thread_id,
-                                        {"writer": writer_record(self)})
-            except ThreadLogError as exc:
-                log.info("release of the lost writer lease of thread %r not confirmed: %s", self.thread_id, exc)
-            return
-        await self._store._send("threadlog.cmd.ReleaseCheckpointWriter", self.thread_id,
-                                {"writer": writer_record(self)})
+        try:
+            await self._store._send("threadlog.cmd.ReleaseCheckpointWriter", self.thread_id,
+                                    {"writer": writer_record(self)})
+        except ThreadLogError as exc:
+            if self._lost_reason is None:
+                raise
+            # Best effort for a lost lease: SPEC, release "never raises for a stale lease".
+            log.info("release of the lost writer lease of thread %r not confirmed: %s", self.thread_id, exc)
 
     # -- background renewal ---------------------------------------------------------
     def _now(self) -> float:

@@ -118,8 +118,8 @@ class RunStore(StoreFacade):
     async def list_reclaimable(self, *, now: Timestamp, ttl_ms: float) -> list[Run]:
         """Runs with status `running` whose driver has been gone for `ttl_ms`:
         `detachedSince <= now - ttl_ms`, or, not detached, `heartbeatAt <= now - ttl_ms`
-        (only a `drive` driver heartbeats; a claim clears heartbeatAt) (inclusive;
-        `records.quiet_since`). Ordered by that time, then run id bytes."""
+        (only a `drive` driver heartbeats) (inclusive; `records.quiet_since`).
+        Ordered by that time, then run id bytes."""
         require_timestamp(now, "now")
         if not is_finite(ttl_ms) or ttl_ms < 0:
             raise invalid_argument(f"ttl_ms must be a finite number >= 0, got {ttl_ms!r}")
