@@ -189,6 +189,9 @@ async def test_sigterm_answers_the_worker_request_in_flight_then_exits_0(bootstr
         base = metrics_url(worker)
         client = await open_client()  # embedded: writes the proposal the request waits for
         await within(client.read_barrier(None))
+        async with httpx.AsyncClient(timeout=10) as http:
+            # Ready once it joined the group and caught up; asked before that, it answers 503.
+            await within(readyz_until_owned(http, [worker], [[0, 1, 2, 3]]), 60)
         p = partition_for("t-drain", client.runtime.layout.events)
         end = (await within(client.runtime.barrier.end_offsets()))[p]
         host, _, port = worker.address.rpartition(":")
