@@ -116,7 +116,12 @@ def _rebuild(bootstrap: str, namespace: str, store_path: str | Path, progress: C
     except ThreadLogError as exc:
         raise trap.explain(exc, admin, kafka) from None
     _require_whole_log(bootstrap, topics.events, layout.events, kafka, request_timeout)
+    ids = incarnation.topic_ids(admin, [topics.events, topics.deliveries], request_timeout)
     PartitionStores(store_path, topics.events).destroy()
+    if ids is not None:
+        # The marker went with the directory: without it the next open would take
+        # this state as it is, even after the namespace is deleted and created again.
+        incarnation.settle(Path(store_path), ids)
     store = PartitionStores(store_path, topics.events)
     follower = Judge(bootstrap, topics.events, layout.events, store, default_codec(), f"{namespace}.rebuild",
                      kafka=kafka)

@@ -122,7 +122,16 @@ class PartitionStores:
         with self._guard:
             store = self._stores.get(partition)
             if store is None:
-                store = self._stores[partition] = Store(self.dir_of(partition))
+                store = Store(self.dir_of(partition))
+                if store.offset(self.topic, partition) == 0 and not store.is_empty():
+                    # Keys without a position: a snapshot restore that did not finish
+                    # (a judge writes state and position in one batch, so nothing else
+                    # leaves this). Folding from offset 0 onto it would judge the log
+                    # against part of its own future: checked here, once, for every
+                    # role (a worker, an embedded client, `serve`) that opens the slot.
+                    store.destroy()
+                    store = Store(self.dir_of(partition))
+                self._stores[partition] = store
             return store
 
     def close_partition(self, partition: int) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
@@ -46,11 +48,16 @@ async def test_full_rebuild_from_offset_zero_yields_the_same_reads(open_client, 
     before = {tid: await within(tl.messages.load_thread(tid)) for tid in expected}
     assert before == expected
     store_path = tl.runtime.store.path
+    marker = Path(store_path) / "topics.json"  # which topics the slot was folded from
+    ids = json.loads(marker.read_text())
     await tl.close()
 
     lines: list[str] = []
     stats = rebuild(bootstrap, namespace, store_path, progress=lines.append)
     assert stats["offsets"] > 0 and stats["skipped"] == 0
+    # Rebuilt from these topics: the marker says so again (without it the next open
+    # would trust this state even after the namespace was deleted and created again).
+    assert json.loads(marker.read_text()) == ids
     assert lines and lines[-1].endswith(f"{stats['offsets']}/{stats['offsets']} offsets folded")
 
     reopened = await open_client(state_dir=str(state))  # full replicas: their stores are compared

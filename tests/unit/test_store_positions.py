@@ -19,3 +19,23 @@ def test_a_position_only_moves_forward_and_a_refused_batch_writes_nothing(tmp_pa
         assert (store.offset("events", 0), store.offset("events", 1)) == (5, 1)
     finally:
         store.close()
+
+
+def test_a_partition_store_left_with_keys_but_no_position_is_emptied_for_every_role(tmp_path):
+    # What a worker killed during a snapshot restore leaves (keys written, the
+    # position last and never): any later opener -- an embedded client included,
+    # which folds from offset 0 without a restore step -- must start empty.
+    from threadlog.projections.partition_stores import PartitionStores
+
+    partial = Store(tmp_path / "events-0")
+    partial.apply({b"state": b"from a snapshot"}, {})
+    partial.close()
+    kept = Store(tmp_path / "events-1")
+    kept.apply({b"state": b"folded"}, {("ns.events", 1): 3})
+    kept.close()
+    stores = PartitionStores(tmp_path, "ns.events")
+    try:
+        assert stores.open(0).is_empty() and stores.offset("ns.events", 0) == 0
+        assert stores.open(1).get(b"state") == b"folded" and stores.offset("ns.events", 1) == 3
+    finally:
+        stores.close()
