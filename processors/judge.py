@@ -80,8 +80,16 @@ Others = Callable[[int, str, str, int], "list[str] | None"]
 #    garbage collection (processors/handlers/blob_gc.py).
 # 4: a claim leaves heartbeatAt alone and is refused on a finished run; LangGraph's
 #    keep_latest keeps writes of a checkpoint newer than the latest (its put may
-#    be on its way); agent-session items are JSON values (no NaN).
+#    be on its way); agent-session items are JSON values (no NaN); transcripts and
+#    metadata values hold no number JSON cannot write back (1e400); an artifact's
+#    blob is a reference blob garbage collection keeps. And rules never go back on
+#    a partition: from its first proposal of rules 4 on, every proposal there is
+#    judged by at least those (`read_clock`).
 RULES = 4
+# The first rules that raise a partition's floor. Logs written before it were
+# judged by the rules each proposal named: a floor from older versions would
+# make their rebuild reach other verdicts than their clients were told.
+FLOOR_FROM = 4
 
 # How far a proposal's own time may run ahead of the broker's clock (its
 # LogAppendTime). Time only ever moves forward per partition, so a proposer
@@ -140,6 +148,27 @@ def applied_at_key(partition: int, offset: int) -> bytes:
 
 def clock_key(partition: int) -> bytes:
     return CLOCK + struct.pack(">I", partition)
+
+
+_CLOCK = struct.Struct(">d")
+_CLOCK_FLOOR = struct.Struct(">dH")
+
+
+def read_clock(raw: bytes | None) -> tuple[float, int]:
+    """A partition's (decision time, judging rules floor; 0: none yet).
+
+    Why a floor: `Proposal.rules` is the proposer's word, and a rule tightened
+    in a later version (a check against forged input) would be no check if a
+    forger could name the older rules to be judged by them. Once a partition
+    has judged a proposal of rules >= FLOOR_FROM, it judges every later one by
+    at least those: a position in the log, so every judge and rebuild agrees.
+    """
+    if raw is None:
+        return 0.0, 0
+    if len(raw) == _CLOCK.size:  # written before the floor existed
+        return _CLOCK.unpack(raw)[0], 0
+    at, floor = _CLOCK_FLOOR.unpack(raw)
+    return at, floor
 
 
 class _Blocked(Exception):
@@ -837,9 +866,9 @@ def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: di
         # partition would let two partitions change one thread.
         return refusal(INVALID_ARGUMENT, f"proposal keyed {env['key']!r} was written to partition {p}")
     # Decision time: monotonic per partition, bounded by the broker's clock.
-    prev_raw = view.get(clock_key(p))
-    prev = struct.unpack(">d", prev_raw)[0] if prev_raw is not None else 0.0
+    prev, floor = read_clock(view.get(clock_key(p)))
     now = decision_time(prev, env["at"], rec.broker_ms)
+    rules = max(env["rules"], floor)
     first = view.get(applied_key(env["proposalId"]))
     if first is not None:
         # Re-sent after an unknown outcome (idempotence lasts one producer
@@ -882,7 +911,7 @@ def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: di
 
     ctx = Context(now=now, key=env["key"], command_id=env["proposalId"], partition=p, view=child, holders=holders,
                   partitions=partitions, offset=offset, seen=list(seen) if len(seen) == partitions else [],
-                  rules=env["rules"])
+                  rules=rules)
     try:
         decision = handler(ctx, payload)
         if quiet:
@@ -909,8 +938,9 @@ def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: di
         if decision.follow_ups:
             verdict["follow"] = [{"key": f.key, "type": f.type, "payload": f.payload} for f in decision.follow_ups]
     # Time moves on with every judged proposal, accepted or refused.
-    if now != prev:
-        view.put(clock_key(p), struct.pack(">d", now))
+    raised = rules if rules >= FLOOR_FROM else floor
+    if now != prev or raised != floor:
+        view.put(clock_key(p), _CLOCK_FLOOR.pack(now, raised) if raised else _CLOCK.pack(now))
     return verdict
 
 

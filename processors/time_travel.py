@@ -35,7 +35,6 @@ import contextlib
 import dataclasses
 import json
 import shutil
-import struct
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -55,7 +54,7 @@ from threadlog.kernel import kafka_config
 from threadlog.kernel.errors import invalid_argument, unavailable
 from threadlog.kernel.validation import require_id
 
-from .judge import Others, Record, _Blocked, clock_key, judge_record
+from .judge import Others, Record, _Blocked, clock_key, judge_record, read_clock
 
 if TYPE_CHECKING:
     from threadlog.client import ThreadLog
@@ -178,7 +177,7 @@ def judge_into(store: Store, records: Iterator[Record], *, codec: Codec, partiti
             raise unavailable(f"{topic}[{rec.partition}]@{rec.offset} cannot be judged by this version "
                               f"(it needs newer judging rules; blocked on {blocked.q})") from None
         raw = child.get(clock_key(rec.partition))
-        decided = struct.unpack(">d", raw)[0] if raw is not None else None
+        decided = read_clock(raw)[0] if raw is not None else None
         if until_ms is not None and decided is not None and decided > until_ms:
             break
         child.merge()

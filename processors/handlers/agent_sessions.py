@@ -50,7 +50,7 @@ def add_items(ctx: Context, cmd: dict) -> Decision:
             raise invalid_argument(f"items[{i}] is not well-formed Unicode text")
         try:
             if ctx.rules >= 4:
-                loads_json_value(text, f"items[{i}]")  # JSON values only: no NaN (rules 4)
+                loads_json_value(text, f"items[{i}]", finite=True)  # JSON values only: no NaN, no 1e400
             else:
                 _loads_rules_3(text, f"items[{i}]")
         except ValueError as exc:

@@ -9,7 +9,7 @@ from . import Context, Decision, handles
 from .global_ids import own_thread
 
 
-@handles("threadlog.cmd.SaveTranscript")
+@handles("threadlog.cmd.SaveTranscript", rules=4)
 def save_transcript(ctx: Context, cmd: dict) -> Decision:
     # The client validates the same (stores/messages.py); the judge checks it
     # again because anyone who may write the topic may propose: a transcript
@@ -17,7 +17,9 @@ def save_transcript(ctx: Context, cmd: dict) -> Decision:
     thread = own_thread(ctx, require_id(cmd["threadId"], "thread_id"))
     text = cmd["messages"]
     try:
-        messages = loads_json_value(text, "messages")
+        # rules 4: no number beyond a double (json.loads makes 1e400 an inf that
+        # every later load_thread would fail to encode); rules 3 took it.
+        messages = loads_json_value(text, "messages", finite=ctx.rules >= 4)
     except ValueError as exc:
         raise invalid_argument(str(exc)) from None
     if not isinstance(messages, list):

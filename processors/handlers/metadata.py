@@ -18,11 +18,11 @@ def _entry(ctx: Context, cmd: dict) -> tuple[str, str]:
     return namespace, name
 
 
-@handles("threadlog.cmd.SetMetadata")
+@handles("threadlog.cmd.SetMetadata", rules=4)
 def set_value(ctx: Context, cmd: dict) -> Decision:
     namespace, name = _entry(ctx, cmd)
     try:
-        loads_json_value(cmd["value"], "value")
+        loads_json_value(cmd["value"], "value", finite=ctx.rules >= 4)  # as a transcript (messages.py)
     except ValueError as exc:
         raise invalid_argument(str(exc)) from None
     return Decision(events=[("threadlog.evt.MetadataSet", {"namespace": namespace, "key": name,

@@ -355,3 +355,42 @@ def test_deeply_nested_json_gets_the_same_verdict_at_any_stack_depth(tmp_path):
     finally:
         for s in stores:
             s.close()
+
+
+def test_numbers_beyond_a_double_are_refused_from_rules_4_and_older_rules_stay_as_judged(stores):
+    # Tried: a transcript and a metadata value holding 1e400, which json.loads reads
+    # as inf (stored, then every load_thread / metadata.get failed to encode it).
+    log = Log()
+    log.propose("threadlog.cmd.SaveTranscript", "a", {"threadId": "a", "messages": '[{"x": -1e999}]'}, rules=3)
+    entry = ("ns", "k")
+    from threadlog.projections.folds import metadata as meta_state
+    log.propose("threadlog.cmd.SetMetadata", meta_state.partition_key(*entry),
+                {"namespace": entry[0], "key": entry[1], "value": "1e400"}, rules=3)
+    log.propose("threadlog.cmd.SaveTranscript", "a", {"threadId": "a", "messages": '[{"x": -1e999}]'}, rules=4)
+    log.propose("threadlog.cmd.SetMetadata", meta_state.partition_key(*entry),
+                {"namespace": entry[0], "key": entry[1], "value": "[1e400]"}, rules=4)
+    log.propose("threadlog.cmd.SaveTranscript", "a", {"threadId": "a", "messages": '[{"x": 1e308}]'}, rules=4)
+    verdicts = judge_all(stores[0], log.records)
+    # rules 3 as rules 3 judged them (a rebuild of an older log agrees with its clients)
+    assert [v["ok"] for v in verdicts[:2]] == [True, True]
+    assert [v.get("code") for v in verdicts[2:4]] == ["INVALID_ARGUMENT", "INVALID_ARGUMENT"]
+    assert "beyond the range of a JSON number" in verdicts[2]["message"]
+    assert verdicts[4]["ok"] is True  # the largest doubles are numbers
+
+
+def test_a_partition_never_judges_by_older_rules_once_it_judged_rules_4(stores):
+    # Tried: a forger naming rules 3 to get the laxer judgement after the partition
+    # moved on. Its floor is a log position, so every judge and a rebuild agree; a
+    # partition that never saw rules 4 judges rules 3 as they were judged.
+    log = Log()
+    bad = {"threadId": "a", "messages": "[1e400]"}
+    log.propose("threadlog.cmd.SaveTranscript", "a", bad, rules=3)  # before the floor: as judged then
+    log.propose("threadlog.cmd.SaveTranscript", "a", {"threadId": "a", "messages": "[1]"}, rules=4)
+    log.propose("threadlog.cmd.SaveTranscript", "a", bad, rules=3)  # after it: judged by rules 4
+    log.propose("threadlog.cmd.SaveTranscript", "a", bad, rules=2)
+    other = next(t for t in (f"t{n}" for n in range(100)) if partition_for(t, PARTITIONS) != partition_for("a",
+                                                                                                          PARTITIONS))
+    log.propose("threadlog.cmd.SaveTranscript", other, {"threadId": other, "messages": "[1e400]"}, rules=3)
+    first = judge_all(stores[0], log.records)
+    assert [v["ok"] for v in first] == [True, True, False, False, True]  # the floor is per partition
+    assert judge_all(stores[1], log.records) == first

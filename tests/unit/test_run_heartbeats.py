@@ -150,14 +150,27 @@ def test_rules_4_claims_leave_heartbeat_time_alone_and_are_refused_on_a_finished
     log.propose("threadlog.cmd.UpdateRun", THREAD,
                 {"runId": RUN, "threadId": THREAD, "patch": '{"status": "completed"}'}, at=5_000)
     claim(log, 3, at=6_000, rules=4)        # 5: finished: refused
-    claim(log, 3, at=6_000, rules=3)        # 6: rules 3 judged as its clients were told: accepted
+    claim(log, 3, at=6_000, rules=3)        # 6: naming older rules on a partition past rules 4: refused too
     judge_all(stores[0], log.records[:2])
     assert "heartbeatAt" not in record(stores[0]) and index(stores[0])[state.RUN_HEARTBEAT] == []
     judge_all(stores[0], log.records[2:4])
     assert record(stores[0])["heartbeatAt"] == 3_000 and record(stores[0])["driverEpoch"] == 2
     verdicts = judge_all(stores[0], log.records[4:])
-    assert [v.get("code") for v in verdicts] == [None, "RUN_TERMINAL", None]
-    assert record(stores[0])["driverEpoch"] == 3 and record(stores[0])["status"] == "completed"
+    assert [v.get("code") for v in verdicts] == [None, "RUN_TERMINAL", "RUN_TERMINAL"]
+    assert record(stores[0])["driverEpoch"] == 2 and record(stores[0])["status"] == "completed"
     assert rules_for("threadlog.cmd.ClaimRun") == 4 <= RULES
     judge_all(stores[1], log.records)
     assert dict(stores[0].scan(b"")) == dict(stores[1].scan(b""))
+
+
+def test_an_older_log_of_rules_3_claims_is_judged_as_its_clients_were_told(stores):
+    # No proposal of rules 4 on the partition: a claim after the run finished is
+    # accepted, as the judges of rules 3 accepted it (a rebuild must agree).
+    log = Log()
+    create(log)
+    claim(log, 1, at=2_000, rules=3)
+    log.propose("threadlog.cmd.UpdateRun", THREAD,
+                {"runId": RUN, "threadId": THREAD, "patch": '{"status": "completed"}'}, at=5_000)
+    claim(log, 2, at=6_000, rules=3)
+    assert [v.get("code") for v in judge_all(stores[0], log.records)] == [None, None, None, None]
+    assert record(stores[0])["driverEpoch"] == 2 and record(stores[0])["heartbeatAt"] == 6_000

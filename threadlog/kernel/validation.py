@@ -174,12 +174,21 @@ def _not_a_number(name: str) -> None:
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
-def loads_json_value(text: str | bytes, label: str = "value") -> Any:
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        # json.loads turns 1e400 into inf, which no JSON encoder writes back.
+        raise ValueError(f"{text[:40]} is beyond the range of a JSON number (a double)")
+    return value
+
+
+def loads_json_value(text: str | bytes, label: str = "value", *, finite: bool = False) -> Any:
     """JSON text -> its value; ValueError saying why when it is not JSON (or
-    nests deeper than MAX_JSON_DEPTH). What judges parse from proposals."""
+    nests deeper than MAX_JSON_DEPTH). What judges parse from proposals.
+    `finite`: numbers beyond a double's range are refused too (judging rules 4)."""
     require_json_depth(text, label)
     try:
-        value = json.loads(text, parse_constant=_not_a_number)
+        value = json.loads(text, parse_constant=_not_a_number, parse_float=_finite if finite else None)
     except ValueError as exc:
         raise ValueError(f"{label} is not JSON text: {exc}") from None
     if _SURROGATE_ESCAPE.search(text if isinstance(text, str) else text.decode("utf-8", "replace")):
