@@ -47,6 +47,9 @@ GENERATION_RUN = "gen"
 # and the GC fences (keyed by fence key) standing on a blob key.
 BLOB_REF = "bref"
 BLOB_GC_FENCE = "bgcf"
+# Threads whose artifacts (tl.artifacts records saved by judging rules 4 on)
+# name a blob key: references blob garbage collection keeps, as BLOB_REF.
+ARTIFACT_BLOB = "bart"
 # Whether a blob key exists (held by its partition key `blob:<key>`), by offset.
 BLOB_EXISTS = "bex"
 
@@ -64,6 +67,21 @@ def mark(view: View, meta: EventMeta, kind: str, ident: str, thread: str, held: 
     if meta.offset < 0:
         raise ValueError("a global id change needs the offset it was decided at")
     view.put(key(TAG, kind, ident, thread) + struct.pack(">Q", meta.offset), HELD if held else RELEASED)
+
+
+def count(view: View, meta: EventMeta, counter: bytes, kind: str, ident: str, thread: str, delta: int) -> None:
+    """Add `delta` to how many of `thread`'s records hold `ident` (kept at key
+    `counter`), marking the holding when the count leaves or reaches zero: the
+    history by offset only needs the transitions."""
+    raw = view.get(counter)
+    before = 0 if raw is None else int(raw)
+    n = before + delta
+    if n > 0:
+        view.put(counter, str(n).encode())
+    else:
+        view.delete(counter)
+    if (before > 0) != (n > 0):
+        mark(view, meta, kind, ident, thread, n > 0)
 
 
 def holders_as_of(reader: StateReader, kind: str, ident: str, asof: int | None,

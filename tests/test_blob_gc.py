@@ -16,10 +16,11 @@ import random
 
 import pytest
 from checkpoint_helpers import MutableClock, checkpoint, file_key, refused, threads_on_distinct_partitions
+from confluent_kafka import Producer
 from support import within
 from test_blobs_storage import chunk_log, is_tombstoned, versions_in
 from test_cli_ops import cli
-from threadlog.producers.blob_chunks import CHUNK_SIZE, ChunkWriter, new_version
+from threadlog.producers.blob_chunks import CHUNK_SIZE, CHUNK_TYPE, ChunkWriter, new_version
 from threadlog.projections.folds import blob_gc as gc
 from threadlog.projections.folds import blobs as blob_state
 from worker_support import WorkerProcess, owned_by
@@ -86,7 +87,7 @@ async def test_sweep_deletes_old_unreferenced_blobs_and_keeps_referenced_and_you
 
 
 async def test_bad_arguments_are_refused_before_anything_is_read(tl):
-    for kwargs in ({"grace_ms": -1}, {"grace_ms": 1.5}, {"grace_ms": True}, {"dry_run": "yes"}):
+    for kwargs in ({"grace_ms": -1}, {"grace_ms": 1.5}, {"grace_ms": True}, {"grace_ms": 2**64}, {"dry_run": "yes"}):
         with pytest.raises(ThreadLogError) as err:
             await within(tl.blobs.gc(**kwargs))
         assert err.value.code == "INVALID_ARGUMENT"
@@ -109,7 +110,7 @@ async def test_abandoned_put_chunks_are_reclaimed_and_cannot_commit_later(tl, bo
     assert (dry.abandoned_found, dry.abandoned_reclaimed) == (1, 0)
 
     report = await within(tl.blobs.gc(grace_ms=0))
-    assert (report.abandoned_found, report.abandoned_reclaimed) == (1, 1)
+    assert (report.abandoned_found, report.abandoned_reclaimed, report.abandoned_error) == (1, 1, None)
     assert report.abandoned_bytes == 2 * CHUNK_SIZE + 5
     log = chunk_log(bootstrap, tl)
     versions = versions_in(log)
@@ -123,6 +124,21 @@ async def test_abandoned_put_chunks_are_reclaimed_and_cannot_commit_later(tl, bo
     assert "abandoned" in err.message
     assert (await within(tl.blobs.get(k)))["etag"] == kept["etag"]
     assert (await within(tl.blobs.gc(grace_ms=0))).abandoned_found == 0
+
+
+async def test_records_on_blobs_that_are_not_chunks_of_ours_are_left_alone(tl, bootstrap):
+    # Tried: a key whose index is "²" (str.isdigit, then int() raised: every sweep
+    # failed its abandoned step, for good), a key naming index 1048575 (the sweep
+    # proposed abandoning a million chunks), a chunk record whose own fields name
+    # another key than its Kafka key.
+    forged, other = Producer({"bootstrap.servers": bootstrap}), new_version()
+    for fk in (f"x/{other}/\u00b2", f"x/{other}/1048575"):
+        forged.produce(tl.runtime.topics.blobs, b"not a chunk", fk.encode())
+    forged.produce(tl.runtime.topics.blobs, tl.runtime.codec.encode(
+        CHUNK_TYPE, {"blobKey": "z", "version": other, "index": 0, "data": b"x"}), f"y/{other}/0".encode())
+    assert forged.flush(30) == 0
+    report = await within(tl.blobs.gc(grace_ms=0))
+    assert (report.abandoned_found, report.abandoned_reclaimed, report.abandoned_error) == (0, 0, None)
 
 
 async def test_a_fence_refuses_new_references_and_a_later_sweep_recovers_it(open_client):
@@ -460,3 +476,45 @@ async def test_a_sweep_whose_last_step_fails_still_reports_what_it_deleted(tl, m
     report = await within(tl.blobs.gc(grace_ms=0))
     assert report.deleted_keys == [key] and report.abandoned_error is not None
     assert "injected" in report.abandoned_error and await within(tl.blobs.head(key)) is None
+
+
+async def test_a_blob_an_artifact_names_is_kept_until_the_artifact_goes(tl):
+    # Tried (a review): an artifact record saved with a blobKey, then a sweep. Only
+    # checkpoints counted as references, so the sweep deleted the artifact's content
+    # (TanStack's generation persistence keys artifacts' blobs outside sandbox-*).
+    art_key, other_key = "artifacts/run-1/art-1", "artifacts/run-1/art-2"
+    await within(tl.blobs.put(art_key, b"image bytes"))
+    await within(tl.blobs.put(other_key, b"moved away"))
+    base = {"runId": "run-1", "threadId": "t-art", "name": "a.png", "mimeType": "image/png", "size": 11,
+            "createdAt": 1}
+    await within(tl.artifacts.save({**base, "artifactId": "a1", "blobKey": art_key}))
+    await within(tl.artifacts.save({**base, "artifactId": "a2", "blobKey": other_key}))
+    await within(tl.artifacts.save({**base, "artifactId": "a3", "blobKey": art_key}))  # one blob, two holders
+    await within(tl.artifacts.save({**base, "artifactId": "a2"}))  # a2 no longer names a blob
+    report = await within(tl.blobs.gc(grace_ms=0))
+    assert report.deleted_keys == [other_key] and report.unreferenced == 1
+    assert (await within(tl.blobs.get(art_key)))["body"] == b"image bytes"
+    # Judged, not only skipped by the sweep: a collect of it is refused as referenced.
+    n = tl.runtime.layout.events
+    rec = await within(tl.blobs.head(art_key))
+    sweep = "s-art"
+    await within(tl.send("threadlog.cmd.ClaimBlobForGc", blob_state.partition_key(art_key),
+                         {"key": art_key, "sweepId": sweep, "version": rec["etag"], "graceMs": 0}))
+    for q in range(n):
+        await within(tl.send("threadlog.cmd.FenceBlobsForGc", gc.fence_key(sweep, q, n),
+                             {"sweepId": sweep, "keys": [art_key], "held": True}))
+    assert await within(tl.send("threadlog.cmd.CollectBlob", blob_state.partition_key(art_key),
+                                {"key": art_key, "sweepId": sweep, "version": rec["etag"]})) == {
+        "deleted": False, "reason": "referenced"}
+    # While that sweep's fence stands, a new artifact naming the blob is refused, as a checkpoint is.
+    await refused(tl.artifacts.save({**base, "artifactId": "a4", "blobKey": art_key}), "BLOB_BEING_COLLECTED")
+    assert await within(tl.artifacts.get("a4")) is None
+    for q in range(n):
+        await within(tl.send("threadlog.cmd.FenceBlobsForGc", gc.fence_key(sweep, q, n),
+                             {"sweepId": sweep, "keys": [art_key], "held": False, "collected": {}}))
+    # Both holders gone (one deleted, one by its run): the next sweep collects it.
+    await within(tl.artifacts.delete("a1"))
+    await within(tl.artifacts.delete_for_run("run-1"))
+    report = await within(tl.blobs.gc(grace_ms=0))
+    assert report.deleted_keys == [art_key]
+    assert await within(tl.blobs.head(art_key)) is None

@@ -5,8 +5,8 @@ A sweep, in order:
 1. Recover: fences left standing by a sweep that died are lowered, each of
    their blob keys first sealed by a claim of this sweep (so the dead sweep's
    pending collects are refused whenever they are judged).
-2. Find candidates: blobs no stored checkpoint references (the reference
-   counts) whose last put is older than the grace window.
+2. Find candidates: blobs no stored checkpoint or artifact references (the
+   reference counts) whose last put is older than the grace window.
 3. Claim, fence, collect, lower (processors/handlers/blob_gc.py says why this
    order makes deleting a referenced blob impossible): every decision is a
    judged proposal; this module only proposes. A collect whose outcome is
@@ -37,7 +37,9 @@ from .kernel import kafka_config
 from .kernel.errors import ThreadLogError, invalid_argument, unavailable
 from .kernel.validation import is_int
 from .processors.handlers.blob_gc import MAX_FENCE_KEYS
-from .producers.blob_chunks import CHUNK_TYPE, is_version
+from .processors.handlers.blobs import MAX_CHUNKS
+from .producers.blob_chunks import CHUNK_TYPE, chunk_key, is_version
+from .projections.folds import artifacts as artifact_state
 from .projections.folds import blob_gc as gc
 from .projections.folds import blobs as blob_state
 from .projections.keys import split
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("threadlog.blob_gc")
 
 DEFAULT_GRACE_MS = 60 * 60 * 1000  # one hour
+MAX_GRACE_MS = 2**53 - 1  # as every other time span: exact as a double
 # Proposals of one sweep in flight at once.
 _CONCURRENCY = 64
 _T = TypeVar("_T")
@@ -63,7 +66,7 @@ class GcReport:
     dry_run: bool
     grace_ms: int
     scanned: int = 0  # blobs examined
-    unreferenced: int = 0  # of those, referenced by no stored checkpoint
+    unreferenced: int = 0  # of those, referenced by no stored checkpoint or artifact
     candidates: int = 0  # unreferenced and older than the grace window
     deleted: int = 0
     bytes_reclaimed: int = 0
@@ -84,8 +87,9 @@ class GcReport:
 
 async def collect_garbage(tl: Session, references: Callable[[], Awaitable[list[BlobReference]]], *,
                           grace_ms: int = DEFAULT_GRACE_MS, dry_run: bool = False) -> GcReport:
-    if not is_int(grace_ms) or grace_ms < 0:
-        raise invalid_argument(f"grace_ms must be an int >= 0, got {grace_ms!r}")
+    if not is_int(grace_ms) or not 0 <= grace_ms <= MAX_GRACE_MS:
+        # Bounded: the claims carry it as an Avro long (2**64 raised OverflowError).
+        raise invalid_argument(f"grace_ms must be an int in 0..{MAX_GRACE_MS}, got {grace_ms!r}")
     if not isinstance(dry_run, bool):
         raise invalid_argument(f"dry_run must be a bool, got {dry_run!r}")
     tl.check_open()
@@ -117,6 +121,10 @@ class _Sweep:
         await self.tl.read_barrier(None)
         layouts = {k: v for k, v in _layouts(await self.tl.scan(blob_state.LAYOUT, None))}
         references = {ref["key"] for ref in await self.references()}
+        # Blobs that artifact records name are kept too (the collect refuses them
+        # anyway: judged, as of fixed positions); not proposed, not candidates.
+        references.update(artifact_state.split_holds(k)[0]
+                          for k, _ in await self.tl.scan(artifact_state.BLOB_HOLDS, None))
         horizon = self._now() - r.grace_ms
         r.scanned = len(layouts)
         unreferenced = [k for k in layouts if k not in references]
@@ -270,7 +278,7 @@ def _scan_chunks(tl: Session) -> dict[tuple[str, str], dict]:
     consumer = Consumer(kafka_config.consumer(
         tl.opts.bootstrap_servers, f"{rt.client_id}.blob-gc", tl.opts.kafka,
         **{"isolation.level": "read_uncommitted", "enable.partition.eof": True}))
-    live: dict[str, tuple[int, int]] = {}  # chunk key -> (content bytes, timestamp ms)
+    live: dict[str, tuple[tuple[str, str, int, int], int]] = {}  # chunk key -> ((blob, version, index, bytes), ms)
     try:
         ends = {}
         for p in range(rt.layout.blobs):
@@ -305,29 +313,38 @@ def _scan_chunks(tl: Session) -> dict[tuple[str, str], dict]:
                     if value is None:
                         live.pop(ck, None)
                     else:
-                        live[ck] = (_content_bytes(rt.codec, value), msg.timestamp()[1])
+                        chunk = _chunk_of(rt.codec, ck, value)
+                        if chunk is None:
+                            live.pop(ck, None)  # not a chunk of ours (forged, or another tool's)
+                        else:
+                            live[ck] = (chunk, msg.timestamp()[1])
                 if part in pending and offset + 1 >= pending[part]:
                     del pending[part]
     finally:
         consumer.close()
     found: dict[tuple[str, str], dict] = {}
-    for ck, (size, ts) in live.items():
-        parts = ck.rsplit("/", 2)
-        if len(parts) != 3 or not is_version(parts[1]) or not parts[2].isdigit():
-            continue  # not a chunk key of ours
-        info = found.setdefault((parts[0], parts[1]), {"count": 0, "bytes": 0, "newest_ms": 0})
-        info["count"] = max(info["count"], int(parts[2]) + 1)
+    for (blob_key, version, index, size), ts in live.values():
+        info = found.setdefault((blob_key, version), {"count": 0, "bytes": 0, "newest_ms": 0})
+        info["count"] = max(info["count"], index + 1)
         info["bytes"] += size
         info["newest_ms"] = max(info["newest_ms"], ts)
     return found
 
 
-def _content_bytes(codec: Any, value: bytes) -> int:
+def _chunk_of(codec: Any, ck: str, value: bytes) -> tuple[str, str, int, int] | None:
+    """(blob key, version, index, content bytes) of a chunk record, or None when
+    the record is not one of ours: its value must decode as a chunk whose own
+    fields name exactly its key, with an index a put can write. (A key alone
+    said "x/<version>/²" -- str.isdigit, then int() raised and every sweep
+    failed -- or an index of a million, which the sweep proposed abandoning.)"""
     try:
         _, chunk = codec.decode(value, expect=CHUNK_TYPE)
     except CodecError:
-        return 0  # not a chunk record: nothing of ours to count
-    return len(chunk["data"])
+        return None
+    blob_key, version, index = chunk["blobKey"], chunk["version"], chunk["index"]
+    if not is_version(version) or not 0 <= index < MAX_CHUNKS or chunk_key(blob_key, version, index) != ck:
+        return None
+    return blob_key, version, index, len(chunk["data"])
 
 
 __all__ = ["DEFAULT_GRACE_MS", "GcReport", "collect_garbage"]

@@ -17,6 +17,7 @@ from threadlog.kernel.records import decode_artifact, new_artifact
 from threadlog.kernel.validation import require_id
 
 from . import Context, Decision, handles
+from .blob_gc import require_unfenced
 from .global_ids import locate, own_thread
 
 
@@ -24,7 +25,7 @@ def _deleted(thread_id: str, artifact_id: str) -> tuple[str, dict]:
     return ("threadlog.evt.ArtifactDeleted", {"artifactId": artifact_id, "threadId": thread_id})
 
 
-@handles("threadlog.cmd.SaveArtifact", global_ids=True)
+@handles("threadlog.cmd.SaveArtifact", global_ids=True, rules=4)
 def save(ctx: Context, cmd: dict) -> Decision:
     given = {k: v for k, v in cmd["artifact"].items() if v is not None}
     record = new_artifact(given)
@@ -33,8 +34,14 @@ def save(ctx: Context, cmd: dict) -> Decision:
     if owner is not None and owner != thread_id:
         raise invalid_argument(f"artifact {record['artifactId']!r} belongs to thread {owner!r}; "
                                f"delete it before saving it on thread {thread_id!r}")
+    # Rules 4: the artifact's blob is a reference garbage collection keeps (before,
+    # a sweep deleted it: only checkpoints counted). So a save naming a blob a
+    # sweep is collecting is refused as a checkpoint naming it is.
+    holds = ctx.rules >= 4
+    if holds and "blobKey" in record:
+        require_unfenced(ctx, [record["blobKey"]])
     event = {**{k: None for k in state.OPTIONAL}, **record}
-    return Decision(events=[("threadlog.evt.ArtifactSaved", {"artifact": event})])
+    return Decision(events=[("threadlog.evt.ArtifactSaved", {"artifact": event, "holdsBlob": holds})])
 
 
 @handles("threadlog.cmd.DeleteArtifact")

@@ -166,7 +166,7 @@ def collect(ctx: Context, cmd: dict) -> Decision:
     fences = set(ctx.holders(gid.BLOB_GC_FENCE, key))
     if any(gc.fence_key(sweep, q, ctx.partitions) not in fences for q in range(ctx.partitions)):
         return Decision(result={"deleted": False, "reason": "not fenced"})
-    if ctx.holders(gid.BLOB_REF, key):
+    if ctx.holders(gid.BLOB_REF, key) or ctx.holders(gid.ARTIFACT_BLOB, key):
         return Decision(result={"deleted": False, "reason": "referenced"})
     return Decision(
         events=[("threadlog.evt.BlobDeleted", {"key": key, "version": version}),

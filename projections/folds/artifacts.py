@@ -2,7 +2,12 @@
 
 - `artR` (thread, artifact) -> the artifact record (JSON, what `get` returns);
 - `artI` (artifact) -> thread: get/delete by id, and the "one thread per id" check of save;
-- `artB` (run, thread, artifact) -> b"": a run's artifacts (list, delete_for_run).
+- `artB` (run, thread, artifact) -> b"": a run's artifacts (list, delete_for_run);
+- `artH` (thread, artifact) -> the blob key the artifact holds, and `artC` (blob
+  key, thread) -> how many of the thread's artifacts hold it: blob garbage
+  collection keeps a blob an artifact names (global_ids.ARTIFACT_BLOB). Saves
+  of judging rules 4 on hold their blob; an older save holds none (its log was
+  judged without it, and a rebuild must reach the same GC verdicts).
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ from . import presence
 ARTIFACT_RECORD = b"artR"
 ARTIFACT_INDEX = b"artI"
 ARTIFACT_BY_RUN = b"artB"
+
+ARTIFACT_HOLD = b"artH"
+BLOB_HOLDS = b"artC"
 
 OPTIONAL = ("blobKey", "sourceUrl")
 
@@ -46,6 +54,35 @@ def split_by_run(k: bytes) -> tuple[str, str, str]:
     return run_id, thread_id, artifact_id
 
 
+def hold_key(thread_id: str, artifact_id: str) -> bytes:
+    return key(ARTIFACT_HOLD, thread_id, artifact_id)
+
+
+def holds_key(blob_key: str, thread_id: str) -> bytes:
+    return key(BLOB_HOLDS, blob_key, thread_id)
+
+
+def split_holds(k: bytes) -> tuple[str, str]:
+    blob_key, thread_id = split(BLOB_HOLDS, k, "ss")
+    return blob_key, thread_id
+
+
+def _hold(view: View, meta: EventMeta, thread_id: str, artifact_id: str, blob: str | None) -> None:
+    """Make the artifact hold `blob` (None: no blob), releasing what it held."""
+    k = hold_key(thread_id, artifact_id)
+    raw = view.get(k)
+    old = None if raw is None else raw.decode("utf-8")
+    if old == blob:
+        return
+    if old is not None:
+        global_ids.count(view, meta, holds_key(old, thread_id), global_ids.ARTIFACT_BLOB, old, thread_id, -1)
+    if blob is None:
+        view.delete(k)
+        return
+    view.put(k, blob.encode("utf-8"))
+    global_ids.count(view, meta, holds_key(blob, thread_id), global_ids.ARTIFACT_BLOB, blob, thread_id, 1)
+
+
 def thread_of(view: StateReader, artifact_id: str) -> str | None:
     raw = view.get(index_key(artifact_id))
     return None if raw is None else raw.decode("utf-8")
@@ -65,6 +102,7 @@ def artifact_saved(view: View, meta: EventMeta, ev: dict) -> None:
     view.put(by_run_key(record["runId"], thread_id, artifact_id), b"")
     if old is None:
         global_ids.mark(view, meta, global_ids.ARTIFACT, artifact_id, thread_id, True)
+    _hold(view, meta, thread_id, artifact_id, record.get("blobKey") if ev.get("holdsBlob") else None)
 
 
 @folds("threadlog.evt.ArtifactDeleted")
@@ -78,4 +116,5 @@ def artifact_deleted(view: View, meta: EventMeta, ev: dict) -> None:
     if thread_of(view, artifact_id) == thread_id:
         view.delete(index_key(artifact_id))
     global_ids.mark(view, meta, global_ids.ARTIFACT, artifact_id, thread_id, False)
+    _hold(view, meta, thread_id, artifact_id, None)
     presence.add(view, thread_id, presence.ARTIFACT, -1)

@@ -143,19 +143,10 @@ def _store(view: View, meta: EventMeta, wire: dict) -> None:
 
 
 def _add_ref(view: View, meta: EventMeta, blob: str, thread: str, delta: int) -> None:
-    k = refs_key(blob, thread)
-    raw = view.get(k)
-    before = 0 if raw is None else int(raw)
-    n = before + delta
-    if n > 0:
-        view.put(k, str(n).encode())
-    else:
-        view.delete(k)
     # The count is what reads sum; the history (referenced / not, by offset)
     # is what a blob GC decision on another partition reads as of fixed
-    # positions (processors/handlers/blob_gc.py): only the transitions matter.
-    if (before > 0) != (n > 0):
-        global_ids.mark(view, meta, global_ids.BLOB_REF, blob, thread, n > 0)
+    # positions (processors/handlers/blob_gc.py).
+    global_ids.count(view, meta, refs_key(blob, thread), global_ids.BLOB_REF, blob, thread, delta)
 
 
 @folds("threadlog.evt.CheckpointWriterAcquired")

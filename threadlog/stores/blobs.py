@@ -33,6 +33,10 @@ log = logging.getLogger("threadlog.blobs")
 
 BlobBody = bytes | bytearray | memoryview | str | Iterable[bytes] | AsyncIterable[bytes]
 
+# Blob keys are paths (sandbox-files/sha256/<64 hex>, artifacts/<run>/<id>): 64 KiB
+# leaves every chunk record far under the blobs topic's record limit.
+MAX_KEY_BYTES = 64 * 1024
+
 _CURSOR_PREFIX = "b1."
 # A get whose chunks were compacted away re-reads the manifest; each retry
 # means a newer version committed meanwhile, so a few attempts suffice.
@@ -85,6 +89,11 @@ class BlobStore(StoreFacade):
         expected_length: int | None = None,
     ) -> BlobInfo:
         require_id(key, "blob key")
+        if len(key.encode("utf-8")) > MAX_KEY_BYTES:
+            # Every chunk record carries the key twice (its Kafka key and its blobKey):
+            # a key near the record limit failed in the producer, without a code.
+            raise invalid_argument(f"a blob key may be at most {MAX_KEY_BYTES} bytes of UTF-8, got "
+                                   f"{len(key.encode('utf-8'))}")
         if content_type is not None:
             _require_text(content_type, "content_type")
         metadata = None if custom_metadata is None else _metadata(custom_metadata)
@@ -289,6 +298,10 @@ def _bytes_like(piece: Any) -> memoryview | None:
     if isinstance(piece, (bytes, bytearray)):
         return memoryview(piece)
     if isinstance(piece, memoryview):
+        if not piece.c_contiguous:
+            # A strided view (m[::2]): its bytes in order, copied -- casts and
+            # writes need contiguous memory (bytearray += it raised TypeError).
+            return memoryview(piece.tobytes())
         try:
             return piece.cast("B") if (piece.format != "B" or piece.ndim != 1) else piece
         except TypeError:
