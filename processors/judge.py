@@ -263,9 +263,16 @@ class Judge(Follower):
 
     # -- ownership ----------------------------------------------------------------------
     def _consumer_extra(self) -> dict:
+        # A stored position the log no longer holds means the topic was deleted and
+        # created again (or records were deleted: `events` keeps everything): judging
+        # from offset 0 onto this state -- librdkafka's reset -- would reach other
+        # verdicts than every other judge. The partition waits instead
+        # (Follower._sort) and the incarnation watch stops the process's judging.
+        refuse_reset = {"auto.offset.reset": "error"}
         if self.group is None:
-            return {}
+            return refuse_reset
         return {
+            **refuse_reset,
             "group.id": self.group,
             # Sticky and incremental: a rebalance moves only the partitions that
             # must move; the others keep being judged meanwhile.

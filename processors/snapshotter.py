@@ -64,6 +64,10 @@ class Snapshotter:
             self._at.pop(p, None)
             self.writer.forget(p)
 
+    def halt(self) -> None:
+        """Take no more snapshots (from any thread, at once); `stop` still closes the writer."""
+        self._stop.set()
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():

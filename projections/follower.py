@@ -86,6 +86,10 @@ class Follower:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    def halt(self) -> None:
+        """Fold nothing more (from any thread, at once); `stop` still closes the consumer."""
+        self._stop.set()
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
@@ -201,6 +205,12 @@ class Follower:
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
                     eof[msg.partition()] = msg.offset()
+                elif err.code() == KafkaError._AUTO_OFFSET_RESET:
+                    # Our stored position is not in the log (a judge refuses librdkafka's
+                    # reset to 0): the topic was deleted and created again, or records
+                    # were deleted. The partition waits; the incarnation watch stops us.
+                    log.error("%s[%s]: the stored position is not in the log any more (%s): not folding it",
+                              self.topic, msg.partition(), err)
                 else:
                     log.warning("%s consumer error: %s", self.topic, err)
                 continue

@@ -19,7 +19,9 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
@@ -78,3 +80,62 @@ def settle(slot: Path, ids: dict[str, str]) -> None:
         tmp = slot / (MARKER + ".tmp")
         tmp.write_text(json.dumps(ids, sort_keys=True), encoding="utf-8")
         os.replace(tmp, marker)
+
+
+# How often a running host asks whether its namespace's topics are still the
+# ones its state was folded from (one DescribeTopics request).
+WATCH_S = 10.0
+
+
+class Watch:
+    """Calls `on_change(reason)` once if the topics get other ids while this host runs.
+
+    `settle` checks a slot when a process opens it; this covers a namespace
+    deleted and created again under a process already running. Its consumers
+    would go on from their stored positions in the new log -- from 0 when the
+    new log is shorter (librdkafka's offset reset; judges refuse that reset, see
+    `Judge`), past the new log's first records when it is longer -- judging it
+    against the old state and snapshotting that into the new snapshots topic.
+    Nothing here repairs that in place: the owner stops judging and serving
+    (`Runtime`), a worker exits, and the next start empties the slot (`settle`).
+    """
+
+    def __init__(self, admin: AdminClient, ids: dict[str, str], on_change: Callable[[str], None],
+                 every_s: float | None = None) -> None:
+        self.admin = admin
+        self.ids = ids
+        self.on_change = on_change
+        self.every_s = WATCH_S if every_s is None else every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="incarnation-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.every_s + 5)
+
+    def check(self) -> str | None:
+        """Why the state no longer matches the topics (None: it does, or unknown now)."""
+        try:
+            futures = self.admin.describe_topics(TopicCollection(list(self.ids)), request_timeout=5)
+            now = {name: str(fut.result(timeout=10).topic_id) for name, fut in futures.items()}
+        except Exception:
+            # Unreachable, or deleted and not created again (yet: its consumers have
+            # nothing to read meanwhile): asked again next round.
+            return None
+        changed = sorted(name for name in self.ids if now.get(name) != self.ids[name])
+        if changed:
+            return (f"topics {changed} were deleted and created again while this process ran; its state is of "
+                    "the old ones. Restart it: the state is emptied and folded again from the new topics")
+        return None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            reason = self.check()
+            if reason is not None:
+                log.error("%s", reason)
+                self.on_change(reason)
+                return

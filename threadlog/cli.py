@@ -225,6 +225,15 @@ async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None
         print(f"worker owns partitions {owned}", flush=True)
 
     rt.ownership_listeners.append(owned_now)
+    failed: list[str] = []
+
+    def state_invalid(reason: str) -> None:  # on the incarnation watch's thread
+        # Its namespace was deleted and created again: exit 1, and the restart
+        # empties the slot and folds the new topics (a supervisor restarts it).
+        failed.append(reason)
+        loop.call_soon_threadsafe(stop.set)
+
+    rt.failure_listeners.append(state_invalid)
     try:
         await asyncio.to_thread(rt.start)
     except BaseException:
@@ -271,6 +280,9 @@ async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None
             web.should_exit = True
             await asyncio.wait_for(web_task, 10)
         await asyncio.to_thread(rt.stop)  # closes the judge's consumer: leaves the group
+    if failed:
+        print(f"threadlog worker: {failed[0]}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

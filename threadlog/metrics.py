@@ -261,6 +261,8 @@ class Readiness:
         rt = self.rt
         if self.draining:
             return False, {"reason": "draining: shutting down"}
+        if rt.failed is not None:
+            return False, {"reason": rt.failed}
         if rt.judge is None:  # thin: ready when the workers answer a read barrier
             try:
                 await asyncio.wait_for(self.target.read_barrier(None), self.timeout)

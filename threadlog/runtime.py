@@ -87,6 +87,12 @@ class Runtime:
         self.lookups: Lookups | None = None
         self.ownership_listeners: list[Callable[[list[int]], None]] = []
         self.timings: dict[str, float] = {}
+        # Set when this process's state stopped being of its namespace's topics
+        # (deleted and created again while it ran): calls are refused, nothing
+        # more is judged or served; listeners hear the reason (a worker exits).
+        self.failed: str | None = None
+        self.failure_listeners: list[Callable[[str], None]] = []
+        self.watch: incarnation.Watch | None = None
 
     def start(self) -> None:
         t0 = time.monotonic()
@@ -157,7 +163,21 @@ class Runtime:
             self.ownership_listeners.append(self.snapshotter.ownership_changed)
             self.snapshotter.start()
         self.barrier = self.seen_offsets = ReadBarrier(self.ends, self.judge, timeout=self.opts.request_timeout)
+        if ids is not None:
+            self.watch = incarnation.Watch(self.admin, ids, self._incarnation_changed)
+            self.watch.start()
         self.timings["started"] = time.monotonic() - t0
+
+    def _incarnation_changed(self, reason: str) -> None:
+        """The topics were deleted and created again under this process (projections/incarnation.py)."""
+        self.failed = reason
+        # Halt, not stop: `stop()` closes what is halted here. No more judging or
+        # folding of a log this state is not of, and no snapshot of that state.
+        for part in (self.snapshotter, self.judge, self.deliveries):
+            if part is not None:
+                part.halt()
+        for listener in list(self.failure_listeners):
+            listener(reason)
 
     def _restore(self, partition: int, store: Store) -> RestoreInfo | None:
         """A partition taken over without local state: from its latest snapshot (None: fold from 0)."""
@@ -187,6 +207,8 @@ class Runtime:
         return partition_for(key, self.layout.events)
 
     def stop(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
         if self.snapshotter is not None:
             self.snapshotter.stop()
         if self.judge is not None:

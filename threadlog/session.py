@@ -38,6 +38,8 @@ class Session:
     def check_open(self) -> None:
         if self.closed:
             raise unavailable("this ThreadLog is closed")
+        if self.runtime.failed is not None:
+            raise unavailable(self.runtime.failed)
 
     async def send(self, type_name: str, key: str, payload: dict) -> Any:
         self.check_open()
