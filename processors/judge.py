@@ -111,7 +111,7 @@ APPLIED_AT = b"ja"  # (partition 4B, offset 8B) -> the proposal id applied there
 # part of judging (at offset o, the verdict of o - VERDICT_WINDOW goes), so
 # every judge and every rebuild forget alike.
 VERDICT_WINDOW = 50_000
-CLOCK = b"jc"  # (partition 4B) -> 8B double: decision time of the partition's last proposal
+CLOCK = b"jc"  # (partition 4B) -> decision time of its last proposal (8B double) + rules floor (2B): read_clock
 
 # A partition whose proposal waits for another partition holds at most this
 # many fetched records before its fetching is paused.
@@ -876,6 +876,13 @@ def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: di
     prev, floor = read_clock(view.get(clock_key(p)))
     now = decision_time(prev, env["at"], rec.broker_ms)
     rules = max(env["rules"], floor)
+    if rules > RULES:
+        # State a newer judge wrote (its snapshot restored here): every proposal of
+        # this partition is judged by rules this code does not know. Wait, as above.
+        if not quiet:
+            log.error("%s[%d]@%d: the partition was judged by rules %d; this judge knows %d: the partition "
+                      "waits for an upgraded judge", topic, p, offset, floor, RULES)
+        raise _Blocked(-1, 0)
     first = view.get(applied_key(env["proposalId"]))
     if first is not None:
         # Re-sent after an unknown outcome (idempotence lasts one producer

@@ -136,6 +136,10 @@ async def test_records_on_blobs_that_are_not_chunks_of_ours_are_left_alone(tl, b
         forged.produce(tl.runtime.topics.blobs, b"not a chunk", fk.encode())
     forged.produce(tl.runtime.topics.blobs, tl.runtime.codec.encode(
         CHUNK_TYPE, {"blobKey": "z", "version": other, "index": 0, "data": b"x"}), f"y/{other}/0".encode())
+    # And a well-formed chunk naming its own key, alone at index 1048575: no put leaves that.
+    forged.produce(tl.runtime.topics.blobs, tl.runtime.codec.encode(
+        CHUNK_TYPE, {"blobKey": "w", "version": other, "index": 1048575, "data": b"x"}),
+        f"w/{other}/1048575".encode())
     assert forged.flush(30) == 0
     report = await within(tl.blobs.gc(grace_ms=0))
     assert (report.abandoned_found, report.abandoned_reclaimed, report.abandoned_error) == (0, 0, None)

@@ -38,7 +38,7 @@ from .kernel.errors import ThreadLogError, invalid_argument, unavailable
 from .kernel.validation import is_int
 from .processors.handlers.blob_gc import MAX_FENCE_KEYS
 from .processors.handlers.blobs import MAX_CHUNKS
-from .producers.blob_chunks import CHUNK_TYPE, chunk_key, is_version
+from .producers.blob_chunks import CHUNK_TYPE, WINDOW, chunk_key, is_version
 from .projections.folds import artifacts as artifact_state
 from .projections.folds import blob_gc as gc
 from .projections.folds import blobs as blob_state
@@ -324,11 +324,17 @@ def _scan_chunks(tl: Session) -> dict[tuple[str, str], dict]:
         consumer.close()
     found: dict[tuple[str, str], dict] = {}
     for (blob_key, version, index, size), ts in live.values():
-        info = found.setdefault((blob_key, version), {"count": 0, "bytes": 0, "newest_ms": 0})
+        info = found.setdefault((blob_key, version), {"count": 0, "bytes": 0, "newest_ms": 0, "live": 0})
         info["count"] = max(info["count"], index + 1)
         info["bytes"] += size
         info["newest_ms"] = max(info["newest_ms"], ts)
-    return found
+        info["live"] += 1
+    # A put has at most WINDOW chunks in flight, so every chunk more than WINDOW
+    # below its highest was acknowledged, and is here: a version missing more is
+    # not what a put leaves (one forged chunk "index 1048575" would otherwise have
+    # the sweep abandon, and tombstone, a million chunk keys).
+    return {v: {k: n for k, n in info.items() if k != "live"} for v, info in found.items()
+            if info["count"] <= info["live"] + WINDOW}
 
 
 def _chunk_of(codec: Any, ck: str, value: bytes) -> tuple[str, str, int, int] | None:

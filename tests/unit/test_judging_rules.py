@@ -394,3 +394,17 @@ def test_a_partition_never_judges_by_older_rules_once_it_judged_rules_4(stores):
     first = judge_all(stores[0], log.records)
     assert [v["ok"] for v in first] == [True, True, False, False, True]  # the floor is per partition
     assert judge_all(stores[1], log.records) == first
+
+
+def test_a_partition_floored_above_this_judges_rules_waits(stores):
+    # State a newer judge wrote (restored from its snapshot): its floor names rules
+    # this code does not know, so no proposal there is judged by it at all.
+    import struct
+
+    from threadlog.processors.judge import RULES, clock_key
+
+    log = Log()
+    rec = log.propose("threadlog.cmd.SaveTranscript", "a", {"threadId": "a", "messages": "[1]"}, rules=2)
+    stores[0].apply({clock_key(rec.partition): struct.pack(">dH", 1.0, RULES + 1)}, {})
+    with pytest.raises(_Blocked):
+        judge_record(View(stores[0]), rec, codec=codec, partitions=PARTITIONS, progress={})
