@@ -394,3 +394,21 @@ async def test_a_reader_that_stopped_reading_gives_its_consumer_back(tl):
                                                                      strict=True))
     await within(log.close())
     assert await within(collect(stalled)) == list(zip(offsets[1:], [chunk(i) for i in range(1, 5)], strict=True))
+
+
+async def test_readers_of_a_closed_run_whose_records_retention_removed_end(tl, bootstrap):
+    # Tried (a review): the deliveries topic keeps records for its retention only; the
+    # run index outlives them. A reader of a closed run whose records were deleted
+    # (delete_records stands in for retention) waited for the close record forever.
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    log = tl.delivery("run-expired")
+    offsets = await within(log.append([chunk(0), chunk(1)]))
+    await within(log.close())
+    end = await within(log._svc.high_watermark(log.partition))
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.delete_records([TopicPartition(tl.runtime.topics.deliveries, log.partition, end)]).values():
+        fut.result(timeout=30)
+    for after in ("-1", offsets[0]):
+        assert await within(collect(log.read(after)), 10) == []  # ended: nothing of it is left to show

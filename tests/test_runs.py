@@ -456,3 +456,30 @@ async def test_forged_commands_are_refused_by_the_decider(tl):
     assert await state_of(tl) == before
     assert await within(tl.runs.get("r")) == {"runId": "r", "threadId": "t", "status": "running", "startedAt": 1}
     assert await within(tl.runs.get("x")) is None
+
+
+async def test_a_claim_refused_because_the_run_finished_meanwhile_still_lets_its_readers_end(tl, monkeypatch):
+    # Tried (a review): a reaper's claim passed its terminal check, the driver then
+    # finished the run, and the grant (on the delivery partition) fenced the driver:
+    # the claim answered RUN_TERMINAL, the driver's close was dropped as superseded,
+    # and read("-1") of the completed run waited forever.
+    from delivery_support import chunk, collect
+
+    await within(tl.runs.create_or_resume(run_id="r-race", thread_id="t", started_at=1))
+    epoch = await within(tl.runs.claim("r-race"))
+    driver = tl.delivery("r-race", epoch=epoch)
+    await within(driver.append([chunk(0)]))
+    svc = tl.session.delivery
+    grant = type(svc).claim
+
+    async def finished_meanwhile(self, run_id: str, floor: int) -> int:
+        await tl.runs.update("r-race", {"status": "completed", "finishedAt": 2})  # the driver, in between
+        return await grant(self, run_id, floor)
+
+    monkeypatch.setattr(type(svc), "claim", finished_meanwhile)
+    with pytest.raises(ThreadLogError) as err:
+        await within(tl.runs.claim("r-race"))
+    assert err.value.code == "RUN_TERMINAL"
+    monkeypatch.setattr(type(svc), "claim", grant)
+    await within(driver.close())  # superseded: dropped, as before
+    assert [c for _, c in await within(collect(tl.delivery("r-race").read("-1"), 10), 15)] == [chunk(0)]

@@ -275,7 +275,11 @@ class DeliveryLog:
                 finally:
                     fetcher.release()
                 position = max(position, end)
-                if not follow:
+                if not follow or (closed_at is not None and closed_at < end):
+                    # The close lies before where the live feed starts, yet the catch-up
+                    # did not meet it: retention removed it (the index outlives the
+                    # records). The log is closed all the same: following would wait
+                    # for a record that cannot come, forever.
                     return
                 assert sub is not None
                 # 2. Live: records at or after live_from, from the feed.

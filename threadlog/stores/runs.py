@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from ..delivery import DeliveryLog
 from ..kernel.errors import RUN_NOT_FOUND, RUN_TERMINAL, ThreadLogError, invalid_argument
 from ..kernel.records import (
     RUN_PATCH,
@@ -181,8 +182,20 @@ class RunStore(StoreFacade):
         epoch = await delivery.claim(run_id, floor)
         # Then the run record shows it (a mirror: a claim that loses a race to a
         # newer one leaves the newer epoch in place).
-        await self._send("threadlog.cmd.ClaimRun", thread_id, {"runId": run_id, "threadId": thread_id,
-                                                               "epoch": epoch})
+        try:
+            await self._send("threadlog.cmd.ClaimRun", thread_id, {"runId": run_id, "threadId": thread_id,
+                                                                   "epoch": epoch})
+        except ThreadLogError as exc:
+            if exc.code == RUN_TERMINAL:
+                # The run finished between our read and the grant, and the grant has
+                # fenced its driver: the close that driver writes now is dropped, and
+                # readers would wait for the log's end forever. End it under the epoch
+                # just granted (a log its driver closed first is left as it is).
+                try:
+                    await DeliveryLog(self._session, run_id, epoch=epoch).close()
+                except ThreadLogError as closing:
+                    exc.add_note(f"and closing its delivery log failed: {closing.code}: {closing.message}")
+            raise
         return thread_id, epoch
 
     def _stop_heartbeats(self) -> None:
