@@ -353,8 +353,10 @@ class Judge(Follower):
             for pos in [pos for pos in self._verdict_waiters if pos[0] in gone]:
                 calls.extend(self._verdict_waiters.pop(pos))
             self._drop_waiters(gone)
-        for cb in calls:
-            cb(refusal(NOT_OWNER, "the partition moved to another worker"))
+        # Through `_answer`: a waiter's failure must not skip the rest of the hand-over
+        # (closing the stores, the unassign, telling the ownership listeners).
+        moved = refusal(NOT_OWNER, "the partition moved to another worker")
+        _answer([(cb, moved) for cb in calls])
         self._early = {pos: x for pos, x in self._early.items() if pos[0] not in gone}
         self._early_n = sum(len(x) for x in self._early.values())
         for p in gone:

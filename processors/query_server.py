@@ -102,6 +102,10 @@ LINE_LIMIT = 64 * 1024 * 1024
 MAX_ANSWER_BYTES = 48 * 1024 * 1024
 SCAN_PAGE = 512
 MAX_GETS = 1024  # keys per `gets` request
+# Requests of one connection answered at once. At the cap the server reads no
+# more lines from it (TCP pushes back on the client): a client that pipelines
+# and never reads its answers held every answer in memory (9.6 GB measured).
+MAX_CONN_INFLIGHT = 128
 SCAN_PAGE_BYTES = 4 * 1024 * 1024
 MAX_VERDICTS = 10_000  # offsets per `verdicts` request
 
@@ -177,8 +181,10 @@ class QueryServer:
         self._conns.add(writer)
         lock = asyncio.Lock()
         tasks: set[asyncio.Task] = set()
+        slots = asyncio.Semaphore(MAX_CONN_INFLIGHT)
         try:
             while True:
+                await slots.acquire()
                 line = await reader.readline()
                 if not line:
                     return
@@ -187,6 +193,7 @@ class QueryServer:
                 task = asyncio.create_task(self._answer(line, writer, lock))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
+                task.add_done_callback(lambda _t: slots.release())
                 self._inflight.add(task)
                 task.add_done_callback(self._inflight.discard)
         except (ConnectionError, asyncio.IncompleteReadError, ValueError):
@@ -247,9 +254,16 @@ class QueryServer:
         async with lock:
             try:
                 writer.write(line + b"\n")
-                await writer.drain()
+                # Bounded: a client that stops reading is cut off after a request
+                # timeout, not waited for while its answers pile up behind this one.
+                await asyncio.wait_for(writer.drain(), self.timeout)
             except ConnectionError:
                 pass
+            except TimeoutError:
+                log.warning("a query client read no answer for %ss: disconnected", self.timeout)
+                # abort, not close: close waits to send what is buffered, which this
+                # client does not read; abort drops it and ends every waiting answer.
+                writer.transport.abort()
 
     # -- operations -------------------------------------------------------------------
     async def dispatch(self, op: str, args: dict) -> Any:

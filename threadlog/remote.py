@@ -98,6 +98,16 @@ class _ConnectionLost(Exception):
     pass
 
 
+class _ConnectAbandoned(Exception):
+    """The caller that opened a shared connect was cancelled: the others try again."""
+
+
+async def _send(conn: _Conn, line: bytes) -> None:
+    async with conn.lock:
+        conn.writer.write(line)
+        await conn.writer.drain()
+
+
 class _Conn:
     def __init__(self, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.address = address
@@ -129,7 +139,9 @@ class _Conn:
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(_ConnectionLost(self.address))
-        self.writer.close()
+        # abort, not close: what is still buffered for a worker that stopped reading
+        # would keep the connection (and its memory) until it read again.
+        self.writer.transport.abort()
 
 
 class NoQueries(Exception):
@@ -467,10 +479,22 @@ class QueryClient:
             body["partitions"] = partitions
             body["floor"] = self.floor(partitions)
         body["wait"] = max(0.01, deadline - time.monotonic())  # waits at the worker end before our deadline
+        line = orjson.dumps({"id": rid, "op": op, "args": body}) + b"\n"
         try:
-            async with conn.lock:
-                conn.writer.write(orjson.dumps({"id": rid, "op": op, "args": body}) + b"\n")
-                await conn.writer.drain()
+            if conn.lock.locked() or conn.writer.transport.get_write_buffer_size():
+                # Something is queued for this worker: wait our turn, bounded by our own
+                # deadline (a worker that stopped reading held every call to it, past
+                # their timeouts).
+                try:
+                    await asyncio.wait_for(_send(conn, line), max(0.01, deadline - time.monotonic()))
+                except TimeoutError:
+                    conn.pending.pop(rid, None)
+                    conn.fail()  # a line may be half written: the stream is no use any more
+                    self._shun[address] = time.monotonic() + SHUN_S
+                    raise unavailable(f"{op}: worker {address} took no request within the request timeout"
+                                      ) from None
+            else:
+                conn.writer.write(line)  # nothing queued: buffered at once, no wait
             msg = await within(fut, max(0.01, deadline - time.monotonic()))
         except (_ConnectionLost, ConnectionError):
             conn.fail()
@@ -500,7 +524,10 @@ class QueryClient:
             return conn
         waiting = self._connecting.get(address)
         if waiting is not None:  # one connect per address; the others share it
-            return await asyncio.shield(waiting)
+            try:
+                return await asyncio.shield(waiting)
+            except _ConnectAbandoned:
+                return await self._conn(address, deadline)
         fut = self._loop.create_future()
         self._connecting[address] = fut
         try:
@@ -514,7 +541,10 @@ class QueryClient:
             fut.set_result(conn)
             return conn
         except BaseException as exc:
-            fut.set_exception(exc)
+            # A cancelled opener is its own business: the callers sharing this
+            # connect got its CancelledError (a task of theirs died of a cancel
+            # it never had); they connect again instead.
+            fut.set_exception(_ConnectAbandoned() if isinstance(exc, asyncio.CancelledError) else exc)
             fut.exception()  # retrieved: no "never retrieved" warning when nobody shared it
             raise
         finally:

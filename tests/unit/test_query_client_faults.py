@@ -1,0 +1,114 @@
+"""A thin client's query connections to workers that misbehave at the socket level
+(no broker: the members view is a stub naming a local listener)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import pytest
+
+from threadlog import ThreadLogError, remote
+from threadlog.members import Member
+
+
+class OneWorker:
+    """A members view announcing one worker at `address` for partition 0."""
+
+    version = 1
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+
+    def live(self):
+        return [Member("w", self.address, 0.0, time.time() * 1000.0, (0,))]
+
+    def wait_change(self, version, timeout):
+        time.sleep(timeout)
+        return self.version
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def client_of():
+    made = []
+
+    def make(address: str, timeout: float) -> remote.QueryClient:
+        qc = remote.QueryClient("127.0.0.1:9", "x.members", "c", timeout=timeout, partitions=1)
+        qc.members.close()
+        qc.members = OneWorker(address)
+        qc._thread.start()
+        made.append(qc)
+        return qc
+
+    yield make
+    for qc in made:
+        qc.close()
+
+
+async def timed(call) -> tuple[str, float]:
+    t0 = time.monotonic()
+    try:
+        await asyncio.wait_for(call, 15)
+        outcome = "answered"
+    except ThreadLogError as exc:
+        outcome = exc.code
+    except BaseException as exc:  # what the caller got is the point
+        outcome = type(exc).__name__
+    return outcome, time.monotonic() - t0
+
+
+async def test_a_worker_that_stops_reading_fails_calls_at_their_deadline(client_of):
+    # Tried (a review): a worker that accepts and never reads (frozen, SIGSTOPped).
+    # The request's drain() had no deadline and held the connection's lock: that
+    # call and every later one to the worker waited past their timeouts, forever.
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    held = []
+    threading.Thread(target=lambda: held.append(srv.accept()), daemon=True).start()
+    qc = client_of(f"127.0.0.1:{srv.getsockname()[1]}", 2.0)
+    try:
+        big = asyncio.ensure_future(timed(qc.acall("gets", {"keys": ["A" * (16 * 1024 * 1024)]}, [0])))
+        await asyncio.sleep(0.5)
+        small = asyncio.ensure_future(timed(qc.acall("get", {"key": ""}, [0])))
+        for outcome, took in await asyncio.gather(big, small):
+            assert outcome == "UNAVAILABLE" and took < 3.5
+    finally:
+        srv.close()
+
+
+async def test_a_cancelled_caller_does_not_cancel_the_calls_sharing_its_connect(client_of):
+    # Tried (a review): two calls share one connect to a worker; the first caller is
+    # cancelled while connecting. The second got the first's CancelledError (a
+    # verdict-asking task died of it, its proposers waited out their timeouts).
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    port = srv.getsockname()[1]
+    fillers = []
+    for _ in range(3):  # a full accept queue: further connects hang
+        s = socket.socket()
+        s.setblocking(False)
+        try:
+            s.connect(("127.0.0.1", port))
+        except BlockingIOError:
+            pass
+        fillers.append(s)
+    qc = client_of(f"127.0.0.1:{port}", 3.0)
+    try:
+        first = asyncio.ensure_future(qc.acall("get", {"key": ""}, [0]))
+        await asyncio.sleep(0.05)
+        second = asyncio.ensure_future(timed(qc.acall("get", {"key": ""}, [0])))
+        await asyncio.sleep(0.3)
+        first.cancel()
+        outcome, _ = await second
+        assert outcome == "UNAVAILABLE"  # its own deadline, not the other caller's cancel
+    finally:
+        for s in fillers:
+            s.close()
+        srv.close()
