@@ -44,3 +44,31 @@ async def test_a_worker_judges_alike_and_resumes_where_it_stopped(bootstrap, nam
     finally:
         await worker.stop()
         await restarted.stop()
+
+
+async def test_a_worker_listening_on_every_interface_announces_the_host_it_is_told(bootstrap, namespace, tmp_path,
+                                                                                   open_client):
+    # Bound to 0.0.0.0 it announced "0.0.0.0:PORT", which a client on another host
+    # reads as its own loopback: --advertise names the host clients reach it at.
+    worker = WorkerProcess(bootstrap, namespace, tmp_path / "w", "w1", "--listen", "0.0.0.0:0",
+                           "--advertise", "127.0.0.1")
+    try:
+        await worker.start()
+        assert worker.address is not None and worker.address.startswith("127.0.0.1:")
+        thin = await open_client(processors="external", own_worker=True)
+        await within(thin.messages.save_thread("t", ["through the advertised address"]))
+        assert await within(thin.messages.load_thread("t")) == ["through the advertised address"]
+        members = thin.runtime.query.members.live()
+        assert [m.address for m in members] == [worker.address]
+    finally:
+        await worker.stop()
+
+
+def test_a_bad_advertise_host_is_refused_before_anything_starts(bootstrap, namespace):
+    import subprocess
+    import sys
+
+    for bad in ("", "host:1", "a b"):
+        proc = subprocess.run([sys.executable, "-m", "threadlog", "worker", "--bootstrap", bootstrap, "--namespace",
+                               namespace, "--advertise", bad], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and "--advertise must be a host" in proc.stderr, (bad, proc.stderr)

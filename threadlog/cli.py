@@ -131,7 +131,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if http is not None:
         _require_bindable(*http, "--http")
     rt = Runtime(opts, worker=True, snapshot_every=args.snapshot_every, snapshot_interval_s=args.snapshot_interval)
-    return asyncio.run(_worker(rt, listen, http, args.drain_timeout, args.verbose))
+    if args.advertise is not None and (not args.advertise or any(c in args.advertise for c in " /:")):
+        print(f"threadlog worker: --advertise must be a host name or address, got {args.advertise!r}",
+              file=sys.stderr)
+        return 2
+    return asyncio.run(_worker(rt, listen, http, args.drain_timeout, args.verbose, args.advertise))
 
 
 def _host_port(text: str, flag: str) -> tuple[str, int] | None:
@@ -200,7 +204,7 @@ async def _start_server(server: Any) -> tuple[asyncio.Future, str, int]:
 
 
 async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None = None, drain_s: float = 10.0,
-                  verbose: bool = False) -> int:
+                  verbose: bool = False, advertise: str | None = None) -> int:
     """Judge the namespace, serve its state to thin clients, announce it in `<ns>.members`.
 
     SIGTERM/SIGINT: not ready any more, leave `<ns>.members`, answer the requests
@@ -259,6 +263,10 @@ async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None
             web_task, whost, wport = await _start_server(web)
             print(f"worker metrics and health at http://{whost}:{wport}/metrics", flush=True)
         address = await server.start(*listen)
+        if advertise is not None:
+            # Bound to every interface (0.0.0.0), the socket's own address is no
+            # address another host can reach: announce the one the operator gave.
+            address = f"{advertise}:{address.rpartition(':')[2]}"
         judge = rt.judge
         announcer = Announcer(rt.opts.bootstrap_servers, rt.topics.members, rt.client_id, address,
                               kafka=rt.opts.kafka, partitions=lambda: sorted(judge.owned))
@@ -776,6 +784,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--renew-after-ms", type=int, default=45_000, help="renew a lease this long after taking it")
     w.add_argument("--listen", default="127.0.0.1:0",
                    help="HOST:PORT of the query service for thin clients (port 0: a free one, printed)")
+    w.add_argument("--advertise", default=None, metavar="HOST",
+                   help="the host thin clients reach the query service at, announced with its port in "
+                        "<ns>.members (default: the --listen host; say it when listening on 0.0.0.0)")
     w.add_argument("--http", default=None, metavar="HOST:PORT",
                    help="serve /metrics (Prometheus), /healthz and /readyz over HTTP here (default: off; "
                         "port 0: a free one, printed)")
