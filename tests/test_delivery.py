@@ -412,3 +412,39 @@ async def test_readers_of_a_closed_run_whose_records_retention_removed_end(tl, b
         fut.result(timeout=30)
     for after in ("-1", offsets[0]):
         assert await within(collect(log.read(after)), 10) == []  # ended: nothing of it is left to show
+
+
+async def test_a_read_that_keeps_scanning_past_other_runs_records_is_not_cut_off(open_client, monkeypatch):
+    # Tried (a review): a reader's fetch had one request timeout in all, so the next
+    # record of a quiet run behind millions of other runs' records (about 1M/s
+    # scanned here) failed UNAVAILABLE while the scan was still moving. Made small:
+    # a fetch that sees one record per 0.2 s, 8 other records, a 1 s timeout.
+    import time as clock
+
+    from threadlog.delivery import reader as reader_module
+    from threadlog.kernel import kafka_config
+    from threadlog.kernel.partitioning import partition_for
+
+    tl = await open_client(request_timeout_ms=1_000)
+    parts = tl.runtime.layout.deliveries
+    run = "run-quiet"
+    others = [r for r in (f"run-busy-{n}" for n in range(1000))
+              if partition_for(r, parts) == partition_for(run, parts)][:8]
+    await within(tl.delivery(run).append([chunk(0)]))
+    for other in others:
+        await within(tl.delivery(other).append([chunk(9)]))
+    await within(tl.delivery(run).append([chunk(1)]))
+    await within(tl.delivery(run).close())
+
+    class SlowScan:
+        def __getattr__(self, name):
+            return getattr(kafka_config, name)
+
+        @staticmethod
+        def drain(consumer, n, timeout):
+            clock.sleep(0.2)
+            return kafka_config.drain(consumer, 1, timeout)
+
+    monkeypatch.setattr(reader_module, "kafka_config", SlowScan())
+    got = await within(collect(tl.delivery(run).read("-1"), 30), 40)
+    assert [c for _, c in got] == [chunk(0), chunk(1)]

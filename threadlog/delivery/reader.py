@@ -175,6 +175,9 @@ class Fetcher:
         return msgs
 
     def _fetch(self, consumer: Consumer, stop_at: int) -> tuple[list, int]:
+        # The deadline bounds a stall, not the scan: the next record of a quiet run
+        # may lie behind millions of other runs' records of the partition, and a
+        # scan that keeps moving must not fail for taking longer than one timeout.
         deadline = time.monotonic() + self.svc.timeout
         position = self.position
         mine: list = []
@@ -182,8 +185,9 @@ class Fetcher:
             if self.svc.closing.is_set():
                 raise unavailable("this ThreadLog is closed")
             if time.monotonic() > deadline:
-                raise unavailable(f"{self.svc.topic}[{self.partition}] not readable up to {stop_at} "
-                                  f"in {self.svc.timeout}s (at {position})")
+                raise unavailable(f"{self.svc.topic}[{self.partition}] not readable up to {stop_at}: nothing "
+                                  f"read for {self.svc.timeout}s (at {position})")
+            before = position
             for msg in kafka_config.drain(consumer, 1000, 0.2):
                 err = msg.error()
                 if err is not None:
@@ -204,6 +208,8 @@ class Fetcher:
                     break
                 if msg.key() == self.key:
                     mine.append(msg)
+            if position > before:
+                deadline = time.monotonic() + self.svc.timeout
         return mine, position
 
     def release(self) -> None:
