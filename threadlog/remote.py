@@ -12,7 +12,9 @@ one request per owner and merges (a `get` asks every owner: a key lives in
 one partition's state; a `scan` merges each partition's ordered pages).
 
 During a rebalance: a worker asked about a partition it does not own (any
-more) answers NOT_OWNER, a dead one drops the connection; the client then
+more) answers NOT_OWNER, a dead one drops the connection, and a request to
+one gone silent (a frozen host: no FIN, no RST) is abandoned once another
+worker announces its partitions (or none live does); the client then
 waits for the next announcement and asks again, until the request's deadline,
 then fails with `UNAVAILABLE`. Every operation is a read, so resending is
 harmless, and every judge reaches the same state for the same log prefix. What
@@ -82,6 +84,7 @@ LINE_LIMIT = 64 * 1024 * 1024
 CONNECT_TIMEOUT = 2.0
 RETRY_PAUSE = 0.1  # longest wait for a new announcement before asking again
 SHUN_S = 1.0  # a worker that refused or dropped a call is skipped this long
+MOVED_CHECK_S = 0.5  # how often a request awaiting an answer looks whether its partitions moved
 GETS_PER_REQUEST = 64  # keys per `gets` request (a worker takes up to 1 024; values may be chunks)
 SCAN_LIMIT = 512  # keys per `scan` page asked (the worker caps it too)
 READ_THREADS = 16  # blocking reads of a thin client at once (off_loop); more wait for a thread
@@ -96,6 +99,10 @@ REFUSED_PAUSE_S = 60.0  # a worker that does not push (an earlier version) is as
 
 class _ConnectionLost(Exception):
     pass
+
+
+class _Moved(Exception):
+    """The partitions a request asked about are announced elsewhere now (or by no live worker)."""
 
 
 class _ConnectAbandoned(Exception):
@@ -427,8 +434,11 @@ class QueryClient:
                 raise unavailable(f"{op}: no live worker of {self.members_topic} answered for {what} "
                                   "within the request timeout")
             # Wait for the next announcement (a new owner), briefly: a dead
-            # owner is replaced only after the group notices it.
-            await asyncio.to_thread(self.members.wait_change, version, min(RETRY_PAUSE, left))
+            # owner is replaced only after the group notices it. Slept on this
+            # loop, not blocked in a thread: waiting calls of a rebalance queued for
+            # the default executor's few threads and overshot their deadlines.
+            if self.members.version == version:
+                await asyncio.sleep(min(RETRY_PAUSE, left))
 
     def owner_of(self, partition: int) -> str | None:
         """The address of the live worker that announced `partition` last (None: none now).
@@ -495,7 +505,11 @@ class QueryClient:
                                       ) from None
             else:
                 conn.writer.write(line)  # nothing queued: buffered at once, no wait
-            msg = await within(fut, max(0.01, deadline - time.monotonic()))
+            msg = await self._answer(fut, address, partitions, deadline)
+        except _Moved:
+            conn.pending.pop(rid, None)
+            self.failovers += 1
+            raise _Retry(address) from None
         except (_ConnectionLost, ConnectionError):
             conn.fail()
             self.failovers += 1
@@ -517,6 +531,32 @@ class QueryClient:
         if code == BEHIND and deadline - time.monotonic() > 0.05:
             raise _Behind(address)  # the owner is catching up: ask it again
         raise ThreadLogError(code, msg.get("message") or "refused by the worker")
+
+    def _answer(self, fut: asyncio.Future, address: str, partitions: list[int] | None,
+                deadline: float) -> asyncio.Future:
+        """`fut`, failed with TimeoutError at `deadline`, or with `_Moved` once the
+        partitions asked are announced by another worker, or by none live.
+
+        Why: a worker whose host froze or dropped off the network keeps its
+        connection open -- no FIN, no RST -- so an answer from it was awaited for
+        the whole request timeout, although another worker took its partitions
+        over within seconds. One timer per request, looking every MOVED_CHECK_S.
+        """
+        loop = self._loop
+
+        def look() -> None:
+            if fut.done():
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                fut.set_exception(TimeoutError())
+            elif partitions and any(self.owner_of(p) != address for p in partitions):
+                fut.set_exception(_Moved())
+            else:
+                loop.call_later(min(MOVED_CHECK_S, left), look)
+
+        loop.call_later(max(0.0, min(MOVED_CHECK_S, deadline - time.monotonic())), look)
+        return fut
 
     async def _conn(self, address: str, deadline: float) -> _Conn:
         conn = self._conns.get(address)

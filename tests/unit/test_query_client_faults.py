@@ -112,3 +112,72 @@ async def test_a_cancelled_caller_does_not_cancel_the_calls_sharing_its_connect(
         for s in fillers:
             s.close()
         srv.close()
+
+
+async def test_a_request_to_a_worker_gone_silent_moves_to_the_new_owner(client_of):
+    # Tried (a review): a worker whose host froze or left the network keeps its
+    # connection open (no FIN, no RST). A read waited the whole request timeout on
+    # it and failed UNAVAILABLE, though a new owner was announced half a second in.
+    import orjson
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    taken = []
+
+    def swallow():
+        conn, _ = silent.accept()
+        taken.append(conn)
+        while conn.recv(65536):
+            pass
+
+    threading.Thread(target=swallow, daemon=True).start()
+
+    async def answer(reader, writer):
+        while line := await reader.readline():
+            req = orjson.loads(line)
+            writer.write(orjson.dumps({"id": req["id"], "ok": True, "result": {"value": None, "at": {"0": 0}}})
+                         + b"\n")
+            await writer.drain()
+
+    good = await asyncio.start_server(answer, "127.0.0.1", 0)
+    began = time.time()
+    dead_at = f"127.0.0.1:{silent.getsockname()[1]}"
+    good_at = f"127.0.0.1:{good.sockets[0].getsockname()[1]}"
+
+    class TakenOver(OneWorker):
+        @property
+        def version(self):
+            return 1 if time.time() - began < 0.5 else 2
+
+        def live(self):
+            members = [Member("dead", dead_at, 0.0, began * 1000.0, (0,))]
+            if time.time() - began >= 0.5:  # the new owner's announcement, newer
+                members.append(Member("new", good_at, 0.0, time.time() * 1000.0, (0,)))
+            return members
+
+    qc = client_of(dead_at, 5.0)
+    qc.members = TakenOver(dead_at)
+    try:
+        t0 = time.monotonic()
+        assert await qc.read(b"k", [0], barrier=False) is None
+        assert time.monotonic() - t0 < 2.0  # not the 5 s timeout
+    finally:
+        good.close()
+        silent.close()
+        for conn in taken:
+            conn.close()
+
+
+async def test_many_calls_waiting_out_a_rebalance_fail_at_their_deadline(client_of):
+    # Tried (a review): with no owner announced, each waiting call parked a thread of
+    # the default executor per retry; 200 calls with a 1 s timeout took up to 4.3 s.
+    class NoOwner(OneWorker):
+        def live(self):
+            return []
+
+    qc = client_of("127.0.0.1:9", 1.0)
+    qc.members = NoOwner("127.0.0.1:9")
+    outcomes = await asyncio.gather(*(timed(qc.acall("get", {"key": ""}, [0])) for _ in range(200)))
+    assert {o for o, _ in outcomes} == {"UNAVAILABLE"}
+    assert max(t for _, t in outcomes) < 1.5
