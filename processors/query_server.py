@@ -102,10 +102,29 @@ LINE_LIMIT = 64 * 1024 * 1024
 MAX_ANSWER_BYTES = 48 * 1024 * 1024
 SCAN_PAGE = 512
 MAX_GETS = 1024  # keys per `gets` request
-# Requests of one connection answered at once. At the cap the server reads no
-# more lines from it (TCP pushes back on the client): a client that pipelines
-# and never reads its answers held every answer in memory (9.6 GB measured).
-MAX_CONN_INFLIGHT = 128
+# Answer bytes of one connection built and not sent yet. Past it the server reads
+# no more of that client's requests (TCP pushes back on it): a client that
+# pipelined requests and never read its answers held all of them in memory (9.6
+# GB measured). Answers, not requests in flight, are capped: a request waiting
+# (a barrier, a verdict, another worker's question) holds little, and a cap on
+# those left a read that could be answered at once unread behind them.
+MAX_CONN_UNSENT = 64 * 1024 * 1024
+
+
+class _Unsent:
+    """One connection's answers built and not sent yet (see MAX_CONN_UNSENT)."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.room = asyncio.Event()
+        self.room.set()
+
+    def add(self, n: int) -> None:
+        self.bytes += n
+        if self.bytes > MAX_CONN_UNSENT:
+            self.room.clear()
+        else:
+            self.room.set()
 SCAN_PAGE_BYTES = 4 * 1024 * 1024
 MAX_VERDICTS = 10_000  # offsets per `verdicts` request
 
@@ -181,21 +200,26 @@ class QueryServer:
         self._conns.add(writer)
         lock = asyncio.Lock()
         tasks: set[asyncio.Task] = set()
-        slots = asyncio.Semaphore(MAX_CONN_INFLIGHT)
+        unsent = _Unsent()
         try:
             while True:
-                await slots.acquire()
+                await unsent.room.wait()  # the client reads its answers, or we read no more from it
+                if writer.transport.is_closing():
+                    return  # cut off (an answer unread for a request timeout): its buffered lines go too
                 line = await reader.readline()
                 if not line:
                     return
                 if not tasks and b'"push"' in line and await self._pushed_to(line, reader, writer):
                     return
-                task = asyncio.create_task(self._answer(line, writer, lock))
+                task = asyncio.create_task(self._answer(line, writer, lock, unsent))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
-                task.add_done_callback(lambda _t: slots.release())
                 self._inflight.add(task)
                 task.add_done_callback(self._inflight.discard)
+                # Let it run up to its first wait: a read answered at once has counted
+                # its answer before the next line is read (readline does not yield
+                # while lines are buffered).
+                await asyncio.sleep(0)
         except (ConnectionError, asyncio.IncompleteReadError, ValueError):
             return  # a client that went away (or sent a line over the limit)
         finally:
@@ -231,7 +255,7 @@ class QueryServer:
             self.push.unsubscribe(token, sock)
         return True
 
-    async def _answer(self, line: bytes, writer: asyncio.StreamWriter, lock: asyncio.Lock) -> None:
+    async def _answer(self, line: bytes, writer: asyncio.StreamWriter, lock: asyncio.Lock, unsent: _Unsent) -> None:
         rid = None
         try:
             req = orjson.loads(line)
@@ -251,19 +275,22 @@ class QueryServer:
             # on it would fail): refuse instead; it asks for less (one key at a time).
             line = orjson.dumps({"id": rid, "ok": False, "code": ANSWER_TOO_LARGE,
                                  "message": f"the answer is {len(line)} bytes; at most {MAX_ANSWER_BYTES}"})
-        async with lock:
-            try:
+        unsent.add(len(line))
+        try:
+            async with lock:
                 writer.write(line + b"\n")
                 # Bounded: a client that stops reading is cut off after a request
                 # timeout, not waited for while its answers pile up behind this one.
                 await asyncio.wait_for(writer.drain(), self.timeout)
-            except ConnectionError:
-                pass
-            except TimeoutError:
-                log.warning("a query client read no answer for %ss: disconnected", self.timeout)
-                # abort, not close: close waits to send what is buffered, which this
-                # client does not read; abort drops it and ends every waiting answer.
-                writer.transport.abort()
+        except ConnectionError:
+            pass
+        except TimeoutError:
+            log.warning("a query client read no answer for %ss: disconnected", self.timeout)
+            # abort, not close: close waits to send what is buffered, which this
+            # client does not read; abort drops it and ends every waiting answer.
+            writer.transport.abort()
+        finally:
+            unsent.add(-len(line))
 
     # -- operations -------------------------------------------------------------------
     async def dispatch(self, op: str, args: dict) -> Any:

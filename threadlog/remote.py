@@ -481,6 +481,11 @@ class QueryClient:
         except (OSError, TimeoutError):
             self._shun[address] = time.monotonic() + SHUN_S
             raise _Retry(address) from None
+        if not conn.alive or conn.writer.transport.is_closing():
+            # Lost between its connect and now (a shared connect hands over a _Conn that
+            # may have died meanwhile): a write to it would vanish without an error.
+            self.failovers += 1
+            raise _Retry(address)
         rid = next(self._ids)
         fut = self._loop.create_future()
         conn.pending[rid] = fut

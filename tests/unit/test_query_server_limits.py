@@ -1,5 +1,5 @@
-"""The worker's query service against a client that sends requests and never reads
-the answers (a paused process, a slow link, anyone who reaches the port)."""
+"""The worker's query service against clients that read slowly or not at all,
+and one that has many requests waiting (no broker: stub stores and judge)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,17 @@ import orjson
 from threadlog.processors import query_server
 from threadlog.processors.query_server import QueryServer
 
+from threadlog.kernel.errors import UNAVAILABLE, ThreadLogError
+
 VALUE = b"v" * (256 * 1024)
 
 
 class Stores:
+    def __init__(self) -> None:
+        self.gets = 0
+
     def get(self, k, parts):
+        self.gets += 1
         return VALUE
 
 
@@ -27,12 +33,17 @@ class Judge:
     def applied(self, p):
         return 10
 
+    async def wait(self, targets, timeout):  # a floor not reached yet: a legitimate long wait
+        await asyncio.sleep(timeout)
+        raise ThreadLogError(UNAVAILABLE, "not yet")
 
-async def test_a_client_that_never_reads_is_capped_then_disconnected(monkeypatch):
+
+async def test_a_client_that_never_reads_is_read_no_further_then_disconnected(monkeypatch):
     # Tried (a review): 300 pipelined `gets` of 8 MiB answers each, never read: the
     # worker answered every one into memory, waiting forever to send it (+9.6 GB).
-    monkeypatch.setattr(query_server, "MAX_CONN_INFLIGHT", 8)
-    server = QueryServer(Stores(), Judge(), barrier=None, timeout=1.0)
+    monkeypatch.setattr(query_server, "MAX_CONN_UNSENT", 1024 * 1024)
+    stores = Stores()
+    server = QueryServer(stores, Judge(), barrier=None, timeout=1.0)
     host, port = (await server.start("127.0.0.1", 0)).split(":")
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -40,15 +51,33 @@ async def test_a_client_that_never_reads_is_capped_then_disconnected(monkeypatch
     try:
         request = {"op": "gets", "args": {"keys": ["AA=="] * 8, "partitions": [0]}}
         sock.sendall(b"".join(orjson.dumps({"id": i, **request}) + b"\n" for i in range(60)))
-        most = 0
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            most = max(most, len(server._inflight))
-            if most and not server._inflight:
-                break  # disconnected: every answer it held is gone
+        while time.monotonic() < deadline and (not server._inflight or stores.gets == 0):
             await asyncio.sleep(0.02)
-        assert 0 < most <= 8  # at the cap it read no more requests
+        while time.monotonic() < deadline and server._inflight:
+            await asyncio.sleep(0.02)
         assert not server._inflight  # cut off after a request timeout without reading
+        assert stores.gets <= 3 * 8  # past 1 MiB of unsent answers it read no more requests
     finally:
         sock.close()
+        await server.close()
+
+
+async def test_a_read_answered_at_once_is_not_held_behind_requests_that_wait(monkeypatch):
+    # Tried (the review of the fix above): a cap on requests in flight per connection
+    # left a plain get unread behind 128 reads waiting for a floor, for their whole wait.
+    server = QueryServer(Stores(), Judge(), barrier=None, timeout=5.0)
+    host, port = (await server.start("127.0.0.1", 0)).split(":")
+    reader, writer = await asyncio.open_connection(host, int(port), limit=64 * 1024 * 1024)
+    try:
+        waiting = {"op": "get", "args": {"key": "AA==", "partitions": [0], "floor": {"0": 99}, "wait": 3.0}}
+        writer.write(b"".join(orjson.dumps({"id": i, **waiting}) + b"\n" for i in range(300)))
+        writer.write(orjson.dumps({"id": 999, "op": "get", "args": {"key": "AA==", "partitions": [0]}}) + b"\n")
+        await writer.drain()
+        t0 = time.monotonic()
+        while orjson.loads(await asyncio.wait_for(reader.readline(), 10))["id"] != 999:
+            pass
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        writer.close()
         await server.close()
