@@ -41,6 +41,16 @@ async def events_end(tl) -> dict[int, int]:
     return await tl.runtime.barrier.end_offsets()
 
 
+async def claim_and_fence(tl, key: str, sweep: str, version: str) -> None:
+    """A sweep's first two steps by hand: its claim of `key`, then its fence on every partition."""
+    n = tl.runtime.layout.events
+    await within(tl.send("threadlog.cmd.ClaimBlobForGc", blob_state.partition_key(key),
+                         {"key": key, "sweepId": sweep, "version": version, "graceMs": 0}))
+    for q in range(n):
+        await within(tl.send("threadlog.cmd.FenceBlobsForGc", gc.fence_key(sweep, q, n),
+                             {"sweepId": sweep, "keys": [key], "held": True}))
+
+
 async def test_sweep_deletes_old_unreferenced_blobs_and_keeps_referenced_and_young(open_client):
     clock = MutableClock()
     tl = await open_client(clock=clock)
@@ -409,11 +419,7 @@ async def test_thin_clients_workers_judge_a_collect_by_asking_each_other(bootstr
         await within(tl.checkpoints.append(checkpoint=cp_with("c1", thread, None, [key]), expected_head_id=None,
                                            writer=lease))
         sweep = "manual"
-        await within(tl.send("threadlog.cmd.ClaimBlobForGc", blob_state.partition_key(key),
-                             {"key": key, "sweepId": sweep, "version": rec["etag"], "graceMs": 0}))
-        for q in range(n):
-            await within(tl.send("threadlog.cmd.FenceBlobsForGc", gc.fence_key(sweep, q, n),
-                                 {"sweepId": sweep, "keys": [key], "held": True}))
+        await claim_and_fence(tl, key, sweep, rec["etag"])
         verdict = await within(tl.send("threadlog.cmd.CollectBlob", blob_state.partition_key(key),
                                        {"key": key, "sweepId": sweep, "version": rec["etag"]}))
         assert verdict == {"deleted": False, "reason": "referenced"}
@@ -502,11 +508,7 @@ async def test_a_blob_an_artifact_names_is_kept_until_the_artifact_goes(tl):
     n = tl.runtime.layout.events
     rec = await within(tl.blobs.head(art_key))
     sweep = "s-art"
-    await within(tl.send("threadlog.cmd.ClaimBlobForGc", blob_state.partition_key(art_key),
-                         {"key": art_key, "sweepId": sweep, "version": rec["etag"], "graceMs": 0}))
-    for q in range(n):
-        await within(tl.send("threadlog.cmd.FenceBlobsForGc", gc.fence_key(sweep, q, n),
-                             {"sweepId": sweep, "keys": [art_key], "held": True}))
+    await claim_and_fence(tl, art_key, sweep, rec["etag"])
     assert await within(tl.send("threadlog.cmd.CollectBlob", blob_state.partition_key(art_key),
                                 {"key": art_key, "sweepId": sweep, "version": rec["etag"]})) == {
         "deleted": False, "reason": "referenced"}
