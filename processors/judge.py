@@ -167,8 +167,7 @@ def read_clock(raw: bytes | None) -> tuple[float, int]:
         return 0.0, 0
     if len(raw) == _CLOCK.size:  # written before the floor existed
         return _CLOCK.unpack(raw)[0], 0
-    at, floor = _CLOCK_FLOOR.unpack(raw)
-    return at, floor
+    return _CLOCK_FLOOR.unpack(raw)
 
 
 class _Blocked(Exception):

@@ -102,6 +102,8 @@ LINE_LIMIT = 64 * 1024 * 1024
 MAX_ANSWER_BYTES = 48 * 1024 * 1024
 SCAN_PAGE = 512
 MAX_GETS = 1024  # keys per `gets` request
+SCAN_PAGE_BYTES = 4 * 1024 * 1024
+MAX_VERDICTS = 10_000  # offsets per `verdicts` request
 # Answer bytes of one connection built and not sent yet. Past it the server reads
 # no more of that client's requests (TCP pushes back on it): a client that
 # pipelined requests and never read its answers held all of them in memory (9.6
@@ -125,8 +127,6 @@ class _Unsent:
             self.room.clear()
         else:
             self.room.set()
-SCAN_PAGE_BYTES = 4 * 1024 * 1024
-MAX_VERDICTS = 10_000  # offsets per `verdicts` request
 
 
 def b64(raw: bytes) -> str:

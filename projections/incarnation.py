@@ -38,10 +38,8 @@ def topic_ids(admin: AdminClient, names: list[str], timeout: float) -> dict[str,
     keep a host from opening -- e.g. on a broker without DescribeTopics)."""
     deadline = time.monotonic() + timeout
     while True:
-        left = max(0.5, deadline - time.monotonic())
         try:
-            futures = admin.describe_topics(TopicCollection(names), request_timeout=left)
-            return {name: str(fut.result(timeout=left).topic_id) for name, fut in futures.items()}
+            return _describe(admin, names, max(0.5, deadline - time.monotonic()))
         except Exception as exc:
             # Only a namespace just created (not in every broker's metadata yet) is
             # worth waiting for; anything else (a broker without DescribeTopics)
@@ -51,6 +49,12 @@ def topic_ids(admin: AdminClient, names: list[str], timeout: float) -> dict[str,
                             "against a namespace deleted and created again", names, exc)
                 return None
             time.sleep(0.2)
+
+
+def _describe(admin: AdminClient, names: list[str], timeout: float) -> dict[str, str]:
+    """name -> topic id, in one DescribeTopics request (raises what it raises)."""
+    futures = admin.describe_topics(TopicCollection(names), request_timeout=timeout)
+    return {name: str(fut.result(timeout=timeout).topic_id) for name, fut in futures.items()}
 
 
 def _unknown_topic(exc: Exception) -> bool:
@@ -120,8 +124,7 @@ class Watch:
     def check(self) -> str | None:
         """Why the state no longer matches the topics (None: it does, or unknown now)."""
         try:
-            futures = self.admin.describe_topics(TopicCollection(list(self.ids)), request_timeout=5)
-            now = {name: str(fut.result(timeout=10).topic_id) for name, fut in futures.items()}
+            now = _describe(self.admin, list(self.ids), 10.0)
         except Exception:
             # Unreachable, or deleted and not created again (yet: its consumers have
             # nothing to read meanwhile): asked again next round.

@@ -27,6 +27,7 @@ import json
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -323,18 +324,17 @@ def _scan_chunks(tl: Session) -> dict[tuple[str, str], dict]:
     finally:
         consumer.close()
     found: dict[tuple[str, str], dict] = {}
+    seen = Counter(chunk[:2] for chunk, _ in live.values())  # (blob key, version) -> live chunks
     for (blob_key, version, index, size), ts in live.values():
-        info = found.setdefault((blob_key, version), {"count": 0, "bytes": 0, "newest_ms": 0, "live": 0})
+        info = found.setdefault((blob_key, version), {"count": 0, "bytes": 0, "newest_ms": 0})
         info["count"] = max(info["count"], index + 1)
         info["bytes"] += size
         info["newest_ms"] = max(info["newest_ms"], ts)
-        info["live"] += 1
     # A put has at most WINDOW chunks in flight, so every chunk more than WINDOW
     # below its highest was acknowledged, and is here: a version missing more is
     # not what a put leaves (one forged chunk "index 1048575" would otherwise have
     # the sweep abandon, and tombstone, a million chunk keys).
-    return {v: {k: n for k, n in info.items() if k != "live"} for v, info in found.items()
-            if info["count"] <= info["live"] + WINDOW}
+    return {v: info for v, info in found.items() if info["count"] <= seen[v] + WINDOW}
 
 
 def _chunk_of(codec: Any, ck: str, value: bytes) -> tuple[str, str, int, int] | None:

@@ -127,14 +127,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not _drain_timeout_ok(args.drain_timeout):
         print("threadlog worker: --drain-timeout must be >= 0", file=sys.stderr)
         return 2
-    _require_bindable(*listen, "--listen")
-    if http is not None:
-        _require_bindable(*http, "--http")
-    rt = Runtime(opts, worker=True, snapshot_every=args.snapshot_every, snapshot_interval_s=args.snapshot_interval)
     if args.advertise is not None and (not args.advertise or any(c in args.advertise for c in " /:")):
         print(f"threadlog worker: --advertise must be a host name or address, got {args.advertise!r}",
               file=sys.stderr)
         return 2
+    _require_bindable(*listen, "--listen")
+    if http is not None:
+        _require_bindable(*http, "--http")
+    rt = Runtime(opts, worker=True, snapshot_every=args.snapshot_every, snapshot_interval_s=args.snapshot_interval)
     return asyncio.run(_worker(rt, listen, http, args.drain_timeout, args.verbose, args.advertise))
 
 

@@ -89,11 +89,11 @@ class BlobStore(StoreFacade):
         expected_length: int | None = None,
     ) -> BlobInfo:
         require_id(key, "blob key")
-        if len(key.encode("utf-8")) > MAX_KEY_BYTES:
+        key_bytes = len(key.encode("utf-8"))
+        if key_bytes > MAX_KEY_BYTES:
             # Every chunk record carries the key twice (its Kafka key and its blobKey):
             # a key near the record limit failed in the producer, without a code.
-            raise invalid_argument(f"a blob key may be at most {MAX_KEY_BYTES} bytes of UTF-8, got "
-                                   f"{len(key.encode('utf-8'))}")
+            raise invalid_argument(f"a blob key may be at most {MAX_KEY_BYTES} bytes of UTF-8, got {key_bytes}")
         if content_type is not None:
             _require_text(content_type, "content_type")
         metadata = None if custom_metadata is None else _metadata(custom_metadata)
