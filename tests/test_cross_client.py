@@ -40,3 +40,25 @@ async def test_concurrent_writers_on_many_threads_all_land(open_client):
         for n in range(15):
             for client in (a, b):
                 assert await within(client.messages.load_thread(f"{tag}-{n}")) == [tag, n]
+
+
+async def test_a_remembered_run_is_read_fresh_after_another_clients_writes(open_client):
+    """A client remembers where a run and an interrupt live (they never move),
+    and skips finding them again; its reads still see every write another
+    client acknowledged before they began (a barrier on the thread's partition)."""
+    a = await open_client()
+    b = await open_client()
+    await within(a.runs.create_or_resume(run_id="r", thread_id="t", started_at=1))
+    await within(a.interrupts.create({"interruptId": "i", "threadId": "t", "runId": "r", "requestedAt": 2,
+                                      "payload": {}}))
+    assert (await within(b.runs.get("r")))["status"] == "running"
+    assert (await within(b.interrupts.get("i")))["status"] == "pending"
+    for n in range(5):
+        await within(a.runs.update("r", {"usage": {"n": n}}))
+        assert (await within(b.runs.get("r")))["usage"] == {"n": n}
+        await within(b.runs.update("r", {"usage": {"n": -n}}))
+        assert (await within(a.runs.get("r")))["usage"] == {"n": -n}
+    await within(a.interrupts.resolve("i", "yes"))
+    assert (await within(b.interrupts.get("i")))["response"] == "yes"
+    await within(a.runs.update("r", {"status": "completed"}))
+    assert (await within(b.runs.get("r")))["status"] == "completed"

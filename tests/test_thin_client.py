@@ -128,6 +128,69 @@ async def test_reads_carry_their_barrier_and_never_block_the_callers_loop(worker
     assert not blocking_threads, blocking_threads  # every read above was awaited: none blocked a thread
 
 
+async def test_a_run_or_interrupt_found_once_is_remembered_and_its_reads_stay_fresh(worker, open_client,
+                                                                                      monkeypatch):
+    """Runs, generation runs and interrupts never move or end (their global-id
+    holding is never released), so a client remembers where one lives once it
+    has found it. Then `update` / `resolve` / `cancel` send no read at all (only
+    their proposal), and `get` / `claim` read the thread's partition with its
+    barrier: one request, and still what another host acknowledged just before
+    (tried: another host finishes the run and decides the interrupt between the
+    remembering client's calls)."""
+    thin = await open_client(processors="external", own_worker=True)
+    other = await open_client()
+    sent: list[tuple[str, bool]] = []
+    real_call = remote.QueryClient.call
+
+    async def call(self, op, args, partitions=None, timeout=None):
+        if op in {"get", "gets", "query", "scan", "barrier"}:  # reads (not verdict subscriptions)
+            sent.append((op, bool(args.get("barrier"))))
+        return await real_call(self, op, args, partitions, timeout)
+
+    monkeypatch.setattr(remote.QueryClient, "call", call)
+    await within(other.runs.create_or_resume(run_id="r", thread_id="t", started_at=1))
+    await within(other.interrupts.create({"interruptId": "i", "threadId": "t", "runId": "r", "requestedAt": 2,
+                                          "payload": {}}))
+    sent.clear()
+    assert (await within(thin.runs.get("r")))["status"] == "running"
+    assert sent == [("get", True), ("get", False)]  # found: the index with its barrier, then the record
+    sent.clear()
+    await within(thin.runs.update("r", {"usage": {"tokens": 3}}))
+    assert sent == []  # remembered: the proposal alone
+    assert (await within(other.runs.get("r")))["usage"] == {"tokens": 3}
+    await within(other.runs.update("r", {"status": "completed"}))
+    sent.clear()
+    assert (await within(thin.runs.get("r")))["status"] == "completed"  # another host's write, just before
+    assert sent == [("get", True)]  # the record alone, with the barrier of its partition
+    sent.clear()
+    with pytest.raises(ThreadLogError) as refused:
+        await within(thin.runs.claim("r"))
+    assert refused.value.code == "RUN_TERMINAL"
+    assert sent == [("gets", True)]  # record and epoch in one read, with the barrier
+
+    assert (await within(thin.interrupts.get("i")))["status"] == "pending"
+    await within(other.interrupts.resolve("i", {"ok": True}))
+    sent.clear()
+    assert (await within(thin.interrupts.get("i")))["status"] == "resolved"
+    assert sent == [("get", True)]
+    sent.clear()
+    decided = await within(thin.interrupts.cancel("i"))  # the first decision is final
+    assert decided["status"] == "resolved" and decided["response"] == {"ok": True}
+    assert sent == []
+
+    # A generation run is remembered from its own create_or_resume.
+    await within(thin.generation_runs.create_or_resume(run_id="g", thread_id="t2", activity="image",
+                                                       provider="p", model="m", started_at=1))
+    await within(other.generation_runs.update("g", {"status": "failed"}))
+    sent.clear()
+    assert (await within(thin.generation_runs.get("g")))["status"] == "failed"
+    assert sent == [("get", True)]
+    # An id not found is not remembered: created afterwards, it is found.
+    assert await within(thin.runs.get("later")) is None
+    await within(other.runs.create_or_resume(run_id="later", thread_id="t3", started_at=1))
+    assert (await within(thin.runs.get("later")))["threadId"] == "t3"
+
+
 async def test_several_keys_are_one_request_and_a_worker_without_gets_is_read_key_by_key(worker, open_client,
                                                                                         monkeypatch):
     """`Session.read_many` through a thin client: one `gets` (with its barrier)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ..kernel.errors import unavailable
 from ..projections.partition_stores import PartitionStores
@@ -16,9 +16,25 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 
 
+class Home(NamedTuple):
+    """Where an id lives (`StoreFacade._home`)."""
+
+    thread_id: str
+    fresh: bool  # found after a read barrier on every partition (False: remembered)
+
+
+# Homes remembered per store facade; past this many the memory starts over.
+MAX_HOMES = 65_536
+
+
 class StoreFacade:
     def __init__(self, session: Session) -> None:
         self._session = session  # the client's narrow side (threadlog/session.py), not the client
+        # id index key -> the thread that holds it, for ids whose holding never
+        # ends (`_home`). Dies with the client, so a namespace deleted and made
+        # again (which a client notices and refuses: projections/incarnation.py)
+        # never meets an old entry.
+        self._homes: dict[bytes, str] = {}
 
     @property
     def _store(self) -> Store | PartitionStores | RemoteStore:
@@ -66,6 +82,46 @@ class StoreFacade:
         barrier on every partition (an id's entry lives on its thread's)."""
         raw = await self._read(index_key)
         return None if raw is None else raw.decode("utf-8")
+
+    async def _home(self, index_key: bytes) -> Home | None:
+        """Where a run, generation run or interrupt lives (None: no such id).
+
+        Those ids are held for good: no rule deletes one or moves it to another
+        thread (projections/folds: their global-id marks are only ever "held").
+        So once an index entry is read, it is remembered, and later calls on the
+        id skip the read barrier on every partition and the index read -- a
+        round trip to every owner plus a ListOffsets round, most of the cost of
+        `runs.update` or `interrupts.resolve`. Reads of the record that follow
+        still pass a barrier on the thread's own partition (`_read_at`);
+        proposals need none (judged in log order after every acknowledged write).
+        Not for artifacts: a deleted artifact id may come back on another thread.
+        """
+        thread_id = self._homes.get(index_key)
+        if thread_id is not None:
+            return Home(thread_id, False)
+        thread_id = await self._thread_by(index_key)
+        if thread_id is None:
+            return None  # not remembered: the id may be created at any time
+        self._remember(index_key, thread_id)
+        return Home(thread_id, True)
+
+    def _remember(self, index_key: bytes, thread_id: str) -> None:
+        """Note where a held-for-good id lives (`_home`)."""
+        if len(self._homes) >= MAX_HOMES:
+            self._homes.clear()
+        self._homes[index_key] = thread_id
+
+    def _remember_created(self, index_key: bytes, thread_id: str, result: Any) -> None:
+        """After a create-or-resume of a held-for-good id: it lives on `thread_id`
+        (created or found there) or where the judge said it lives instead."""
+        if isinstance(result, dict):
+            elsewhere = result.get("$elsewhere")
+            self._remember(index_key, elsewhere if isinstance(elsewhere, str) else thread_id)
+
+    async def _read_at(self, k: bytes, home: Home) -> bytes | None:
+        """The value at `k` on `home`'s partition, after a barrier there unless
+        `_home` just passed one on every partition."""
+        return await self._session.read(k, (home.thread_id,), barrier=not home.fresh)
 
     async def _read_barrier(self, *keys: str) -> None:
         """Wait for every acknowledged write to the partitions of `keys`

@@ -13,7 +13,7 @@ from ..kernel.records import GENERATION_RUN_PATCH, decode_generation_run, new_ge
 from ..kernel.validation import require_id
 from ..projections.folds import generation_runs as state
 from ..types import GenerationRun, GenerationRunPatch, RunStatus, Timestamp
-from .base import StoreFacade
+from .base import Home, StoreFacade
 from .runs import send_run_patch
 
 
@@ -25,6 +25,7 @@ class GenerationRunStore(StoreFacade):
             **{k: record[k] for k in ("runId", "threadId", "activity", "provider", "model", "startedAt")},
             "status": status,
         })
+        self._remember_created(state.index_key(run_id), record["threadId"], result)
         return await self._resolve_elsewhere(result, self.get, run_id)
 
     async def update(self, run_id: str, patch: GenerationRunPatch) -> None:
@@ -33,12 +34,12 @@ class GenerationRunStore(StoreFacade):
 
     async def get(self, run_id: str) -> GenerationRun | None:
         require_id(run_id, "run_id")
-        thread_id = await self._thread_of(run_id)
-        if thread_id is None:
+        home = await self._thread_of(run_id)
+        if home is None:
             return None
         # decode_generation_run checked the stored record: a GenerationRun.
         return cast("GenerationRun | None", decode_generation_run(
-            await self._read_on(state.record_key(thread_id, run_id), thread_id)))
+            await self._read_at(state.record_key(home.thread_id, run_id), home)))
 
     async def find_latest_for_thread(self, thread_id: str) -> GenerationRun | None:
         """The generation run with the greatest startedAt (ties: the last by run id bytes)."""
@@ -50,5 +51,5 @@ class GenerationRunStore(StoreFacade):
             return None
         return max(records, key=lambda r: (r["startedAt"], r["runId"].encode("utf-8")))
 
-    async def _thread_of(self, run_id: str) -> str | None:
-        return await self._thread_by(state.index_key(run_id))
+    async def _thread_of(self, run_id: str) -> Home | None:
+        return await self._home(state.index_key(run_id))

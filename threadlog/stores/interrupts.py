@@ -14,7 +14,7 @@ from ..kernel.records import decode_interrupt, new_interrupt, require_json_value
 from ..kernel.validation import dumps, require_id
 from ..projections.folds import interrupts as state
 from ..types import Interrupt, InterruptInput
-from .base import StoreFacade
+from .base import Home, StoreFacade
 
 
 def _interrupt(raw: bytes | None) -> Interrupt | None:
@@ -48,10 +48,10 @@ class InterruptStore(StoreFacade):
 
     async def get(self, interrupt_id: str) -> Interrupt | None:
         require_id(interrupt_id, "interrupt_id")
-        thread_id = await self._thread_of(interrupt_id)
-        if thread_id is None:
+        home = await self._thread_of(interrupt_id)
+        if home is None:
             return None
-        return _interrupt(await self._read_on(state.record_key(thread_id, interrupt_id), thread_id))
+        return _interrupt(await self._read_at(state.record_key(home.thread_id, interrupt_id), home))
 
     async def list(self, thread_id: str) -> list[Interrupt]:
         require_id(thread_id, "thread_id")
@@ -73,15 +73,16 @@ class InterruptStore(StoreFacade):
 
     # -- helpers ---------------------------------------------------------------
     async def _decide(self, interrupt_id: str, status: str, response: str | None) -> Interrupt | None:
-        thread_id = await self._thread_of(interrupt_id)
-        if thread_id is None:
+        home = await self._thread_of(interrupt_id)
+        if home is None:
             return None
+        thread_id = home.thread_id
         return await self._send("threadlog.cmd.DecideInterrupt", thread_id, {
             "interruptId": interrupt_id, "threadId": thread_id, "status": status, "response": response,
         })
 
-    async def _thread_of(self, interrupt_id: str) -> str | None:
-        return await self._thread_by(state.index_key(interrupt_id))
+    async def _thread_of(self, interrupt_id: str) -> Home | None:
+        return await self._home(state.index_key(interrupt_id))
 
     async def _thread_interrupts(self, thread_id: str) -> builtins.list[Interrupt]:
         # Stored values, never None: each decodes to a record.

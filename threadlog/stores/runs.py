@@ -26,7 +26,7 @@ from ..kernel.records import (
 from ..kernel.validation import dumps, is_finite, require_id
 from ..projections.folds import runs as state
 from ..types import Run, RunPatch, RunStatus, Timestamp
-from .base import StoreFacade
+from .base import Home, StoreFacade
 from .run_driver import RunDriver
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def _stored_run(raw: bytes) -> Run:
 class RunFacade(Protocol):
     """What `send_run_patch` needs of the runs and generation runs stores."""
 
-    async def _thread_of(self, run_id: str) -> str | None: ...
+    async def _thread_of(self, run_id: str) -> Home | None: ...
 
     async def _send(self, type_name: str, key: str, payload: dict) -> Any: ...
 
@@ -69,9 +69,10 @@ async def send_run_patch(store: RunFacade, command: str, run_id: str, patch: Map
     normalized = check_patch(patch, fields, what)
     if not normalized:
         return
-    thread_id = await store._thread_of(run_id)
-    if thread_id is None:
+    home = await store._thread_of(run_id)
+    if home is None:
         return
+    thread_id = home.thread_id
     await store._send(command, thread_id, {"runId": run_id, "threadId": thread_id, "patch": dumps(normalized)})
 
 
@@ -89,6 +90,7 @@ class RunStore(StoreFacade):
             "runId": record["runId"], "threadId": record["threadId"],
             "startedAt": record["startedAt"], "status": status,
         })
+        self._remember_created(state.index_key(run_id), thread_id, result)
         return await self._resolve_elsewhere(result, self.get, run_id)
 
     async def update(self, run_id: str, patch: RunPatch) -> None:
@@ -98,10 +100,10 @@ class RunStore(StoreFacade):
 
     async def get(self, run_id: str) -> Run | None:
         require_id(run_id, "run_id")
-        thread_id = await self._thread_of(run_id)
-        if thread_id is None:
+        home = await self._thread_of(run_id)
+        if home is None:
             return None
-        return _run(await self._read_on(state.record_key(thread_id, run_id), thread_id))
+        return _run(await self._read_at(state.record_key(home.thread_id, run_id), home))
 
     async def list_by_thread(self, thread_id: str) -> list[Run]:
         """Every run of the thread, ascending by startedAt, then run id bytes."""
@@ -159,12 +161,15 @@ class RunStore(StoreFacade):
 
     async def _claim(self, run_id: str) -> tuple[str, int]:
         require_id(run_id, "run_id")
-        thread_id = await self._thread_of(run_id)
-        if thread_id is None:
+        home = await self._thread_of(run_id)
+        if home is None:
             raise ThreadLogError(RUN_NOT_FOUND, f"run {run_id!r} does not exist")
-        # Both after the barrier above, at once (a thin client: two requests in flight, not one after the other).
-        raw_record, raw_epoch = await asyncio.gather(self._read_on(state.record_key(thread_id, run_id), thread_id),
-                                                     self._read_on(state.epoch_key(thread_id, run_id), thread_id))
+        thread_id = home.thread_id
+        # Both in one read (a thin client: one request), after a barrier on the
+        # thread's partition unless finding the run just passed one everywhere.
+        raw_record, raw_epoch = await self._session.read_many(
+            [state.record_key(thread_id, run_id), state.epoch_key(thread_id, run_id)], (thread_id,),
+            barrier=not home.fresh)
         record = _run(raw_record)
         if record is None:
             raise ThreadLogError(RUN_NOT_FOUND, f"run {run_id!r} does not exist")
@@ -204,9 +209,8 @@ class RunStore(StoreFacade):
             task.cancel()
 
     # -- helpers ---------------------------------------------------------------
-    async def _thread_of(self, run_id: str) -> str | None:
-        # The index is folded from every partition: wait for all of them.
-        return await self._thread_by(state.index_key(run_id))
+    async def _thread_of(self, run_id: str) -> Home | None:
+        return await self._home(state.index_key(run_id))
 
     async def _thread_runs(self, thread_id: str) -> list[Run]:
         records = [_stored_run(v) for _, v in await self._scan(state.thread_prefix(thread_id), thread_id)]
