@@ -89,6 +89,7 @@ from threadlog.projections.global_ids import holders_as_of
 from threadlog.projections.partition_stores import PartitionStores
 from threadlog.projections.queries import QUERIES, to_wire
 
+from threadlog.kernel import addresses
 from threadlog.kernel.errors import BEHIND, INVALID_ARGUMENT, NOT_OWNER, UNAVAILABLE, ThreadLogError, not_owner
 from threadlog.kernel.topics import ANSWER_TOO_LARGE, MAX_REPLY_SECRET_BYTES
 
@@ -168,7 +169,7 @@ class QueryServer:
         """Listen; return the address clients reach ("host:port", the real port for 0)."""
         self._server = await asyncio.start_server(self._serve, host, port, limit=LINE_LIMIT)
         bound_host, bound_port = self._server.sockets[0].getsockname()[:2]
-        self.address = f"{bound_host}:{bound_port}"
+        self.address = addresses.join(bound_host, bound_port)
         return self.address
 
     async def drain(self, timeout: float) -> int:

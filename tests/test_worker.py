@@ -64,11 +64,27 @@ async def test_a_worker_listening_on_every_interface_announces_the_host_it_is_to
         await worker.stop()
 
 
+async def test_a_worker_on_ipv6_announces_a_bracketed_address_thin_clients_reach(bootstrap, namespace, tmp_path,
+                                                                                   open_client):
+    # An IPv6 literal has colons of its own: announced as "::1:PORT", a client
+    # split it into host "::1:" and could never connect; --advertise refused it.
+    worker = WorkerProcess(bootstrap, namespace, tmp_path / "w", "w1", "--listen", "[::]:0", "--advertise", "::1")
+    try:
+        await worker.start()
+        assert worker.address is not None and worker.address.startswith("[::1]:"), worker.address
+        thin = await open_client(processors="external", own_worker=True)
+        await within(thin.messages.save_thread("t", ["over IPv6"]))
+        assert await within(thin.messages.load_thread("t")) == ["over IPv6"]
+        assert [m.address for m in thin.runtime.query.members.live()] == [worker.address]
+    finally:
+        await worker.stop()
+
+
 def test_a_bad_advertise_host_is_refused_before_anything_starts(bootstrap, namespace):
     import subprocess
     import sys
 
-    for bad in ("", "host:1", "a b"):
+    for bad in ("", "host:1", "a b", "[::1]:7000", "fe80::zz"):
         proc = subprocess.run([sys.executable, "-m", "threadlog", "worker", "--bootstrap", bootstrap, "--namespace",
                                namespace, "--advertise", bad], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and "--advertise must be a host" in proc.stderr, (bad, proc.stderr)

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from threadlog.kernel import addresses
+
 if TYPE_CHECKING:
     from threadlog.broker import NodeStatus
 
@@ -127,7 +129,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not _drain_timeout_ok(args.drain_timeout):
         print("threadlog worker: --drain-timeout must be >= 0", file=sys.stderr)
         return 2
-    if args.advertise is not None and (not args.advertise or any(c in args.advertise for c in " /:")):
+    if args.advertise is not None and not addresses.is_host(args.advertise):
         print(f"threadlog worker: --advertise must be a host name or address, got {args.advertise!r}",
               file=sys.stderr)
         return 2
@@ -139,9 +141,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _host_port(text: str, flag: str) -> tuple[str, int] | None:
-    host, _, port = text.rpartition(":")
     try:
-        return host or "127.0.0.1", int(port)
+        host, port = addresses.split(text)
+        return host or "127.0.0.1", port
     except ValueError:
         print(f"threadlog worker: {flag} must be HOST:PORT, got {text!r}", file=sys.stderr)
         return None
@@ -266,7 +268,7 @@ async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None
         if advertise is not None:
             # Bound to every interface (0.0.0.0), the socket's own address is no
             # address another host can reach: announce the one the operator gave.
-            address = f"{advertise}:{address.rpartition(':')[2]}"
+            address = addresses.join(addresses.bare(advertise), addresses.split(address)[1])
         judge = rt.judge
         announcer = Announcer(rt.opts.bootstrap_servers, rt.topics.members, rt.client_id, address,
                               kafka=rt.opts.kafka, partitions=lambda: sorted(judge.owned))
@@ -783,10 +785,12 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--lease-duration-ms", type=int, default=120_000, help="length of the leases this worker takes")
     w.add_argument("--renew-after-ms", type=int, default=45_000, help="renew a lease this long after taking it")
     w.add_argument("--listen", default="127.0.0.1:0",
-                   help="HOST:PORT of the query service for thin clients (port 0: a free one, printed)")
+                   help="HOST:PORT of the query service for thin clients (port 0: a free one, printed; an IPv6 "
+                        "host in brackets: [::1]:0)")
     w.add_argument("--advertise", default=None, metavar="HOST",
                    help="the host thin clients reach the query service at, announced with its port in "
-                        "<ns>.members (default: the --listen host; say it when listening on 0.0.0.0)")
+                        "<ns>.members (default: the --listen host; say it when listening on 0.0.0.0 or [::]; an "
+                        "IPv6 address bare or in brackets)")
     w.add_argument("--http", default=None, metavar="HOST:PORT",
                    help="serve /metrics (Prometheus), /healthz and /readyz over HTTP here (default: off; "
                         "port 0: a free one, printed)")

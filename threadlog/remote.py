@@ -59,6 +59,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from .kernel import addresses
 from .kernel.errors import (
     BEHIND,
     INVALID_ARGUMENT,
@@ -576,7 +577,7 @@ class QueryClient:
         fut = self._loop.create_future()
         self._connecting[address] = fut
         try:
-            host, _, port = address.rpartition(":")
+            host, port = addresses.split(address)
             reader, writer = await asyncio.wait_for(
                 asyncio.open_connection(host, int(port), limit=LINE_LIMIT),
                 max(0.01, min(CONNECT_TIMEOUT, deadline - time.monotonic())))
@@ -919,7 +920,7 @@ class RemoteVerdicts:
             watchdog = loop.call_later(BEAT_S, watch)
 
         try:
-            host, _, port = address.rpartition(":")
+            host, port = addresses.split(address)
             reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port), limit=LINE_LIMIT),
                                                     CONNECT_TIMEOUT)
             stream.writer = writer

@@ -1,0 +1,49 @@
+"""`host:port` addresses of workers, IPv6 literals included.
+
+A worker announces where its query service listens (`<ns>.members`) and
+clients connect there. An IPv6 literal holds colons of its own, so it travels
+in brackets (`[::1]:7000`, as in URLs and Kafka's listeners): written by
+`join`, read by `split`, the one place that knows.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+
+def join(host: str, port: int) -> str:
+    """`host:port`, the host bracketed when it is an IPv6 literal."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def split(address: str) -> tuple[str, int]:
+    """(host, port) of a `join`ed address (brackets removed). ValueError if the
+    port is not a number or an unbracketed host holds a colon."""
+    host, sep, port = address.rpartition(":")
+    if not sep:
+        raise ValueError(f"{address!r} has no port")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"an IPv6 host is written in brackets ([{host}]:{port}), got {address!r}")
+    return host, int(port)
+
+
+def is_host(text: str) -> bool:
+    """A host name or address a worker may announce: no port, no spaces or slashes;
+    an IPv6 literal bare or in brackets."""
+    if not text or any(c in text for c in " /"):
+        return False
+    if ":" not in text:
+        return True
+    literal = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    try:
+        ipaddress.IPv6Address(literal)
+    except ValueError:
+        return False
+    return True
+
+
+def bare(host: str) -> str:
+    """The host without the brackets an IPv6 literal may have been given in."""
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
