@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+from threadlog.kernel import addresses
+
 PARTITIONS = 4
 
 
@@ -29,8 +31,8 @@ class Worker:
                 self.address = line.split("serving queries at ", 1)[1].split()[0]
 
     async def stats(self) -> dict:
-        host, _, port = self.address.rpartition(":")
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 10)
+        host, port = addresses.split(self.address)
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 10)
         try:
             writer.write(json.dumps({"id": 1, "op": "stats", "args": {}}).encode() + b"\n")
             await writer.drain()

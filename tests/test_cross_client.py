@@ -42,10 +42,12 @@ async def test_concurrent_writers_on_many_threads_all_land(open_client):
                 assert await within(client.messages.load_thread(f"{tag}-{n}")) == [tag, n]
 
 
-async def test_a_remembered_run_is_read_fresh_after_another_clients_writes(open_client):
+async def test_a_remembered_run_is_read_fresh_after_another_clients_writes(open_client, monkeypatch):
     """A client remembers where a run and an interrupt live (they never move),
     and skips finding them again; its reads still see every write another
-    client acknowledged before they began (a barrier on the thread's partition)."""
+    client acknowledged before they began: each passes a barrier on the
+    thread's partition (asserted, since a fold may be quick enough to hide a
+    missing one)."""
     a = await open_client()
     b = await open_client()
     await within(a.runs.create_or_resume(run_id="r", thread_id="t", started_at=1))
@@ -53,12 +55,24 @@ async def test_a_remembered_run_is_read_fresh_after_another_clients_writes(open_
                                       "payload": {}}))
     assert (await within(b.runs.get("r")))["status"] == "running"
     assert (await within(b.interrupts.get("i")))["status"] == "pending"
+    barriers: list[tuple[str, ...] | None] = []
+    real_barrier = b.session.read_barrier
+
+    async def read_barrier(keys):
+        barriers.append(None if keys is None else tuple(keys))
+        await real_barrier(keys)
+
+    monkeypatch.setattr(b.session, "read_barrier", read_barrier)
     for n in range(5):
         await within(a.runs.update("r", {"usage": {"n": n}}))
+        barriers.clear()
         assert (await within(b.runs.get("r")))["usage"] == {"n": n}
+        assert barriers == [("t",)]  # remembered: the thread's partition only, with its barrier
         await within(b.runs.update("r", {"usage": {"n": -n}}))
         assert (await within(a.runs.get("r")))["usage"] == {"n": -n}
     await within(a.interrupts.resolve("i", "yes"))
+    barriers.clear()
     assert (await within(b.interrupts.get("i")))["response"] == "yes"
+    assert barriers == [("t",)]
     await within(a.runs.update("r", {"status": "completed"}))
     assert (await within(b.runs.get("r")))["status"] == "completed"

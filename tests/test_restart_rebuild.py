@@ -131,6 +131,33 @@ async def test_a_namespace_deleted_and_created_again_under_a_running_client_stop
     assert all_verdicts(again.runtime.store, 0) == all_verdicts(other.runtime.store, 0)
 
 
+async def test_a_thin_client_whose_namespace_is_created_again_stops_too(open_client, tmp_path, bootstrap,
+                                                                         namespace, monkeypatch):
+    """A thin client keeps no state, but what it learned of the old topics is
+    wrong in the new ones: where a run lives (remembered, threadlog/stores/base.py
+    `_home`), read floors as offsets. Tried: the run re-created on another thread,
+    an update of the remembered run would go to the old thread, be judged a
+    no-op and be acknowledged. Its own watch stops it, as every other process."""
+    monkeypatch.setattr(incarnation, "WATCH_S", 0.5)
+    worker = WorkerProcess(bootstrap, namespace, tmp_path / "w", "w1", "--partitions", "1")
+    try:
+        await worker.start()
+        thin = await open_client(processors="external", own_worker=True)
+        assert thin.runtime.watch is not None
+        await within(thin.runs.create_or_resume(run_id="r", thread_id="t1", started_at=1))
+        assert (await within(thin.runs.get("r")))["threadId"] == "t1"  # found, and remembered
+        await delete_and_wait(bootstrap, namespace)
+        other = await open_client(state_dir=str(tmp_path / "other"), partitions=1)
+        await within(other.runs.create_or_resume(run_id="r", thread_id="t9", started_at=1))
+        await until(lambda: thin.runtime.failed is not None, 30, "the thin client's watch saw new topic ids")
+        with pytest.raises(ThreadLogError) as err:
+            await within(thin.runs.update("r", {"status": "completed"}))
+        assert err.value.code == "UNAVAILABLE" and "deleted and created again" in err.value.message
+        assert (await within(other.runs.get("r")))["status"] == "running"
+    finally:
+        await worker.stop()
+
+
 async def test_a_worker_whose_namespace_is_created_again_exits_1_and_restarts_clean(
         open_client, tmp_path, bootstrap, namespace):
     worker = WorkerProcess(bootstrap, namespace, tmp_path / "w", "w1", "--partitions", "1")

@@ -178,9 +178,12 @@ async def test_a_run_or_interrupt_found_once_is_remembered_and_its_reads_stay_fr
     assert decided["status"] == "resolved" and decided["response"] == {"ok": True}
     assert sent == []
 
-    # A generation run is remembered from its own create_or_resume.
+    # A generation run too; only an index read is remembered, not the thread a create named.
     await within(thin.generation_runs.create_or_resume(run_id="g", thread_id="t2", activity="image",
                                                        provider="p", model="m", started_at=1))
+    sent.clear()
+    assert (await within(thin.generation_runs.get("g")))["status"] == "running"
+    assert sent == [("get", True), ("get", False)]
     await within(other.generation_runs.update("g", {"status": "failed"}))
     sent.clear()
     assert (await within(thin.generation_runs.get("g")))["status"] == "failed"

@@ -66,8 +66,9 @@ async def test_a_worker_listening_on_every_interface_announces_the_host_it_is_to
 
 async def test_a_worker_on_ipv6_announces_a_bracketed_address_thin_clients_reach(bootstrap, namespace, tmp_path,
                                                                                    open_client):
-    # An IPv6 literal has colons of its own: announced as "::1:PORT", a client
-    # split it into host "::1:" and could never connect; --advertise refused it.
+    # --advertise took no IPv6 address (a colon was refused as a port). Now it
+    # does, and the address is announced with the host in brackets, as URLs and
+    # Kafka's listeners write one.
     worker = WorkerProcess(bootstrap, namespace, tmp_path / "w", "w1", "--listen", "[::]:0", "--advertise", "::1")
     try:
         await worker.start()

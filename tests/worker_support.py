@@ -8,6 +8,8 @@ import signal
 import sys
 from pathlib import Path
 
+from threadlog.kernel import addresses
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -107,8 +109,8 @@ async def ask_worker(address: str, op: str, args: dict | None = None, timeout: f
     """One request to one worker's query service (bypassing routing)."""
     import json
 
-    host, _, port = address.rpartition(":")
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout)
+    host, port = addresses.split(address)
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
     try:
         writer.write(json.dumps({"id": 1, "op": op, "args": args or {}}).encode() + b"\n")
         await writer.drain()

@@ -263,7 +263,7 @@ async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None
             app.add_middleware(AccessLog, metrics_of=lambda: metrics)
             web = _uvicorn_server(app, http[0], http[1], verbose)
             web_task, whost, wport = await _start_server(web)
-            print(f"worker metrics and health at http://{whost}:{wport}/metrics", flush=True)
+            print(f"worker metrics and health at http://{addresses.join(whost, wport)}/metrics", flush=True)
         address = await server.start(*listen)
         if advertise is not None:
             # Bound to every interface (0.0.0.0), the socket's own address is no

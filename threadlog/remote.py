@@ -181,6 +181,15 @@ def _settle(fut: CFuture, task: asyncio.Task) -> None:
         pass
 
 
+def _endpoint(address: str) -> tuple[str, int]:
+    """(host, port) of a worker's announced address; one that is none (a garbled
+    members record) is a worker that cannot be reached, as a refused connect."""
+    try:
+        return addresses.split(address)
+    except ValueError:
+        raise OSError(f"worker address {address!r} is not HOST:PORT") from None
+
+
 class QueryClient:
     """Calls to the workers, routed by partition to their owners.
 
@@ -577,9 +586,9 @@ class QueryClient:
         fut = self._loop.create_future()
         self._connecting[address] = fut
         try:
-            host, port = addresses.split(address)
+            host, port = _endpoint(address)
             reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, int(port), limit=LINE_LIMIT),
+                asyncio.open_connection(host, port, limit=LINE_LIMIT),
                 max(0.01, min(CONNECT_TIMEOUT, deadline - time.monotonic())))
             conn = _Conn(address, reader, writer)
             conn.task = self._loop.create_task(conn.run())
@@ -921,7 +930,7 @@ class RemoteVerdicts:
 
         try:
             host, port = addresses.split(address)
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port), limit=LINE_LIMIT),
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, limit=LINE_LIMIT),
                                                     CONNECT_TIMEOUT)
             stream.writer = writer
             writer.write(orjson.dumps({"id": 0, "op": "push", "args": {"secret": self._secret}}) + b"\n")

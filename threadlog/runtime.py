@@ -127,13 +127,17 @@ class Runtime:
                                      self.opts.request_timeout, self.opts.kafka, partitions=self.layout.events)
             self.query.start()
         self.ends = LatestOffsets(self.opts.bootstrap_servers, self.client_id, kafka)
+        ids = incarnation.topic_ids(self.admin, [self.topics.events, self.topics.deliveries],
+                                    min(10.0, self.opts.request_timeout))
         if self.thin:
             self.seen_offsets = EndOffsets(self.ends, self.topics.events, self.layout.events,
                                            self.opts.request_timeout)
+            # A thin client keeps no state, but what it learned of this incarnation
+            # (where runs live, read floors as offsets) is wrong in another: it stops
+            # too, as every other process does.
+            self._watch(ids)
             self.timings["started"] = time.monotonic() - t0
             return
-        ids = incarnation.topic_ids(self.admin, [self.topics.events, self.topics.deliveries],
-                                    min(10.0, self.opts.request_timeout))
         if ids is not None:
             incarnation.settle(self.slot.path, ids)  # before any store of the slot opens
         self.stores = PartitionStores(self.slot.path, self.topics.events)
@@ -163,10 +167,15 @@ class Runtime:
             self.ownership_listeners.append(self.snapshotter.ownership_changed)
             self.snapshotter.start()
         self.barrier = self.seen_offsets = ReadBarrier(self.ends, self.judge, timeout=self.opts.request_timeout)
+        self._watch(ids)
+        self.timings["started"] = time.monotonic() - t0
+
+    def _watch(self, ids: dict[str, str] | None) -> None:
+        """Stop (`_incarnation_changed`) if the namespace's topics are replaced under us."""
         if ids is not None:
+            assert self.admin is not None
             self.watch = incarnation.Watch(self.admin, ids, self._incarnation_changed)
             self.watch.start()
-        self.timings["started"] = time.monotonic() - t0
 
     def _incarnation_changed(self, reason: str) -> None:
         """The topics were deleted and created again under this process (projections/incarnation.py)."""

@@ -14,8 +14,10 @@ def test_a_joined_address_splits_back_into_its_host_and_port():
     assert addresses.join("10.0.0.1", 7000) == "10.0.0.1:7000"
 
 
-def test_an_address_without_a_port_or_with_a_bare_ipv6_host_is_refused():
-    for bad in ("host", "host:x", "::1:7000", "[::1]", ""):
+def test_older_forms_still_split_and_an_address_without_a_port_is_refused():
+    assert addresses.split("::1:7000") == ("::1", 7000)  # as workers before brackets announced IPv6
+    assert addresses.split("7000") == ("", 7000)  # --listen PORT
+    for bad in ("host", "host:x", "[::1]", ""):
         with pytest.raises(ValueError):
             addresses.split(bad)
 
@@ -23,6 +25,6 @@ def test_an_address_without_a_port_or_with_a_bare_ipv6_host_is_refused():
 def test_hosts_a_worker_may_announce():
     for good in ("127.0.0.1", "worker-1", "::1", "[::1]", "2001:db8::7"):
         assert addresses.is_host(good), good
-    for bad in ("", "host:1", "a b", "a/b", "::1:7000x", "[::1]:7000", "fe80::zz"):
+    for bad in ("", "host:1", "a b", "a/b", "::1:7000x", "[::1]:7000", "fe80::zz", "[name]"):
         assert not addresses.is_host(bad), bad
     assert addresses.bare("[::1]") == "::1" and addresses.bare("::1") == "::1"

@@ -17,16 +17,12 @@ def join(host: str, port: int) -> str:
 
 
 def split(address: str) -> tuple[str, int]:
-    """(host, port) of a `join`ed address (brackets removed). ValueError if the
-    port is not a number or an unbracketed host holds a colon."""
-    host, sep, port = address.rpartition(":")
-    if not sep:
-        raise ValueError(f"{address!r} has no port")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ValueError(f"an IPv6 host is written in brackets ([{host}]:{port}), got {address!r}")
-    return host, int(port)
+    """(host, port) of a `join`ed address, brackets removed; the port is what
+    follows the last colon, so an unbracketed IPv6 host (`::1:7000`, as workers
+    before this module announced one) splits too. No colon: a port alone (host
+    ""). ValueError if the port is not a number."""
+    host, _, port = address.rpartition(":")
+    return bare(host), int(port)
 
 
 def is_host(text: str) -> bool:
@@ -35,7 +31,7 @@ def is_host(text: str) -> bool:
     if not text or any(c in text for c in " /"):
         return False
     if ":" not in text:
-        return True
+        return "[" not in text and "]" not in text
     literal = text[1:-1] if text.startswith("[") and text.endswith("]") else text
     try:
         ipaddress.IPv6Address(literal)

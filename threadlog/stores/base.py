@@ -31,9 +31,10 @@ class StoreFacade:
     def __init__(self, session: Session) -> None:
         self._session = session  # the client's narrow side (threadlog/session.py), not the client
         # id index key -> the thread that holds it, for ids whose holding never
-        # ends (`_home`). Dies with the client, so a namespace deleted and made
-        # again (which a client notices and refuses: projections/incarnation.py)
-        # never meets an old entry.
+        # ends (`_home`). Dies with the client; a namespace deleted and made again
+        # under it stops the client (projections/incarnation.py, thin ones too),
+        # so no call follows an entry of the old namespace for longer than the
+        # watch's period.
         self._homes: dict[bytes, str] = {}
 
     @property
@@ -95,6 +96,12 @@ class StoreFacade:
         still pass a barrier on the thread's own partition (`_read_at`);
         proposals need none (judged in log order after every acknowledged write).
         Not for artifacts: a deleted artifact id may come back on another thread.
+
+        Only an index read is remembered, never the thread a create named: under
+        the documented limitation (two first writes of one id on two partitions
+        both accepted) every client then follows the copy the index names, as
+        before. A client that looked the id up between those two acceptances
+        keeps the first copy it found.
         """
         thread_id = self._homes.get(index_key)
         if thread_id is not None:
@@ -110,13 +117,6 @@ class StoreFacade:
         if len(self._homes) >= MAX_HOMES:
             self._homes.clear()
         self._homes[index_key] = thread_id
-
-    def _remember_created(self, index_key: bytes, thread_id: str, result: Any) -> None:
-        """After a create-or-resume of a held-for-good id: it lives on `thread_id`
-        (created or found there) or where the judge said it lives instead."""
-        if isinstance(result, dict):
-            elsewhere = result.get("$elsewhere")
-            self._remember(index_key, elsewhere if isinstance(elsewhere, str) else thread_id)
 
     async def _read_at(self, k: bytes, home: Home) -> bytes | None:
         """The value at `k` on `home`'s partition, after a barrier there unless

@@ -25,7 +25,6 @@ class GenerationRunStore(StoreFacade):
             **{k: record[k] for k in ("runId", "threadId", "activity", "provider", "model", "startedAt")},
             "status": status,
         })
-        self._remember_created(state.index_key(run_id), record["threadId"], result)
         return await self._resolve_elsewhere(result, self.get, run_id)
 
     async def update(self, run_id: str, patch: GenerationRunPatch) -> None:

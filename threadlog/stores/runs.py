@@ -90,7 +90,6 @@ class RunStore(StoreFacade):
             "runId": record["runId"], "threadId": record["threadId"],
             "startedAt": record["startedAt"], "status": status,
         })
-        self._remember_created(state.index_key(run_id), thread_id, result)
         return await self._resolve_elsewhere(result, self.get, run_id)
 
     async def update(self, run_id: str, patch: RunPatch) -> None:
