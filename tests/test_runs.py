@@ -483,3 +483,51 @@ async def test_a_claim_refused_because_the_run_finished_meanwhile_still_lets_its
     monkeypatch.setattr(type(svc), "claim", grant)
     await within(driver.close())  # superseded: dropped, as before
     assert [c for _, c in await within(collect(tl.delivery("r-race").read("-1"), 10), 15)] == [chunk(0)]
+
+
+async def test_a_claim_whose_last_step_is_not_answered_after_the_run_finished_still_lets_readers_end(
+        tl, monkeypatch):
+    # Tried (the last note's open case): as above, the driver finishes the run
+    # between the claimer's read and its grant, but the claim's mirror on the run
+    # record is not answered (a timeout: OUTCOME_UNKNOWN, stood in for here by not
+    # sending it). No RUN_TERMINAL came back, so the log was left open and
+    # read("-1") of the completed run waited forever. The record says finished.
+    from delivery_support import chunk, collect
+
+    from threadlog.kernel.errors import OUTCOME_UNKNOWN
+    from threadlog.stores.runs import RunStore
+
+    await within(tl.runs.create_or_resume(run_id="r-lost", thread_id="t", started_at=1))
+    epoch = await within(tl.runs.claim("r-lost"))
+    driver = tl.delivery("r-lost", epoch=epoch)
+    await within(driver.append([chunk(0)]))
+    svc = tl.session.delivery
+    grant, send = type(svc).claim, RunStore._send
+
+    async def finished_meanwhile(self, run_id: str, floor: int) -> int:
+        await tl.runs.update("r-lost", {"status": "completed", "finishedAt": 2})  # the driver, in between
+        return await grant(self, run_id, floor)
+
+    async def mirror_unanswered(self, type_name: str, key: str, payload: dict):
+        if type_name == "threadlog.cmd.ClaimRun":
+            raise ThreadLogError(OUTCOME_UNKNOWN, "ClaimRun not judged within 0.1s: it may still apply")
+        return await send(self, type_name, key, payload)
+
+    monkeypatch.setattr(type(svc), "claim", finished_meanwhile)
+    monkeypatch.setattr(RunStore, "_send", mirror_unanswered)
+    with pytest.raises(ThreadLogError) as err:
+        await within(tl.runs.claim("r-lost"))
+    assert err.value.code == "RUN_TERMINAL" and "OUTCOME_UNKNOWN" in err.value.message
+    monkeypatch.setattr(type(svc), "claim", grant)
+    monkeypatch.setattr(RunStore, "_send", send)
+    await within(driver.close())  # superseded: dropped
+    assert [c for _, c in await within(collect(tl.delivery("r-lost").read("-1"), 10), 15)] == [chunk(0)]
+    # A claim failing that way on a run still running leaves its log alone.
+    await within(tl.runs.create_or_resume(run_id="r-live", thread_id="t", started_at=1))
+    monkeypatch.setattr(RunStore, "_send", mirror_unanswered)
+    with pytest.raises(ThreadLogError) as err:
+        await within(tl.runs.claim("r-live"))
+    assert err.value.code == OUTCOME_UNKNOWN
+    monkeypatch.setattr(RunStore, "_send", send)
+    live = await within(tl.runs.claim("r-live"))
+    await within(tl.delivery("r-live", epoch=live).append([chunk(1)]))  # not closed: its driver writes on

@@ -190,7 +190,13 @@ class RunStore(StoreFacade):
             await self._send("threadlog.cmd.ClaimRun", thread_id, {"runId": run_id, "threadId": thread_id,
                                                                    "epoch": epoch})
         except ThreadLogError as exc:
-            if exc.code == RUN_TERMINAL:
+            refused = exc
+            if exc.code != RUN_TERMINAL and await self._finished(thread_id, run_id, exc):
+                # The mirror's answer was lost (a timeout), and the run is finished
+                # now: the same case as a RUN_TERMINAL answer, told by the record.
+                refused = ThreadLogError(RUN_TERMINAL, f"run {run_id!r} finished while it was being claimed "
+                                                       f"(the claim's last step: {exc.code}: {exc.message})")
+            if refused.code == RUN_TERMINAL:
                 # The run finished between our read and the grant, and the grant has
                 # fenced its driver: the close that driver writes now is dropped, and
                 # readers would wait for the log's end forever. End it under the epoch
@@ -198,9 +204,22 @@ class RunStore(StoreFacade):
                 try:
                     await DeliveryLog(self._session, run_id, epoch=epoch).close()
                 except ThreadLogError as closing:
-                    exc.add_note(f"and closing its delivery log failed: {closing.code}: {closing.message}")
-            raise
+                    refused.add_note(f"and closing its delivery log failed: {closing.code}: {closing.message}")
+            if refused is exc:
+                raise
+            raise refused from exc
         return thread_id, epoch
+
+    async def _finished(self, thread_id: str, run_id: str, failure: ThreadLogError) -> bool:
+        """Is the run finished, read after a barrier (False if that cannot be told:
+        said in a note on `failure`)?"""
+        try:
+            record = _run(await self._session.read(state.record_key(thread_id, run_id), (thread_id,)))
+        except ThreadLogError as reading:
+            failure.add_note(f"and whether the run finished meanwhile could not be read: {reading.code}: "
+                             f"{reading.message}")
+            return False
+        return record is not None and is_terminal(record)
 
     def _stop_heartbeats(self) -> None:
         """Cancel every background driver heartbeat (the client is closing)."""
