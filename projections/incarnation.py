@@ -45,8 +45,8 @@ def topic_ids(admin: AdminClient, names: list[str], timeout: float) -> dict[str,
             # worth waiting for; anything else (a broker without DescribeTopics)
             # would cost every open the whole wait.
             if not _unknown_topic(exc) or time.monotonic() + 0.2 >= deadline:
-                log.warning("could not read the ids of topics %s (%s): the state directory is not checked "
-                            "against a namespace deleted and created again", names, exc)
+                log.warning("could not read the ids of topics %s (%s): a namespace deleted and created again "
+                            "under this process is not noticed", names, exc)
                 return None
             time.sleep(0.2)
 

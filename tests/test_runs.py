@@ -531,3 +531,44 @@ async def test_a_claim_whose_last_step_is_not_answered_after_the_run_finished_st
     monkeypatch.setattr(RunStore, "_send", send)
     live = await within(tl.runs.claim("r-live"))
     await within(tl.delivery("r-live", epoch=live).append([chunk(1)]))  # not closed: its driver writes on
+
+
+async def test_a_claim_cancelled_after_its_grant_still_lets_readers_of_a_finished_run_end(tl, monkeypatch):
+    # Tried (a review): the same race, but the caller gave up (a timeout around
+    # `claim`) while the mirror was in flight. Cancelled there, nothing closed the
+    # log the grant had taken from the finished run's driver. The steps after the
+    # grant now run to their end whatever the caller does.
+    from delivery_support import chunk, collect
+
+    from threadlog.kernel.errors import OUTCOME_UNKNOWN
+    from threadlog.stores.runs import RunStore
+
+    await within(tl.runs.create_or_resume(run_id="r-gone", thread_id="t", started_at=1))
+    epoch = await within(tl.runs.claim("r-gone"))
+    driver = tl.delivery("r-gone", epoch=epoch)
+    await within(driver.append([chunk(0)]))
+    svc = tl.session.delivery
+    grant, send = type(svc).claim, RunStore._send
+    mirror_began = asyncio.Event()
+
+    async def finished_meanwhile(self, run_id: str, floor: int) -> int:
+        await tl.runs.update("r-gone", {"status": "completed", "finishedAt": 2})  # the driver, in between
+        return await grant(self, run_id, floor)
+
+    async def slow_mirror(self, type_name: str, key: str, payload: dict):
+        if type_name == "threadlog.cmd.ClaimRun":
+            mirror_began.set()
+            await asyncio.sleep(0.5)
+            raise ThreadLogError(OUTCOME_UNKNOWN, "ClaimRun not judged in time: it may still apply")
+        return await send(self, type_name, key, payload)
+
+    monkeypatch.setattr(type(svc), "claim", finished_meanwhile)
+    monkeypatch.setattr(RunStore, "_send", slow_mirror)
+    claiming = asyncio.ensure_future(tl.runs.claim("r-gone"))
+    await within(mirror_began.wait())
+    claiming.cancel()  # the caller gives up while the mirror is in flight
+    with pytest.raises(asyncio.CancelledError):
+        await claiming
+    await within(driver.close())  # superseded by the grant: dropped
+    assert [c for _, c in await within(collect(tl.delivery("r-gone").read("-1"), 10), 15)] == [chunk(0)]
+    assert not tl.runs._granting  # done, not left behind

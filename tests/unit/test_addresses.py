@@ -17,7 +17,7 @@ def test_a_joined_address_splits_back_into_its_host_and_port():
 def test_older_forms_still_split_and_an_address_without_a_port_is_refused():
     assert addresses.split("::1:7000") == ("::1", 7000)  # as workers before brackets announced IPv6
     assert addresses.split("7000") == ("", 7000)  # --listen PORT
-    for bad in ("host", "host:x", "[::1]", ""):
+    for bad in ("host", "host:x", "[::1]", "", "host:70000", "host:-1", "host:\u00b2", "10.0.0.1:99999"):
         with pytest.raises(ValueError):
             addresses.split(bad)
 

@@ -20,8 +20,11 @@ def split(address: str) -> tuple[str, int]:
     """(host, port) of a `join`ed address, brackets removed; the port is what
     follows the last colon, so an unbracketed IPv6 host (`::1:7000`, as workers
     before this module announced one) splits too. No colon: a port alone (host
-    ""). ValueError if the port is not a number."""
+    ""). ValueError unless the port is a number in 0..65535 (a connect to
+    another raised OverflowError, no OSError)."""
     host, _, port = address.rpartition(":")
+    if not (port.isascii() and port.isdigit()) or int(port) > 65535:
+        raise ValueError(f"{address!r}: the port must be a number in 0..65535")
     return bare(host), int(port)
 
 

@@ -113,7 +113,11 @@ class StoreFacade:
         return Home(thread_id, True)
 
     def _remember(self, index_key: bytes, thread_id: str) -> None:
-        """Note where a held-for-good id lives (`_home`)."""
+        """Note where a held-for-good id lives (`_home`) -- unless nothing would tell
+        this client its namespace was created again (the topic ids could not be
+        read at open: no watch), which would make the note wrong for good."""
+        if getattr(self._session.runtime, "watch", None) is None:
+            return
         if len(self._homes) >= MAX_HOMES:
             self._homes.clear()
         self._homes[index_key] = thread_id

@@ -80,6 +80,7 @@ class RunStore(StoreFacade):
     def __init__(self, session: Session) -> None:
         super().__init__(session)
         self._heartbeats: set[asyncio.Task[None]] = set()
+        self._granting: set[asyncio.Task[int]] = set()  # claims past their grant (`_claim`)
 
     async def create_or_resume(self, *, run_id: str, thread_id: str, started_at: Timestamp,
                                status: RunStatus | None = None) -> Run:
@@ -181,6 +182,18 @@ class RunStore(StoreFacade):
         current = record.get("driverEpoch", 0)
         granted = state.decode_epoch(raw_epoch)
         floor = max(granted, current if isinstance(current, int) else 0)
+        # From the grant on, the run's driver is fenced: the steps after it run to
+        # their end even if this call is cancelled (a caller's timeout) -- else a run
+        # that finished meanwhile kept a log nobody closes. Shielded, and held here
+        # until done (closing the client cancels it, as it does heartbeats).
+        task = asyncio.ensure_future(self._grant(run_id, thread_id, floor))
+        self._granting.add(task)
+        task.add_done_callback(self._granted)
+        return thread_id, await asyncio.shield(task)
+
+    async def _grant(self, run_id: str, thread_id: str, floor: int) -> int:
+        """`claim`'s steps from the grant on: the grant, its mirror on the run
+        record, and the log's close if the run finished meanwhile."""
         delivery = self._session.delivery
         assert delivery is not None
         epoch = await delivery.claim(run_id, floor)
@@ -208,7 +221,12 @@ class RunStore(StoreFacade):
             if refused is exc:
                 raise
             raise refused from exc
-        return thread_id, epoch
+        return epoch
+
+    def _granted(self, task: asyncio.Task[int]) -> None:
+        self._granting.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a cancelled caller no longer awaits it
 
     async def _finished(self, thread_id: str, run_id: str, failure: ThreadLogError) -> bool:
         """Is the run finished, read after a barrier (False if that cannot be told:
@@ -222,8 +240,8 @@ class RunStore(StoreFacade):
         return record is not None and is_terminal(record)
 
     def _stop_heartbeats(self) -> None:
-        """Cancel every background driver heartbeat (the client is closing)."""
-        for task in list(self._heartbeats):
+        """Cancel every background driver heartbeat and unfinished claim (the client is closing)."""
+        for task in [*self._heartbeats, *self._granting]:
             task.cancel()
 
     # -- helpers ---------------------------------------------------------------
