@@ -458,77 +458,97 @@ async def test_forged_commands_are_refused_by_the_decider(tl):
     assert await within(tl.runs.get("x")) is None
 
 
+class _FinishedMeanwhile:
+    """A run claimed by a driver that wrote one chunk, and the race the claim
+    tests below try: between a second claimer's read and its grant, the driver
+    finishes the run. Also stands in for the claim's mirror (`mirror`), which
+    the runs store sends as `ClaimRun`."""
+
+    def __init__(self, tl, monkeypatch, run_id: str) -> None:
+        from threadlog.stores.runs import RunStore
+
+        self.tl, self.monkeypatch, self.run_id = tl, monkeypatch, run_id
+        self.svc_type = type(tl.session.delivery)
+        self.grant, self.send = self.svc_type.claim, RunStore._send
+        self.store_type = RunStore
+
+    async def start(self):
+        from delivery_support import chunk
+
+        tl, run_id = self.tl, self.run_id
+        await within(tl.runs.create_or_resume(run_id=run_id, thread_id="t", started_at=1))
+        epoch = await within(tl.runs.claim(run_id))
+        self.driver = tl.delivery(run_id, epoch=epoch)
+        await within(self.driver.append([chunk(0)]))
+        grant = self.grant
+
+        async def finished_meanwhile(svc, rid: str, floor: int) -> int:
+            await tl.runs.update(run_id, {"status": "completed", "finishedAt": 2})  # the driver, in between
+            return await grant(svc, rid, floor)
+
+        self.monkeypatch.setattr(self.svc_type, "claim", finished_meanwhile)
+        return self
+
+    def mirror(self, answer) -> None:
+        """`ClaimRun` is answered by `answer()` (a coroutine function) instead of sent."""
+        send = self.send
+
+        async def mirror(store, type_name: str, key: str, payload: dict):
+            if type_name == "threadlog.cmd.ClaimRun":
+                return await answer()
+            return await send(store, type_name, key, payload)
+
+        self.monkeypatch.setattr(self.store_type, "_send", mirror)
+
+    async def readers_end(self) -> None:
+        """Undo both stand-ins; the driver's close (superseded: dropped) and a read
+        of the whole log, which must end with the driver's chunk."""
+        from delivery_support import chunk, collect
+
+        self.monkeypatch.setattr(self.svc_type, "claim", self.grant)
+        self.monkeypatch.setattr(self.store_type, "_send", self.send)
+        await within(self.driver.close())
+        assert [c for _, c in await within(collect(self.tl.delivery(self.run_id).read("-1"), 10), 15)] == [chunk(0)]
+
+
 async def test_a_claim_refused_because_the_run_finished_meanwhile_still_lets_its_readers_end(tl, monkeypatch):
     # Tried (a review): a reaper's claim passed its terminal check, the driver then
     # finished the run, and the grant (on the delivery partition) fenced the driver:
     # the claim answered RUN_TERMINAL, the driver's close was dropped as superseded,
     # and read("-1") of the completed run waited forever.
-    from delivery_support import chunk, collect
-
-    await within(tl.runs.create_or_resume(run_id="r-race", thread_id="t", started_at=1))
-    epoch = await within(tl.runs.claim("r-race"))
-    driver = tl.delivery("r-race", epoch=epoch)
-    await within(driver.append([chunk(0)]))
-    svc = tl.session.delivery
-    grant = type(svc).claim
-
-    async def finished_meanwhile(self, run_id: str, floor: int) -> int:
-        await tl.runs.update("r-race", {"status": "completed", "finishedAt": 2})  # the driver, in between
-        return await grant(self, run_id, floor)
-
-    monkeypatch.setattr(type(svc), "claim", finished_meanwhile)
+    race = await _FinishedMeanwhile(tl, monkeypatch, "r-race").start()
     with pytest.raises(ThreadLogError) as err:
         await within(tl.runs.claim("r-race"))
     assert err.value.code == "RUN_TERMINAL"
-    monkeypatch.setattr(type(svc), "claim", grant)
-    await within(driver.close())  # superseded: dropped, as before
-    assert [c for _, c in await within(collect(tl.delivery("r-race").read("-1"), 10), 15)] == [chunk(0)]
+    await race.readers_end()
 
 
 async def test_a_claim_whose_last_step_is_not_answered_after_the_run_finished_still_lets_readers_end(
         tl, monkeypatch):
-    # Tried (the last note's open case): as above, the driver finishes the run
-    # between the claimer's read and its grant, but the claim's mirror on the run
+    # Tried (the last note's open case): as above, but the claim's mirror on the run
     # record is not answered (a timeout: OUTCOME_UNKNOWN, stood in for here by not
     # sending it). No RUN_TERMINAL came back, so the log was left open and
     # read("-1") of the completed run waited forever. The record says finished.
-    from delivery_support import chunk, collect
+    from delivery_support import chunk
 
     from threadlog.kernel.errors import OUTCOME_UNKNOWN
-    from threadlog.stores.runs import RunStore
 
-    await within(tl.runs.create_or_resume(run_id="r-lost", thread_id="t", started_at=1))
-    epoch = await within(tl.runs.claim("r-lost"))
-    driver = tl.delivery("r-lost", epoch=epoch)
-    await within(driver.append([chunk(0)]))
-    svc = tl.session.delivery
-    grant, send = type(svc).claim, RunStore._send
+    async def unanswered():
+        raise ThreadLogError(OUTCOME_UNKNOWN, "ClaimRun not judged within 0.1s: it may still apply")
 
-    async def finished_meanwhile(self, run_id: str, floor: int) -> int:
-        await tl.runs.update("r-lost", {"status": "completed", "finishedAt": 2})  # the driver, in between
-        return await grant(self, run_id, floor)
-
-    async def mirror_unanswered(self, type_name: str, key: str, payload: dict):
-        if type_name == "threadlog.cmd.ClaimRun":
-            raise ThreadLogError(OUTCOME_UNKNOWN, "ClaimRun not judged within 0.1s: it may still apply")
-        return await send(self, type_name, key, payload)
-
-    monkeypatch.setattr(type(svc), "claim", finished_meanwhile)
-    monkeypatch.setattr(RunStore, "_send", mirror_unanswered)
+    race = await _FinishedMeanwhile(tl, monkeypatch, "r-lost").start()
+    race.mirror(unanswered)
     with pytest.raises(ThreadLogError) as err:
         await within(tl.runs.claim("r-lost"))
     assert err.value.code == "RUN_TERMINAL" and "OUTCOME_UNKNOWN" in err.value.message
-    monkeypatch.setattr(type(svc), "claim", grant)
-    monkeypatch.setattr(RunStore, "_send", send)
-    await within(driver.close())  # superseded: dropped
-    assert [c for _, c in await within(collect(tl.delivery("r-lost").read("-1"), 10), 15)] == [chunk(0)]
+    await race.readers_end()
     # A claim failing that way on a run still running leaves its log alone.
     await within(tl.runs.create_or_resume(run_id="r-live", thread_id="t", started_at=1))
-    monkeypatch.setattr(RunStore, "_send", mirror_unanswered)
+    race.mirror(unanswered)
     with pytest.raises(ThreadLogError) as err:
         await within(tl.runs.claim("r-live"))
     assert err.value.code == OUTCOME_UNKNOWN
-    monkeypatch.setattr(RunStore, "_send", send)
+    monkeypatch.setattr(race.store_type, "_send", race.send)
     live = await within(tl.runs.claim("r-live"))
     await within(tl.delivery("r-live", epoch=live).append([chunk(1)]))  # not closed: its driver writes on
 
@@ -538,37 +558,21 @@ async def test_a_claim_cancelled_after_its_grant_still_lets_readers_of_a_finishe
     # `claim`) while the mirror was in flight. Cancelled there, nothing closed the
     # log the grant had taken from the finished run's driver. The steps after the
     # grant now run to their end whatever the caller does.
-    from delivery_support import chunk, collect
-
     from threadlog.kernel.errors import OUTCOME_UNKNOWN
-    from threadlog.stores.runs import RunStore
 
-    await within(tl.runs.create_or_resume(run_id="r-gone", thread_id="t", started_at=1))
-    epoch = await within(tl.runs.claim("r-gone"))
-    driver = tl.delivery("r-gone", epoch=epoch)
-    await within(driver.append([chunk(0)]))
-    svc = tl.session.delivery
-    grant, send = type(svc).claim, RunStore._send
     mirror_began = asyncio.Event()
 
-    async def finished_meanwhile(self, run_id: str, floor: int) -> int:
-        await tl.runs.update("r-gone", {"status": "completed", "finishedAt": 2})  # the driver, in between
-        return await grant(self, run_id, floor)
+    async def slow():
+        mirror_began.set()
+        await asyncio.sleep(0.5)
+        raise ThreadLogError(OUTCOME_UNKNOWN, "ClaimRun not judged in time: it may still apply")
 
-    async def slow_mirror(self, type_name: str, key: str, payload: dict):
-        if type_name == "threadlog.cmd.ClaimRun":
-            mirror_began.set()
-            await asyncio.sleep(0.5)
-            raise ThreadLogError(OUTCOME_UNKNOWN, "ClaimRun not judged in time: it may still apply")
-        return await send(self, type_name, key, payload)
-
-    monkeypatch.setattr(type(svc), "claim", finished_meanwhile)
-    monkeypatch.setattr(RunStore, "_send", slow_mirror)
+    race = await _FinishedMeanwhile(tl, monkeypatch, "r-gone").start()
+    race.mirror(slow)
     claiming = asyncio.ensure_future(tl.runs.claim("r-gone"))
     await within(mirror_began.wait())
     claiming.cancel()  # the caller gives up while the mirror is in flight
     with pytest.raises(asyncio.CancelledError):
         await claiming
-    await within(driver.close())  # superseded by the grant: dropped
-    assert [c for _, c in await within(collect(tl.delivery("r-gone").read("-1"), 10), 15)] == [chunk(0)]
+    await race.readers_end()
     assert not tl.runs._granting  # done, not left behind
