@@ -315,6 +315,7 @@ class _Frozen:
         self.state = store
         self.closed = False
         self.delivery = None
+        self.watched = False  # nothing is remembered across replayed states
 
     def check_open(self) -> None:
         pass

@@ -98,7 +98,7 @@ class ThreadLog:
             return
         self.session.closed = True
         self.checkpoints._stop_renewals()  # background lease renewals end with the client
-        self.runs._stop_heartbeats()  # and so do run drivers' heartbeats
+        self.runs._stop_background()  # and so do run drivers' heartbeats and unfinished claims
         await asyncio.to_thread(self._stop_sync)
 
     async def __aenter__(self) -> ThreadLog:

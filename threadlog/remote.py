@@ -929,7 +929,7 @@ class RemoteVerdicts:
             watchdog = loop.call_later(BEAT_S, watch)
 
         try:
-            host, port = addresses.split(address)
+            host, port = _endpoint(address)
             reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, limit=LINE_LIMIT),
                                                     CONNECT_TIMEOUT)
             stream.writer = writer

@@ -35,6 +35,12 @@ class Session:
         self.reads: Store | PartitionStores | RemoteStore | None = None
         self.closed = False
 
+    @property
+    def watched(self) -> bool:
+        """Would this client learn that its namespace was deleted and created again
+        (projections/incarnation.py)? Not when the topic ids could not be read."""
+        return self.runtime.watch is not None
+
     def check_open(self) -> None:
         if self.closed:
             raise unavailable("this ThreadLog is closed")

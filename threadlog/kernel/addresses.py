@@ -35,9 +35,8 @@ def is_host(text: str) -> bool:
         return False
     if ":" not in text:
         return "[" not in text and "]" not in text
-    literal = text[1:-1] if text.startswith("[") and text.endswith("]") else text
     try:
-        ipaddress.IPv6Address(literal)
+        ipaddress.IPv6Address(bare(text))
     except ValueError:
         return False
     return True

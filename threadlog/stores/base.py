@@ -61,10 +61,10 @@ class StoreFacade:
         when none): one request per owner through a thin client."""
         return await self._session.read(k, keys or None)
 
-    async def _read_on(self, k: bytes, thread_id: str) -> bytes | None:
+    async def _read_on(self, k: bytes, thread_id: str, barrier: bool = False) -> bytes | None:
         """The value at `k` in the state of `thread_id`'s partition, with no
-        barrier (the call passed one already)."""
-        return await self._session.read(k, (thread_id,), barrier=False)
+        barrier unless asked (by default the call passed one already)."""
+        return await self._session.read(k, (thread_id,), barrier=barrier)
 
     async def _off_loop(self, read: Callable[..., _T], *args: Any) -> _T:
         """Run a synchronous read of the state (a lazily merged scan: blobs.list):
@@ -116,7 +116,7 @@ class StoreFacade:
         """Note where a held-for-good id lives (`_home`) -- unless nothing would tell
         this client its namespace was created again (the topic ids could not be
         read at open: no watch), which would make the note wrong for good."""
-        if getattr(self._session.runtime, "watch", None) is None:
+        if not self._session.watched:
             return
         if len(self._homes) >= MAX_HOMES:
             self._homes.clear()
@@ -125,7 +125,7 @@ class StoreFacade:
     async def _read_at(self, k: bytes, home: Home) -> bytes | None:
         """The value at `k` on `home`'s partition, after a barrier there unless
         `_home` just passed one on every partition."""
-        return await self._session.read(k, (home.thread_id,), barrier=not home.fresh)
+        return await self._read_on(k, home.thread_id, barrier=not home.fresh)
 
     async def _read_barrier(self, *keys: str) -> None:
         """Wait for every acknowledged write to the partitions of `keys`

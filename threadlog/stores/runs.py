@@ -232,14 +232,14 @@ class RunStore(StoreFacade):
         """Is the run finished, read after a barrier (False if that cannot be told:
         said in a note on `failure`)?"""
         try:
-            record = _run(await self._session.read(state.record_key(thread_id, run_id), (thread_id,)))
+            record = _run(await self._read_on(state.record_key(thread_id, run_id), thread_id, barrier=True))
         except ThreadLogError as reading:
             failure.add_note(f"and whether the run finished meanwhile could not be read: {reading.code}: "
                              f"{reading.message}")
             return False
         return record is not None and is_terminal(record)
 
-    def _stop_heartbeats(self) -> None:
+    def _stop_background(self) -> None:
         """Cancel every background driver heartbeat and unfinished claim (the client is closing)."""
         for task in [*self._heartbeats, *self._granting]:
             task.cancel()
