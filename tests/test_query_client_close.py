@@ -21,8 +21,17 @@ from threadlog.remote import QueryClient
 def test_a_call_handed_over_as_the_loop_stops_fails_and_its_coroutine_is_closed(bootstrap) -> None:
     qc = QueryClient(bootstrap, f"qc-close-{uuid.uuid4().hex[:6]}.members", "qc-close", timeout=5)
     qc._thread.start()  # the loop alone: no worker is needed to hand a call over
-    gate = threading.Event()
-    qc._loop.call_soon_threadsafe(gate.wait, 10)  # hold the loop ...
+    gate, holding = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        holding.set()
+        gate.wait(10)
+
+    qc._loop.call_soon_threadsafe(hold)  # hold the loop ...
+    # ... from inside an iteration, so that the call's start and the stop both
+    # land in the next one (queued before the hold ran, the start ran in the
+    # hold's iteration and the task's first step beside the stop: CI saw that).
+    assert holding.wait(5)
     ran: list[int] = []
 
     async def call() -> None:
