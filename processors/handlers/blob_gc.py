@@ -77,11 +77,15 @@ def require_unfenced(ctx: Context, blob_keys: list[str]) -> None:
     # with the record, lowered with exactly what stands). While a fence
     # stands, each blob is asked of the index (the records can be large).
     fencing = bool(blob_keys) and gc.any_standing_fence(ctx.view, own)
+    # Likewise a collect marker: without any, no blob needs asking (the same answer as asking each).
+    marked = bool(blob_keys) and gc.any_marker(ctx.view)
     for blob in blob_keys:
         if fencing and holders_as_of(ctx.view, gid.BLOB_GC_FENCE, blob, None, own):
             raise ThreadLogError(BLOB_BEING_COLLECTED,
                                  f"blob {blob!r} is being garbage-collected (unreferenced and older than the grace "
                                  "window): put it again, then retry")
+        if not marked:
+            continue
         collected = gc.marker(ctx.view, blob, ctx.partition)
         if collected is not None and not _exists_after(ctx, blob, collected):
             raise ThreadLogError(BLOB_BEING_COLLECTED,

@@ -99,6 +99,12 @@ def is_abandoned(view: StateReader, blob_key: str, version: str) -> bool:
     return view.get(abandoned_key(blob_key, version)) is not None
 
 
+def any_marker(view: StateReader) -> bool:
+    """Is any collect marker (of any partition) left in `view`? One seek: most
+    partitions never had a blob collected, and then no key needs asking."""
+    return next(iter(view.scan(MARKER)), None) is not None
+
+
 def any_standing_fence(view: StateReader, belongs: Callable[[str], bool]) -> bool:
     """Does a fence whose fence key `belongs` stand in `view`? Reads keys only."""
     return any(belongs(split(FENCE, k, "s")[0]) for k, _raw in view.scan(FENCE))

@@ -47,3 +47,20 @@ def test_number_parts_order_numerically():
     for v in values:
         assert dec_num(enc_num(v))[0] == v
     assert enc_num(True) == enc_num(1.0)  # numbers travel as doubles, as before the inlining
+
+
+def test_kept_string_parts_encode_the_same_as_fresh_ones():
+    """`key` keeps the encodings of short string parts (a bounded dict, cleared
+    when full): a part met again, a part after a clearing, a long part (never
+    kept) and a str subclass equal to a kept str all encode as `enc_str` does."""
+    import threadlog.projections.keys as keys
+
+    long = "x" * (keys._PART_MAX_LEN + 1)
+    for _ in range(2):  # the second round reads what the first kept
+        for part in ["t-1", "a\x00b", long, Name("t-1"), "é"]:
+            assert key(b"T", part, 1.0) == b"T" + enc_str(part) + enc_num(1.0)
+    assert long not in keys._PARTS
+    for n in range(keys._PARTS_MAX + 10):  # fills, clears, refills
+        key(b"T", f"p{n}")
+    assert len(keys._PARTS) <= keys._PARTS_MAX
+    assert key(b"T", "p3") == b"T" + enc_str("p3")

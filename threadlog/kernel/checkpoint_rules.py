@@ -301,7 +301,9 @@ class UnparsedJson:
 def _head(record: dict) -> dict[str, Any]:
     """The API dict of a `threadlog.Checkpoint` record, without its conversation."""
     head = _scalars(record)
-    head["files"] = [{k: v for k, v in f.items() if v is not None} for f in record["files"]]
+    # A file entry has every field set (a copy at C speed); a dir entry drops its None blobKey/size.
+    head["files"] = [{k: v for k, v in f.items() if v is not None} if None in f.values() else dict(f)
+                     for f in record["files"]]
     head["artifacts"] = [dict(a) for a in record["artifacts"]]
     return head
 
