@@ -31,6 +31,7 @@ import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, Message, Producer
@@ -72,6 +73,28 @@ def _reseed() -> None:  # a forked child must not reuse its parent's ids
 
 
 os.register_at_fork(after_in_child=_reseed)
+
+class Unsettled:
+    """How many proposals a call sent whose verdicts it has not learned (see `track_unsettled`)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
+_unsettled: ContextVar[Unsettled | None] = ContextVar("threadlog_unsettled", default=None)
+
+
+def track_unsettled() -> Unsettled:
+    """Count, from here on in this task (and tasks it starts), the proposals sent
+    whose verdict is not known. Why: a blocking client closing under a call
+    cancels it, and the caller must hear OUTCOME_UNKNOWN if a write may still
+    apply, UNAVAILABLE ("nothing written") only if none was sent."""
+    box = Unsettled()
+    _unsettled.set(box)
+    return box
+
 
 class Verdicts(Protocol):
     """Where a proposer learns verdicts: the local judge, or a partition's owner."""
@@ -199,10 +222,17 @@ class ProposalBus:
             raise unavailable("proposal producer queue is full") from None
         except Exception as exc:
             raise invalid_argument(f"proposal not sent: {exc}") from None
+        unsettled = _unsettled.get()
+        if unsettled is not None:
+            unsettled.n += 1  # until its verdict (or that it was not written) is known
         try:
             # One deadline for the whole call, `seen` included: otherwise a call during a
             # broker outage took twice the request timeout (tests/test_broker_outage.py).
             verdict = await within(fut, max(0.05, timeout - (time.monotonic() - began)))
+        except ThreadLogError as exc:
+            if unsettled is not None and exc.code != OUTCOME_UNKNOWN:
+                unsettled.n -= 1  # not written
+            raise
         except TimeoutError:
             if where:
                 self.verdicts.forget(partition, where[0], judged)
@@ -210,6 +240,8 @@ class ProposalBus:
                                      f"@{where[0]} but not judged within {timeout}s: it may still apply") from None
             raise ThreadLogError(OUTCOME_UNKNOWN, f"{type_name} not acknowledged by the cluster within {timeout}s: "
                                  "it may still be written and apply") from None
+        if unsettled is not None:
+            unsettled.n -= 1
         if self.metrics is not None:
             self.metrics.verdict_latency(type_name, time.perf_counter() - t0)
         return verdict

@@ -515,13 +515,27 @@ def test_the_sync_delivery_log_has_the_spec_methods():
     assert _public(sync.SyncDeliveryLog) == {"append", "read", "snapshot", "close", "upsert"}
 
 
+def _warm(tl: threadlog.SyncThreadLog) -> None:
+    """One write through, so the producer has its id and the judge its partitions:
+    with a 1 s request timeout, the first write of a fresh client on a loaded
+    machine can itself time out (then it is tried again, within a bound)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            tl.messages.save_thread("warm", [])
+            return
+        except ThreadLogError as exc:
+            if exc.code not in ("OUTCOME_UNKNOWN", "UNAVAILABLE") or time.monotonic() > deadline:
+                raise
+
+
 def test_a_write_whose_verdict_is_late_is_outcome_unknown_not_unavailable(connect):
     """Tried: a blocking acquire_writer while the judge lags longer than the request
     timeout. The proposal is written, so UNAVAILABLE ("nothing was written") was
     wrong: the blocking wait raced the call's own deadline. The call's own
     OUTCOME_UNKNOWN comes through, and the grant does apply later."""
     tl = connect(request_timeout_ms=1_000)
-    tl.messages.save_thread("warm", [])
+    _warm(tl)
     inner = tl._async()
 
     async def lag() -> None:
@@ -547,3 +561,121 @@ def test_a_call_bounded_by_itself_is_not_cut_at_one_request_timeout(connect):
         return "both applied"
 
     assert tl._run(two_steps()) == "both applied"
+
+
+# -- found by a review of the blocking client (2026-12-03) ----------------------------------------------------
+def _lag_judge(tl: threadlog.SyncThreadLog, seconds: float) -> None:
+    """Hold the embedded judge for `seconds` (it folds nothing meanwhile)."""
+    inner = tl._async()
+
+    async def lag() -> None:
+        await LaggingFollower(inner, seconds).__aenter__()
+
+    asyncio.run_coroutine_threadsafe(lag(), tl._loop).result(10)
+
+
+def _events_end(bootstrap: str, namespace: str) -> int:
+    """How many records the namespace's events topic holds (every partition)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from threadlog.kernel.topics import Topics
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-ends"})
+    try:
+        topic = Topics(namespace).events
+        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts)
+    finally:
+        consumer.close()
+
+
+def test_a_streamed_blob_put_whose_commit_is_late_is_outcome_unknown(connect):
+    """Tried: a blob put from a sync iterable whose commit verdict comes after the
+    request timeout. The wait after the body's end was one request timeout, so it
+    said UNAVAILABLE ("nothing written") while the commit went on and stored the
+    blob. It is now OUTCOME_UNKNOWN, as for a whole body, and the blob appears."""
+    tl = connect(request_timeout_ms=1_000)
+    _warm(tl)
+
+    def body():
+        yield b"hello "
+        _lag_judge(tl, 3.0)  # from the body's end on, the commit is judged late
+        yield b"world"
+
+    assert code_of(tl.blobs.put, "late", body()) == "OUTCOME_UNKNOWN"
+    deadline = time.monotonic() + 20
+    while tl.blobs.head("late") is None:
+        assert time.monotonic() < deadline, "the late commit never applied"
+        time.sleep(0.2)
+    assert tl.blobs.head("late")["size"] == len(b"hello world")
+
+
+def test_close_under_a_write_in_flight_says_outcome_unknown_and_the_write_applies(connect, bootstrap, namespace):
+    """Tried: close() while a blocking save_thread's proposal is in Kafka and its
+    verdict not yet known. The call said UNAVAILABLE ("nothing was written"), and
+    the transcript was then stored. It now says OUTCOME_UNKNOWN, as the async
+    client's close does; a call that sent nothing still says UNAVAILABLE
+    (test_close_cancels_calls_in_flight_with_unavailable)."""
+    tl = connect()
+    tl.messages.save_thread("warm", [])
+    before = _events_end(bootstrap, namespace)
+    _lag_judge(tl, 3.0)
+    with ThreadPoolExecutor(1) as pool:
+        saving = pool.submit(tl.messages.save_thread, "t1", [ui("m1", "user", "hi")])
+        deadline = time.monotonic() + 20
+        while _events_end(bootstrap, namespace) == before:  # its proposal is written
+            assert time.monotonic() < deadline, "the proposal never reached the log"
+            time.sleep(0.05)
+        tl.close()
+        with pytest.raises(ThreadLogError) as err:
+            saving.result(WAIT)
+    assert err.value.code == "OUTCOME_UNKNOWN", err.value
+    with connect() as other:
+        assert other.messages.load_thread("t1") == [ui("m1", "user", "hi")]
+
+
+def test_a_first_chunk_wait_longer_than_the_request_timeout_is_kept(connect):
+    """Tried: first_chunk_wait_ms above request_timeout_ms. A blocking read("-1")
+    gave up after one request timeout (UNAVAILABLE): a silent run never got its
+    RUN_NOT_FOUND, and a first chunk arriving within the wait was missed."""
+    tl = connect(request_timeout_ms=1_000, first_chunk_wait_ms=2_500)
+    started = time.monotonic()
+    assert code_of(next, tl.delivery("silent").read("-1")) == "RUN_NOT_FOUND"
+    assert time.monotonic() - started >= 2.4
+    log = tl.delivery("late")
+    reader = log.read("-1")
+    later = threading.Timer(1.5, log.append, ([{"n": 1}],))  # after one request timeout, within the wait
+    later.start()
+    try:
+        _offset, chunk = next(reader)
+    finally:
+        later.join(WAIT)
+    assert chunk == {"n": 1}
+    reader.close()
+
+
+def test_connect_takes_every_option_of_open(bootstrap, namespace, tmp_path):
+    """`connect` lacked kafka=, create_topics=, replication_factor= and
+    min_insync_replicas= (a TypeError): no blocking client for a secured cluster."""
+    with pytest.raises(ThreadLogError) as err:
+        threadlog.connect(bootstrap, namespace=namespace, state_dir=str(tmp_path), create_topics=False)
+    assert err.value.code == "NAMESPACE_NOT_FOUND"
+    with pytest.raises(ThreadLogError) as err:  # passed through to open, which refuses it
+        threadlog.connect(bootstrap, namespace=namespace, state_dir=str(tmp_path), kafka={"acks": "1"})
+    assert err.value.code == "INVALID_ARGUMENT" and "acks" in err.value.message
+    with threadlog.connect(bootstrap, namespace=namespace, state_dir=str(tmp_path), replication_factor=1,
+                           min_insync_replicas=1, kafka={"client.id": "sync-test"}) as tl:
+        tl.metadata.set("ns", "k", 1)
+        assert tl.metadata.get("ns", "k") == 1
+
+
+def test_a_run_driver_closed_after_its_client_closes_quietly(connect):
+    """As the async driver: leaving `with tl.runs.drive(r)` after the client was
+    closed raised UNAVAILABLE."""
+    tl = connect()
+    tl.runs.create_or_resume(run_id="r1", thread_id="t1", started_at=1)
+    tl.runs.claim("r1")
+    driver = tl.runs.drive("r1")
+    tl.close()
+    driver.close()  # no error
+    assert not driver.heartbeating

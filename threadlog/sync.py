@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .blob_gc import DEFAULT_GRACE_MS, GcReport
 from .kernel.errors import OUTCOME_UNKNOWN, ThreadLogError, unavailable
+from .producers.proposals import track_unsettled
 from .types import (
     Artifact,
     ArtifactInput,
@@ -112,10 +113,11 @@ class SyncThreadLog:
     the async client runs), which would wait for itself.
     """
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, first_chunk_wait_s: float = 0.0) -> None:
         # Built by `connect`; the stores exist from the start so that a call
         # after close() raises UNAVAILABLE instead of AttributeError.
         self.request_timeout: float = timeout_s
+        self.first_chunk_wait: float = first_chunk_wait_s  # a "-1" read's first step may wait this too
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._serve, name="threadlog-sync-loop", daemon=True)
         self._lock = threading.Lock()
@@ -202,12 +204,21 @@ class SyncThreadLog:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
+        unsettled = track_unsettled()
         try:
             return await coro
+        except asyncio.CancelledError:
+            if self._closed and unsettled.n:
+                # Cancelled by close() with a proposal sent and not judged: it may
+                # still apply, as the async client's close answers (not UNAVAILABLE).
+                raise ThreadLogError(OUTCOME_UNKNOWN, "the client was closed while a write of this call was "
+                                                      "in flight: it may still apply") from None
+            raise
         finally:
             self._tasks.discard(task)
 
-    def _wait(self, fut: concurrent.futures.Future[T], what: str = "the call", *, backstop: bool = False) -> T:
+    def _wait(self, fut: concurrent.futures.Future[T], what: str = "the call", *, backstop: bool = False,
+              extra: float = 0.0) -> T:
         """The result of `fut`, waiting at most the request timeout (UNAVAILABLE).
 
         `backstop`: a call that bounds itself (every API call does: each step
@@ -216,8 +227,9 @@ class SyncThreadLog:
         write that may still apply, or for a fork (two proposals) still under
         way. So the wait is longer, and the call's own error comes through
         (OUTCOME_UNKNOWN when a write's fate is unknown); if even that long
-        passes, the outcome is unknown too."""
-        limit = self.request_timeout * 4 + 5.0 if backstop else self.request_timeout
+        passes, the outcome is unknown too. `extra`: seconds the call may wait on
+        purpose before its own deadlines start (a "-1" read's first chunk)."""
+        limit = (self.request_timeout * 4 + 5.0 if backstop else self.request_timeout) + extra
         try:
             done, _ = concurrent.futures.wait([fut], limit)
         except BaseException:
@@ -249,8 +261,9 @@ class SyncThreadLog:
         return self._closed
 
     def close(self) -> None:
-        """Cancel calls in flight (they raise UNAVAILABLE), close the async client,
-        stop the loop thread. Closing twice is harmless."""
+        """Cancel calls in flight (they raise UNAVAILABLE, or OUTCOME_UNKNOWN when a
+        write they sent is not judged yet), close the async client, stop the loop
+        thread. Closing twice is harmless."""
         if threading.current_thread() is self._thread:
             raise RuntimeError("a threadlog sync client cannot be closed from its own event loop")
         with self._lock:
@@ -563,6 +576,11 @@ class SyncRunDriver:
         return self._store._run(call())
 
     def close(self) -> None:
+        """Stop heartbeating. Harmless after the client was closed (its close
+        stopped the heartbeats), as the async driver's close is."""
+        if self._store._c.closed:
+            return
+
         async def call() -> None:
             await self._driver.close()
 
@@ -768,7 +786,10 @@ class SyncBlobStore(_SyncStore):
                     break  # the put ended early (refused): its result says why
             else:
                 self._hand_over(feed, _END, put_fut)
-            return self._c._wait(put_fut, "the blob put")
+            # From here the put bounds itself (flush, commit, each within the request
+            # timeout) and may commit: one timeout would race its deadlines and say
+            # UNAVAILABLE -- "nothing written" -- for a blob that is stored.
+            return self._c._wait(put_fut, "the blob put", backstop=True)
         except BaseException:
             # The caller's iterator failed, a hand-off timed out or the caller was
             # interrupted: the put must not commit a truncated body.
@@ -859,18 +880,24 @@ class SyncDeliveryLog:
         """A blocking iterator of (offset, chunk) strictly after `after`; errors
         surface at the first `next()`; ends when the log is closed (or, with
         `follow=False`, at what is stored when the iteration starts)."""
-        return SyncDeliveryReader(self._c, lambda: self._log.read(after, follow=follow))
+        # "-1" waits up to first_chunk_wait_ms for a first chunk before RUN_NOT_FOUND
+        # (SPEC 11): the first step may take that long before its request timeout.
+        first_wait = self._c.first_chunk_wait if after == "-1" else 0.0
+        return SyncDeliveryReader(self._c, lambda: self._log.read(after, follow=follow), first_wait)
 
 
 class SyncDeliveryReader(Iterator[DeliveryEntry]):
     """The blocking side of `read`: each `next()` waits for the next chunk, at most
-    the request timeout (then UNAVAILABLE: resume with `read(last offset)`).
+    the request timeout (then UNAVAILABLE: resume with `read(last offset)`); the
+    first of a `"-1"` read also `first_chunk_wait_ms` (then RUN_NOT_FOUND).
     Close it (or use `with`) when leaving before the log ends. One reader is
     iterated by one thread at a time; any number of readers may run at once."""
 
-    def __init__(self, client: SyncThreadLog, make: Callable[[], AsyncIterator[DeliveryEntry]]) -> None:
+    def __init__(self, client: SyncThreadLog, make: Callable[[], AsyncIterator[DeliveryEntry]],
+                 first_wait: float = 0.0) -> None:
         self._c = client
         self._make = make
+        self._first_wait = first_wait  # extra time of the first step only
         self._it: AsyncIterator[DeliveryEntry] | None = None
         self._finished = False
         with client._lock:
@@ -891,7 +918,8 @@ class SyncDeliveryReader(Iterator[DeliveryEntry]):
         if self._finished:
             raise StopIteration
         try:
-            item = self._c._wait(self._c._submit(self._step()), "the delivery read")
+            extra, self._first_wait = self._first_wait, 0.0
+            item = self._c._wait(self._c._submit(self._step()), "the delivery read", extra=extra)
         except BaseException:
             # An error or a timeout ends the iteration (a timed-out step was
             # cancelled inside the async iterator, which closed it).
@@ -937,6 +965,10 @@ def connect(
     *,
     partitions: int = 4,
     request_timeout_ms: int = 30_000,
+    kafka: Mapping[str, Any] | None = None,
+    create_topics: bool = True,
+    replication_factor: int | None = None,
+    min_insync_replicas: int | None = None,
 ) -> SyncThreadLog:
     """Open a namespace with a blocking client (the arguments of `threadlog.open`).
 
@@ -947,8 +979,10 @@ def connect(
     opener = open_async(
         bootstrap_servers, namespace, processors, lease_duration_ms, renew_after_ms, clock,
         first_chunk_wait_ms, state_dir, partitions=partitions, request_timeout_ms=request_timeout_ms,
+        kafka=kafka, create_topics=create_topics, replication_factor=replication_factor,
+        min_insync_replicas=min_insync_replicas,
     )
-    client = SyncThreadLog(request_timeout_ms / 1000.0)
+    client = SyncThreadLog(request_timeout_ms / 1000.0, first_chunk_wait_ms / 1000.0)
 
     async def opened() -> ThreadLog:
         return await opener
