@@ -77,7 +77,6 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-import orjson
 from threadlog.processors.judge import Judge
 from threadlog.processors.snapshotter import Snapshotter
 from threadlog.processors.verdict_push import VerdictPush, reply_token
@@ -89,7 +88,7 @@ from threadlog.projections.global_ids import holders_as_of
 from threadlog.projections.partition_stores import PartitionStores
 from threadlog.projections.queries import QUERIES, to_wire
 
-from threadlog.kernel import addresses
+from threadlog.kernel import addresses, wire
 from threadlog.kernel.errors import BEHIND, INVALID_ARGUMENT, NOT_OWNER, UNAVAILABLE, ThreadLogError, not_owner
 from threadlog.kernel.topics import ANSWER_TOO_LARGE, MAX_REPLY_SECRET_BYTES
 
@@ -233,7 +232,7 @@ class QueryServer:
         """A `push` request: hand this connection to the judge's pushes until
         the client goes away. False if the line is not one (answered as usual)."""
         try:
-            req = orjson.loads(line)
+            req = wire.loads(line)
             secret = str(req["args"]["secret"])
         except (ValueError, KeyError, TypeError):
             return False
@@ -244,7 +243,7 @@ class QueryServer:
         token = reply_token(secret)
         # The answer goes out through the pushes' own socket, under their lock:
         # no verdict can reach the client before it.
-        self.push.subscribe(token, sock, orjson.dumps({"id": req.get("id"), "ok": True,
+        self.push.subscribe(token, sock, wire.dumps({"id": req.get("id"), "ok": True,
                                                  "result": {"pushing": True, "dlv": self.deliveries is not None}})
                             + b"\n")
         try:
@@ -259,7 +258,7 @@ class QueryServer:
     async def _answer(self, line: bytes, writer: asyncio.StreamWriter, lock: asyncio.Lock, unsent: _Unsent) -> None:
         rid = None
         try:
-            req = orjson.loads(line)
+            req = wire.loads(line)
             rid = req["id"]
             if self.draining:
                 raise not_owner("this worker is shutting down")
@@ -270,11 +269,16 @@ class QueryServer:
         except Exception as exc:
             log.exception("query failed")
             out = {"id": rid, "ok": False, "code": INVALID_ARGUMENT, "message": f"bad request: {exc!r}"}
-        line = orjson.dumps(out)
+        try:
+            line = wire.dumps(out)
+        except (TypeError, ValueError) as exc:  # a bug: still answered, never left to time out
+            log.exception("an answer could not be written as JSON")
+            line = wire.dumps({"id": rid, "ok": False, "code": INVALID_ARGUMENT,
+                               "message": f"the answer could not be written: {exc!r}"})
         if len(line) > MAX_ANSWER_BYTES:
             # A client drops a connection whose line passes its limit (every call
             # on it would fail): refuse instead; it asks for less (one key at a time).
-            line = orjson.dumps({"id": rid, "ok": False, "code": ANSWER_TOO_LARGE,
+            line = wire.dumps({"id": rid, "ok": False, "code": ANSWER_TOO_LARGE,
                                  "message": f"the answer is {len(line)} bytes; at most {MAX_ANSWER_BYTES}"})
         unsent.add(len(line))
         try:
@@ -571,7 +575,7 @@ class _Owned:
 
     def get_json(self, k: bytes) -> Any:
         raw = self.get(k)
-        return None if raw is None else orjson.loads(raw)
+        return None if raw is None else wire.loads_exact(raw)
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         return self._stores.scan(prefix, None, self._parts)

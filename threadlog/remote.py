@@ -57,9 +57,7 @@ from concurrent.futures import Future as CFuture
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import orjson
-
-from .kernel import addresses
+from .kernel import addresses, wire
 from .kernel.errors import (
     BEHIND,
     INVALID_ARGUMENT,
@@ -132,7 +130,7 @@ class _Conn:
                 line = await self.reader.readline()
                 if not line:
                     break
-                msg = orjson.loads(line)
+                msg = wire.loads(line)
                 fut = self.pending.pop(msg.get("id"), None)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
@@ -504,7 +502,7 @@ class QueryClient:
             body["partitions"] = partitions
             body["floor"] = self.floor(partitions)
         body["wait"] = max(0.01, deadline - time.monotonic())  # waits at the worker end before our deadline
-        line = orjson.dumps({"id": rid, "op": op, "args": body}) + b"\n"
+        line = wire.dumps({"id": rid, "op": op, "args": body}) + b"\n"
         try:
             if conn.lock.locked() or conn.writer.transport.get_write_buffer_size():
                 # Something is queued for this worker: wait our turn, bounded by our own
@@ -757,7 +755,7 @@ class RemoteStore:
 
     def get_json(self, k: bytes) -> Any:
         raw = self.get(k)
-        return None if raw is None else orjson.loads(raw)
+        return None if raw is None else wire.loads_exact(raw)
 
     def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Keys with `prefix` ascending from `start`: every partition's first
@@ -933,9 +931,9 @@ class RemoteVerdicts:
             reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, limit=LINE_LIMIT),
                                                     CONNECT_TIMEOUT)
             stream.writer = writer
-            writer.write(orjson.dumps({"id": 0, "op": "push", "args": {"secret": self._secret}}) + b"\n")
+            writer.write(wire.dumps({"id": 0, "op": "push", "args": {"secret": self._secret}}) + b"\n")
             await writer.drain()
-            answer = orjson.loads(await asyncio.wait_for(reader.readline(), CONNECT_TIMEOUT) or b"null")
+            answer = wire.loads(await asyncio.wait_for(reader.readline(), CONNECT_TIMEOUT) or b"null")
             if not (isinstance(answer, dict) and answer.get("ok")):
                 if isinstance(answer, dict) and answer.get("code") == INVALID_ARGUMENT:
                     pause = REFUSED_PAUSE_S  # a worker of an earlier version: ask it
@@ -946,7 +944,7 @@ class RemoteVerdicts:
             watchdog = loop.call_later(BEAT_S, watch)
             while line := await reader.readline():
                 stream.heard = loop.time()
-                frame = orjson.loads(line)
+                frame = wire.loads(line)
                 if "dlv" in frame:
                     self._dlv_pushed(frame["dlv"])
                 else:
