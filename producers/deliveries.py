@@ -23,6 +23,11 @@ from threadlog.kernel.topics import MAX_MESSAGE_BYTES
 
 from .pump import ProducerPump, delivery_failure, settle_threadsafe, within
 
+# Room in one record for its key (a run id), headers (a thin client's reply
+# token) and the batch framing, under the topic's max.message.bytes.
+RECORD_HEADROOM = 64 * 1024
+MAX_VALUE_BYTES = MAX_MESSAGE_BYTES - RECORD_HEADROOM
+
 
 class DeliveryWriter:
     def __init__(self, *, bootstrap: str, topic: str, partitions: int, codec: Codec, client_id: str,
@@ -51,10 +56,12 @@ class DeliveryWriter:
 
     def encode(self, record: dict) -> bytes:
         value = self.codec.encode("threadlog.Delivery", records.encodable(record))
-        if len(value) > MAX_MESSAGE_BYTES:
+        # The topic's limit counts the whole record batch (key, headers, framing),
+        # not the value alone: a value just under it was refused by the broker.
+        if len(value) > MAX_VALUE_BYTES:
             raise invalid_argument(
-                f"the batch encodes to {len(value)} bytes; one append is one Kafka record of at most "
-                f"{MAX_MESSAGE_BYTES} bytes: split it into several appends"
+                f"the batch encodes to {len(value)} bytes; one append is one Kafka record, whose value holds "
+                f"at most {MAX_VALUE_BYTES} bytes: split it into several appends"
             )
         return value
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Producer
 
-from threadlog.kernel.errors import OUTCOME_UNKNOWN, ThreadLogError, unavailable
+from threadlog.kernel.errors import OUTCOME_UNKNOWN, ThreadLogError, invalid_argument, unavailable
 
 
 def delivery_failure(err: KafkaError, what: str) -> ThreadLogError:
@@ -19,6 +19,9 @@ def delivery_failure(err: KafkaError, what: str) -> ThreadLogError:
     apply. Any other delivery error means it was not: UNAVAILABLE."""
     if err.code() == KafkaError._MSG_TIMED_OUT:
         return ThreadLogError(OUTCOME_UNKNOWN, f"{what} may have been written ({err}): it may still apply")
+    if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:  # (librdkafka reports its own check the same)
+        # The cluster answered: too large for the topic. Bad input, not an outage.
+        return invalid_argument(f"{what} not written: too large for one Kafka record ({err})")
     return unavailable(f"{what} not written: {err}")
 
 

@@ -8,10 +8,13 @@ import enum
 import uuid
 
 import pytest
+from confluent_kafka import KafkaError
 from delivery_support import chunk, collect, take
 from support import within
+from threadlog.producers.pump import delivery_failure
 
 from threadlog import ThreadLogError
+from threadlog.kernel.topics import MAX_MESSAGE_BYTES
 
 
 async def test_append_returns_one_offset_per_chunk_and_read_replays_them(tl):
@@ -235,10 +238,11 @@ async def test_bad_input_is_refused_and_writes_nothing(tl):
         with pytest.raises(ThreadLogError) as e:
             tl.delivery(run_id)
         assert e.value.code == "INVALID_ARGUMENT"
-    for epoch in (-1, True, 1.0, "1"):
+    for epoch in (-1, True, 1.0, "1", 2**63, 2**70):  # an epoch is an Avro long (2**63 raised OverflowError)
         with pytest.raises(ThreadLogError) as e:
             tl.delivery("r", epoch=epoch)
         assert e.value.code == "INVALID_ARGUMENT"
+    tl.delivery("r", epoch=2**63 - 1)  # the largest long is an epoch
     log = tl.delivery("run-input")
     for bad in (None, {"type": "x"}, "abc", [1], [{"x": float("nan")}], [{"x": object()}], [{1: "a"}],
                 [{"ok": 1}, "not a dict"], [{"s": "\ud800"}],
@@ -250,6 +254,26 @@ async def test_bad_input_is_refused_and_writes_nothing(tl):
         assert e.value.code == "INVALID_ARGUMENT", bad
     assert await within(log.records()) == []
     assert await within(log.snapshot()) == []
+
+
+async def test_an_append_too_large_for_one_record_is_invalid_even_just_under_the_limit(tl):
+    """Tried (a review): a chunk whose encoded record came within ~90 bytes under the
+    topic's 16 MiB limit passed the value-size check, and the broker refused the
+    record (key, headers and framing count too): UNAVAILABLE, "not written" as if
+    the cluster were down. Bad input is INVALID_ARGUMENT and writes nothing."""
+    log = tl.delivery("run-huge")
+    for size in (MAX_MESSAGE_BYTES - 200, MAX_MESSAGE_BYTES + 10):
+        with pytest.raises(ThreadLogError) as e:
+            await within(log.append([{"s": "x" * size}]))
+        assert e.value.code == "INVALID_ARGUMENT", (size, e.value)
+    assert await within(log.records()) == []
+
+
+def test_a_record_the_cluster_finds_too_large_is_invalid_argument_not_unavailable():
+    err = delivery_failure(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), "delivery record")
+    assert err.code == "INVALID_ARGUMENT"
+    assert delivery_failure(KafkaError(KafkaError._MSG_TIMED_OUT), "x").code == "OUTCOME_UNKNOWN"
+    assert delivery_failure(KafkaError(KafkaError._TRANSPORT), "x").code == "UNAVAILABLE"
 
 
 async def test_upsert_validates_the_whole_batch_first_and_leaves_the_log_unchanged(tl):

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("threadlog.delivery")
 
+EPOCH_MAX = 2**63 - 1
+
 
 class DeliveryLog:
     """One run's delivery log, written as driver `epoch` (SPEC 11)."""
@@ -38,8 +40,9 @@ class DeliveryLog:
         require_id(run_id, "run_id")
         if epoch is None:
             epoch = 0
-        if not is_int(epoch) or epoch < 0:
-            raise invalid_argument(f"epoch must be an int >= 0 or None, got {epoch!r}")
+        if not is_int(epoch) or not 0 <= epoch <= EPOCH_MAX:
+            # An epoch travels as an Avro long: a larger one could not even be encoded.
+            raise invalid_argument(f"epoch must be an int in 0..2**63-1 or None, got {epoch!r}")
         self._session = session
         self.run_id = run_id
         self.epoch = epoch
