@@ -178,7 +178,8 @@ async def test_an_epoch_claim_never_granted_is_refused_and_never_read(tl, bootst
     current = tl.delivery("r", epoch=2)
     await within(current.append([chunk(0)]))
     # A driver that makes an epoch up holds nothing.
-    await refused(tl.delivery("r", epoch=7).append([chunk(99)]), RUN_CLAIM_LOST)
+    made_up = await refused(tl.delivery("r", epoch=7).append([chunk(99)]), RUN_CLAIM_LOST)
+    assert "never granted" in made_up.message and "epoch 2" in made_up.message, made_up  # not "superseded"
     # Nor does a record of that epoch forged straight onto the topic, nor a
     # forged claim marker: a claim is granted by the fold, it never names its epoch.
     svc = tl._delivery

@@ -79,6 +79,9 @@ class DeliveryLog:
             raise ThreadLogError(RUN_LOG_CLOSED, f"the delivery log of run {self.run_id!r} is closed")
 
     def _lost(self, fence: int | None = None) -> ThreadLogError:
+        if fence is not None and fence < self.epoch:  # higher than any claim: never granted
+            return ThreadLogError(RUN_CLAIM_LOST, f"driver epoch {self.epoch} of run {self.run_id!r} was never "
+                                                  f"granted by a claim (the latest claim is epoch {fence})")
         newer = f" (epoch {fence} was claimed)" if fence is not None else ""
         return ThreadLogError(RUN_CLAIM_LOST, f"driver epoch {self.epoch} of run {self.run_id!r} "
                                               f"was superseded{newer}")
