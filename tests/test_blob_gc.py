@@ -27,6 +27,7 @@ from worker_support import WorkerProcess, owned_by
 
 from threadlog import ThreadLogError
 from threadlog import blob_gc as blob_gc_module
+from threadlog.blob_gc import FENCE_BATCH_BYTES, MAX_FENCE_KEYS, fence_batches
 from threadlog.kernel.partitioning import partition_for
 
 MINUTE = 60_000
@@ -524,3 +525,36 @@ async def test_a_blob_an_artifact_names_is_kept_until_the_artifact_goes(tl):
     report = await within(tl.blobs.gc(grace_ms=0))
     assert report.deleted_keys == [art_key]
     assert await within(tl.blobs.head(art_key)) is None
+
+
+def test_fence_batches_are_bounded_by_bytes_and_by_count():
+    long = [f"k{i:04d}-" + "x" * 63_000 for i in range(300)]
+    batches = fence_batches(long)
+    assert [k for b in batches for k in b] == long  # every key once, in order
+    assert all(sum(len(k) + 32 for k in b) <= FENCE_BATCH_BYTES for b in batches)
+    assert len(batches) == 4  # 300 keys of 63 KB: about 80 a batch
+    short = [f"k{i}" for i in range(MAX_FENCE_KEYS + 1)]
+    assert [len(b) for b in fence_batches(short)] == [MAX_FENCE_KEYS, 1]
+    assert fence_batches([]) == []
+
+
+async def test_a_sweep_over_long_keys_fences_them_in_batches_and_deletes_them(tl, monkeypatch):
+    """Tried (a review): 300 unreferenced blobs whose keys are 63 000 bytes (keys may
+    be 64 KiB). One fence named every candidate, 18.9 MB: each sweep failed
+    INVALID_ARGUMENT and nothing was ever deleted, not even a short key put later
+    (with ~15.7 MB of keys the raise fit and the lowering did not: fences up for
+    good, every append naming those keys refused). Fences are now cut by bytes.
+    Here at a tenth of the scale: the proposal limit is 1.5 MiB, the fence budget a
+    third of it, as in production, and 40 keys of 63 000 bytes (2.5 MB) are swept."""
+    from threadlog.producers import proposals
+
+    monkeypatch.setattr(proposals, "MAX_PROPOSAL_BYTES", 3 * 512 * 1024)
+    monkeypatch.setattr(blob_gc_module, "FENCE_BATCH_BYTES", 512 * 1024)
+    keys = [f"k{i:04d}-" + "x" * 62_994 for i in range(40)]
+    for k in keys:
+        await within(tl.blobs.put(k, b"garbage"))
+    await within(tl.blobs.put("short", b"s"))
+    report = await within(tl.blobs.gc(grace_ms=0), 120)
+    assert report.deleted == 41 and report.unsettled == 0, report
+    assert gc.standing_fences(tl.state) == []
+    assert (await within(tl.blobs.list()))["objects"] == []

@@ -40,6 +40,7 @@ from .kernel.validation import is_int
 from .processors.handlers.blob_gc import MAX_FENCE_KEYS
 from .processors.handlers.blobs import MAX_CHUNKS
 from .producers.blob_chunks import CHUNK_TYPE, WINDOW, chunk_key, is_version
+from .producers.proposals import MAX_PROPOSAL_BYTES
 from .projections.folds import artifacts as artifact_state
 from .projections.folds import blob_gc as gc
 from .projections.folds import blobs as blob_state
@@ -57,6 +58,36 @@ MAX_GRACE_MS = 2**53 - 1  # as every other time span: exact as a double
 # Proposals of one sweep in flight at once.
 _CONCURRENCY = 64
 _T = TypeVar("_T")
+
+
+# The bytes of blob keys one batch's fence may name. Why bounded by bytes, not
+# only by count: a key may be 64 KiB, and a fence names every key of its batch
+# in one proposal (its lowering names each collected key with its offset, a
+# little more). Counted alone, 250 long keys passed the proposal limit: the
+# sweep failed INVALID_ARGUMENT at every try, or -- when the raise fit and the
+# lowering did not -- left its fences up for good, refusing every append that
+# names those keys. A third of the limit leaves the lowering ample room.
+FENCE_BATCH_BYTES = MAX_PROPOSAL_BYTES // 3
+_PER_KEY_BYTES = 32  # a key's framing in either proposal, and its offset in the lowering's map
+
+
+def fence_batches(keys: list[str], budget: int | None = None) -> list[list[str]]:
+    """`keys` in order, cut into batches of at most MAX_FENCE_KEYS keys and `budget`
+    (default FENCE_BATCH_BYTES) bytes."""
+    budget = FENCE_BATCH_BYTES if budget is None else budget
+    batches: list[list[str]] = []
+    batch: list[str] = []
+    size = 0
+    for k in keys:
+        cost = len(k.encode("utf-8")) + _PER_KEY_BYTES
+        if batch and (len(batch) >= MAX_FENCE_KEYS or size + cost > budget):
+            batches.append(batch)
+            batch, size = [], 0
+        batch.append(k)
+        size += cost
+    if batch:
+        batches.append(batch)
+    return batches
 
 
 @dataclass
@@ -136,16 +167,17 @@ class _Sweep:
         leftovers = [f for f in gc.fences_of(await self.tl.scan(gc.FENCE, None)) if f["sweepId"] != self.id]
         if not r.dry_run:
             await self._recover(leftovers)
-            for start in range(0, len(candidates), MAX_FENCE_KEYS):
-                if not await self._collect({k: layouts[k]["version"]
-                                            for k in candidates[start:start + MAX_FENCE_KEYS]}):
+            tried = 0
+            for batch in fence_batches(candidates):
+                tried += len(batch)
+                if not await self._collect({k: layouts[k]["version"] for k in batch}):
                     # Its fences stay up for the next sweep to recover. Every batch of
                     # a sweep raises and lowers the same fence records: a next batch
                     # would find them standing (its own keys never fenced) and its
                     # lowering would take this batch's fences down without their
                     # markers. So the sweep stops here.
                     log.warning("blob gc %s: stopped after a batch left fences up (%d candidates not tried)",
-                                self.id, len(candidates) - start - MAX_FENCE_KEYS)
+                                self.id, len(candidates) - tried)
                     break
         try:
             await self._abandoned({k: v["version"] for k, v in layouts.items()})
