@@ -56,7 +56,15 @@ def is_number(value: Any) -> bool:
 
 
 def is_finite(value: Any) -> bool:
-    return is_number(value) and math.isfinite(value)
+    """An int or float whose value is a finite double. An int beyond a double's
+    range is not: math.isfinite raises OverflowError for it, which reached the
+    caller raw (10**400 as a timestamp)."""
+    if not is_number(value):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def is_int(value: Any) -> TypeGuard[int]:
