@@ -52,10 +52,11 @@ def dec_num(data: bytes, pos: int = 0) -> tuple[float, int]:
 # Encoded string parts, by string. Why: the same few strings (a thread id, a
 # blob key, a kind) make most keys of a decision -- a checkpoint append builds
 # ~40 keys from ~12 distinct strings -- and a dict lookup is a third of the
-# cost of encoding. Bounded: cleared when full; long strings are not kept.
+# cost of encoding. Bounded (a few MB at most: callers choose the strings):
+# cleared when full; a part over 128 bytes encoded is not kept.
 _PARTS: dict[str, bytes] = {}
-_PARTS_MAX = 65_536
-_PART_MAX_LEN = 256
+_PARTS_MAX = 16_384
+_PART_MAX_BYTES = 128
 
 
 def key(tag: bytes, *parts: str | float) -> bytes:
@@ -67,7 +68,7 @@ def key(tag: bytes, *parts: str | float) -> bytes:
             if enc is None:
                 raw = part.encode("utf-8")
                 enc = (raw.replace(b"\x00", _ESC) if b"\x00" in raw else raw) + _END
-                if len(part) <= _PART_MAX_LEN:
+                if len(enc) <= _PART_MAX_BYTES:
                     if len(_PARTS) >= _PARTS_MAX:
                         _PARTS.clear()
                     _PARTS[part] = enc

@@ -85,6 +85,23 @@ class View:
         """Merged, ascending scan of buffer and store under `prefix`."""
         return overlay_scan(self.store.scan(prefix), [self._buffered(prefix)])
 
+    def has_prefix(self, prefix: bytes) -> bool:
+        """Is any key under `prefix` present? Stops at the first one found. (A
+        scan merges the whole prefix into memory as soon as one write under it
+        is buffered: asked per decision of a large prefix, that was the cost.)"""
+        return next(self._present(prefix), None) is not None
+
+    def _present(self, prefix: bytes) -> Iterator[bytes]:
+        """Keys present under `prefix`, unordered, lazily: buffered puts, then the
+        layers below minus what this buffer deletes."""
+        buffered = self._buffered(prefix)
+        yield from (k for k, v in buffered if v is not None)
+        gone = {k for k, v in buffered if v is None}
+        yield from (k for k in self._below(prefix) if k not in gone)
+
+    def _below(self, prefix: bytes) -> Iterator[bytes]:
+        return (k for k, _ in self.store.scan(prefix))
+
     def child(self) -> _ChildView:
         """A view whose writes stay separate until `merge` (one command's effects)."""
         return _ChildView(self)
@@ -102,6 +119,9 @@ class _ChildView(View):
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         return overlay_scan(self.parent.scan(prefix), [self._buffered(prefix)])
+
+    def _below(self, prefix: bytes) -> Iterator[bytes]:
+        return self.parent._present(prefix)
 
     def merge(self) -> None:
         for k, v in self.buffer.items():

@@ -99,10 +99,11 @@ def is_abandoned(view: StateReader, blob_key: str, version: str) -> bool:
     return view.get(abandoned_key(blob_key, version)) is not None
 
 
-def any_marker(view: StateReader) -> bool:
-    """Is any collect marker (of any partition) left in `view`? One seek: most
-    partitions never had a blob collected, and then no key needs asking."""
-    return next(iter(view.scan(MARKER)), None) is not None
+def any_marker(view: View) -> bool:
+    """Is any collect marker (of any partition) left in `view`? Most partitions
+    never had a blob collected, and then no key needs asking. Stops at the first
+    marker: they are kept for good, and a partition may hold many."""
+    return view.has_prefix(MARKER)
 
 
 def any_standing_fence(view: StateReader, belongs: Callable[[str], bool]) -> bool:

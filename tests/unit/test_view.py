@@ -2,7 +2,7 @@
 
 A judge's view buffers a whole fetched batch and every decision scans a few
 prefixes through it, so the view keeps its buffered keys sorted and a scan
-visits only its prefix's. These tests drive random writes, deletes, child
+visits only its prefix's (and `has_prefix` stops at the first key). These tests drive random writes, deletes, child
 views and merges against a plain dict model: any scan that misses, repeats or
 misorders a key, or shows a deleted one, fails.
 """
@@ -65,12 +65,14 @@ def test_scans_through_buffers_and_children_match_a_model(store: Store, seed: in
                     pending[ck] = None
                 prefix = rng.choice(PREFIXES)
                 assert list(child.scan(prefix)) == _model_scan(pending, prefix)
+                assert child.has_prefix(prefix) == bool(_model_scan(pending, prefix))
                 assert child.get(ck) == pending[ck]
             if rng.random() < 0.6:
                 child.merge()
                 model = pending
         prefix = rng.choice(PREFIXES)
         assert list(view.scan(prefix)) == _model_scan(model, prefix), prefix
+        assert view.has_prefix(prefix) == bool(_model_scan(model, prefix)), prefix
         assert view.get(k) == model.get(k)
     # What reaches the store is exactly the buffer: the model, deletes included.
     store.apply(view.buffer, {})
