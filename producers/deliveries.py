@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from threadlog.schemas import Codec
 
 from threadlog.kernel import delivery_records as records
@@ -74,7 +74,7 @@ class DeliveryWriter:
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
-                settle_threadsafe(loop, fut, delivery_failure(err, "delivery record"), None)
+                settle_threadsafe(loop, fut, delivery_failure(err, "delivery record", msg), None)
             else:
                 settle_threadsafe(loop, fut, None, msg.offset())
 
@@ -88,6 +88,13 @@ class DeliveryWriter:
                 if time.monotonic() > deadline:
                     raise unavailable("the delivery producer queue stayed full") from None
                 await asyncio.sleep(0.005)
+            except KafkaException as exc:
+                # librdkafka's own checks, before anything is sent: a record (a long
+                # run id as its key) over its message.max.bytes is bad input.
+                if exc.args and getattr(exc.args[0], "code", lambda: None)() == KafkaError.MSG_SIZE_TOO_LARGE:
+                    raise invalid_argument(f"delivery record not written: too large for one Kafka record "
+                                           f"({exc})") from None
+                raise unavailable(f"delivery record not written: {exc}") from None
         # librdkafka reports every record within message.timeout.ms (= the request
         # timeout) -- but checks for expired records about once a second, so a
         # report can come a second late on a busy machine (a 5 s append during a

@@ -86,11 +86,18 @@ class Unsettled:
 _unsettled: ContextVar[Unsettled | None] = ContextVar("threadlog_unsettled", default=None)
 
 
+def unsettled() -> Unsettled | None:
+    """The counter of the call running in this task, if its caller tracks one."""
+    return _unsettled.get()
+
+
 def track_unsettled() -> Unsettled:
     """Count, from here on in this task (and tasks it starts), the proposals sent
     whose verdict is not known. Why: a blocking client closing under a call
     cancels it, and the caller must hear OUTCOME_UNKNOWN if a write may still
-    apply, UNAVAILABLE ("nothing written") only if none was sent."""
+    apply, UNAVAILABLE ("nothing written") only if none was sent. Counted by
+    every writer whose record may apply: proposals here, delivery records
+    (threadlog/delivery/service.py)."""
     box = Unsettled()
     _unsettled.set(box)
     return box
@@ -207,7 +214,7 @@ class ProposalBus:
         def delivered(err: KafkaError | None, msg: Message) -> None:
             # On the pump thread: hand the offset straight to the verdict source.
             if err is not None:
-                settle_threadsafe(loop, fut, delivery_failure(err, f"proposal {type_name}"), None)
+                settle_threadsafe(loop, fut, delivery_failure(err, f"proposal {type_name}", msg), None)
                 return
             offset = msg.offset()
             assert offset is not None  # a delivered record has its offset

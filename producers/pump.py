@@ -8,19 +8,36 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, Message, Producer
 
 from threadlog.kernel.errors import OUTCOME_UNKNOWN, ThreadLogError, invalid_argument, unavailable
+from threadlog.kernel.topics import MAX_MESSAGE_BYTES
+
+# A record this large (value, key, headers) fits any topic of ours alone, with
+# its batch's framing (a few hundred bytes).
+FITS_ALONE = MAX_MESSAGE_BYTES - 4096
 
 
-def delivery_failure(err: KafkaError, what: str) -> ThreadLogError:
+def record_bytes(msg: Message) -> int:
+    """What a record brings to the topic's size limit: value, key and headers."""
+    headers = msg.headers() or []
+    pairs = headers.items() if isinstance(headers, dict) else headers
+    size = len(msg.value() or b"") + len(msg.key() or b"")
+    for name, value in pairs:
+        size += len(name) + len(value or b"")
+    return size
+
+
+def delivery_failure(err: KafkaError, what: str, msg: Message | None = None) -> ThreadLogError:
     """The error of a record librdkafka reported as not delivered. A timed-out record
     may have been written (its request was in flight): OUTCOME_UNKNOWN, it may still
-    apply. Any other delivery error means it was not: UNAVAILABLE."""
+    apply. Any other delivery error means it was not: UNAVAILABLE -- except a record
+    too large for the topic, which is bad input (INVALID_ARGUMENT). The broker
+    refuses a whole batch, so a record that would fit alone (with its own
+    framing) only shared a batch that did not (a user's batch.size): UNAVAILABLE."""
     if err.code() == KafkaError._MSG_TIMED_OUT:
         return ThreadLogError(OUTCOME_UNKNOWN, f"{what} may have been written ({err}): it may still apply")
-    if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:  # (librdkafka reports its own check the same)
-        # The cluster answered: too large for the topic. Bad input, not an outage.
+    if err.code() == KafkaError.MSG_SIZE_TOO_LARGE and (msg is None or record_bytes(msg) > FITS_ALONE):
         return invalid_argument(f"{what} not written: too large for one Kafka record ({err})")
     return unavailable(f"{what} not written: {err}")
 

@@ -269,11 +269,43 @@ async def test_an_append_too_large_for_one_record_is_invalid_even_just_under_the
     assert await within(log.records()) == []
 
 
+class _Sent:
+    """What delivery_failure reads of a reported record (a delivery report's Message)."""
+
+    def __init__(self, value: bytes, key: bytes = b"k", headers=None) -> None:
+        self._value, self._key, self._headers = value, key, headers
+
+    def value(self) -> bytes:
+        return self._value
+
+    def key(self) -> bytes:
+        return self._key
+
+    def headers(self):
+        return self._headers
+
+
 def test_a_record_the_cluster_finds_too_large_is_invalid_argument_not_unavailable():
-    err = delivery_failure(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), "delivery record")
-    assert err.code == "INVALID_ARGUMENT"
+    too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+    assert delivery_failure(too_large, "delivery record").code == "INVALID_ARGUMENT"
+    big = _Sent(b"x" * (MAX_MESSAGE_BYTES - 1000), headers=[("reply", b"t" * 2000)])
+    assert delivery_failure(too_large, "delivery record", big).code == "INVALID_ARGUMENT"
+    # A record that fits alone was refused with the batch it shared (a user's batch.size):
+    # not bad input, and not written -- UNAVAILABLE, which a caller retries.
+    assert delivery_failure(too_large, "delivery record", _Sent(b"x" * 8_000_000)).code == "UNAVAILABLE"
     assert delivery_failure(KafkaError(KafkaError._MSG_TIMED_OUT), "x").code == "OUTCOME_UNKNOWN"
     assert delivery_failure(KafkaError(KafkaError._TRANSPORT), "x").code == "UNAVAILABLE"
+
+
+async def test_a_run_id_too_long_to_fit_beside_its_chunks_is_invalid_argument(tl):
+    """Tried (a review): a 400 kB run id (a record's key) beside a chunk near the
+    value limit: librdkafka's own size check raised a bare KafkaException."""
+    log = tl.delivery("r" * 400_000)
+    with pytest.raises(ThreadLogError) as e:
+        # The value (chunks and run id) passes the value check; with the key it does not fit.
+        await within(log.append([{"s": "x" * (MAX_MESSAGE_BYTES - 500_000)}]))
+    assert e.value.code == "INVALID_ARGUMENT", e.value
+    assert await within(log.records()) == []
 
 
 async def test_upsert_validates_the_whole_batch_first_and_leaves_the_log_unchanged(tl):

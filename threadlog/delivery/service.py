@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from ..kernel import delivery_records as records
 from ..kernel.errors import OUTCOME_UNKNOWN, UNAVAILABLE, ThreadLogError, unavailable
 from ..producers.deliveries import DeliveryWriter
+from ..producers.proposals import unsettled
 from ..projections.barrier import EndOffsets
 from ..remote import RemoteVerdicts
 from ..run_access import runs_for
@@ -75,7 +76,16 @@ class DeliveryService:
         One request timeout for both: the verdict gets what the write left (a
         write can itself take the whole timeout, see producers/deliveries.py)."""
         began = time.monotonic()
-        x = await self.writer.write(run_id, record)
+        # From the send until the verdict, this call's record may stand (see track_unsettled).
+        pending = unsettled()
+        if pending is not None:
+            pending.n += 1
+        try:
+            x = await self.writer.write(run_id, record)
+        except ThreadLogError as exc:
+            if pending is not None and exc.code != OUTCOME_UNKNOWN:
+                pending.n -= 1  # not written
+            raise
         left = max(0.1, self.timeout - (time.monotonic() - began))
         p = self.writer.partition_of(run_id)
         try:
@@ -87,6 +97,8 @@ class DeliveryService:
             # by our failing to learn it. UNAVAILABLE would say nothing was written.
             raise ThreadLogError(OUTCOME_UNKNOWN, f"delivery record {p}@{x} of run {run_id!r} was written but its "
                                  f"verdict not learned ({exc.message}): it may stand; read the log") from None
+        if pending is not None:
+            pending.n -= 1
         return x, verdict, fence
 
     async def high_watermark(self, partition: int) -> int:
