@@ -348,7 +348,8 @@ async def test_a_thin_saver_reads_values_larger_than_one_query_answer(open_clien
     monkeypatch.setattr(remote.QueryClient, "call", call)
     tup = await within(thin.aget_tuple(generate_config("t-large")), 60)
     assert tup.checkpoint["channel_values"] == {"big": big, "small": "x"}
-    assert sent == ["query", "gets"], sent
+    # The chunks the answer did not carry, then their refs again (unchanged: not torn).
+    assert sent == ["query", "gets", "gets"], sent
     assert tup == await within(full.aget_tuple(stored), 60)
 
 
@@ -466,3 +467,33 @@ async def test_a_tuple_read_across_a_delete_is_none_not_a_checkpoint_without_its
     reader = _DeletedAfterFirstRead(store, home, state.ckpt_key("t-torn", "", cid), thread_keys(saver.tl, "t-torn"))
     assert state.read_tuple(reader, "t-torn", "", cid) is None
     assert reader.fired and state.read_tuple(store, "t-torn", "", None) is None
+
+
+async def test_a_value_replaced_while_its_chunks_are_read_is_never_read_mixed(open_client, monkeypatch):
+    """Tried (a review): a staged interrupt write replaced by another of the same size
+    between the tuple read (which carries only the first chunks) and the read of
+    its other chunks. The chunks keep their keys across the replacement, so the
+    reader joined the old value's first chunks with the new one's last: bytes that
+    were never written, and no error. The ref read again after the chunks names
+    another upload now: the tuple is read again, whole."""
+    monkeypatch.setattr(state, "TUPLE_CHUNK_BYTES", 64 * 1024)  # the tuple read carries 2 of 8 chunks
+    tl = await open_client()
+    saver = AsyncThreadLogSaver(tl, **SMALL)
+    stored = await put(saver, "t-torn", {})
+    old, new = b"1" * (256 * 1024), b"2" * (256 * 1024)
+    await within(saver.aput_writes(stored, [(ERROR, old)], "task"))  # a special write: replaced in place
+    read_many = tl.session.read_many
+    replaced: list[bool] = []
+
+    async def replacing_first(keys, on, barrier=True):
+        if not replaced:  # the first read apart from the tuple: the other chunks
+            replaced.append(True)
+            await within(saver.aput_writes(stored, [(ERROR, new)], "task"))
+            await within(tl.read_barrier(["t-torn"]))
+        return await read_many(keys, on, barrier)
+
+    monkeypatch.setattr(tl.session, "read_many", replacing_first)
+    tup = await within(saver.aget_tuple(stored))
+    assert replaced
+    [(_task, _channel, value)] = tup.pending_writes
+    assert value == new  # read again after the replacement, whole (before: 64 KiB of "1", then "2"s)

@@ -142,7 +142,10 @@ def _store_value(view: View, thread: str, owner: bytes, slot: bytes, wire: dict)
             continue
         view.put(chunk_key(thread, owner, slot, i), raw)
         view.delete(sk)
-    return {"type": wire["type"], "chunks": staged["chunks"], "size": staged["size"]}
+    # The upload id says which value the chunks under `owner` are: they keep their
+    # keys when the value is replaced, so a reader that read this ref, then its
+    # chunks, reads the ref again and compares (AsyncThreadLogSaver._datas).
+    return {"type": wire["type"], "chunks": staged["chunks"], "size": staged["size"], "upload": staged["uploadId"]}
 
 
 def _drop_value(view: View, thread: str, owner: bytes, slot: bytes, ref: dict | None) -> None:
@@ -155,6 +158,16 @@ def _drop_value(view: View, thread: str, owner: bytes, slot: bytes, ref: dict | 
 def chunk_keys(thread: str, owner: bytes, slot: bytes, ref: dict) -> list[bytes]:
     """The keys of a stored ref's chunks ([] for a value stored inline)."""
     return [] if "data" in ref else [chunk_key(thread, owner, slot, i) for i in range(ref["chunks"])]
+
+
+def stored_ref(record: dict, slot: bytes) -> dict:
+    """The value ref in `slot` of the record stored at its owner key: a checkpoint's
+    body or metadata, a pending write's value, or a channel value (the record is the ref)."""
+    if slot == SLOT_BODY:
+        return record["body"]
+    if slot == SLOT_METADATA:
+        return record["metadata"]
+    return record["value"] if "channel" in record else record
 
 
 def joined(ref: dict, chunks: list[bytes | None]) -> bytes | None:

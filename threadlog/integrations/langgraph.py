@@ -235,6 +235,9 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
             groups += [ks[i:i + per] for i in range(0, len(ks), per)]
         read = await asyncio.gather(*(self.tl.session.read_many(g, (thread,), barrier=False) for g in groups))
         known.update(zip((k for g in groups for k in g), (c for got in read for c in got), strict=True))
+        if groups:  # chunks read apart from their refs: were the refs replaced meanwhile?
+            apart = {k for g in groups for k in g}
+            await self._unchanged(thread, [r for r, ks in zip(refs, wanted, strict=True) if apart.intersection(ks)])
         out = []
         for (_, _, ref), ks in zip(refs, wanted, strict=True):
             data = state.joined(ref, [known[k] for k in ks])
@@ -242,6 +245,22 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
                 raise _Torn
             out.append(data)
         return out
+
+    async def _unchanged(self, thread: str, refs: Sequence[tuple[bytes, bytes, dict]]) -> None:
+        """_Torn unless every chunked ref is still the one stored at its owner.
+
+        Why: a replaced value's chunks keep their keys (owner, slot, index), so
+        chunks read after the ref -- beyond what one tuple query carries, or
+        every chunk of a copy -- could mix the old value with a new one of the
+        same size (found by a review: 12 MiB of one interrupt value, 8 MiB of
+        the next, no error). Read again after the chunks, a ref naming the same
+        upload says no replacement was committed in between (upload ids are
+        never reused). Refs stored before they carried their upload compare by
+        type, chunk count and size only."""
+        raws = await self.tl.session.read_many([owner for owner, _, _ in refs], (thread,), barrier=False)
+        for (_, slot, ref), raw in zip(refs, raws, strict=True):
+            if raw is None or state.stored_ref(json.loads(raw), slot) != ref:
+                raise _Torn
 
     async def _values(self, thread: str, refs: Sequence[tuple[bytes, bytes, dict]],
                       known: dict[bytes, bytes | None] | None = None) -> list[Any]:
