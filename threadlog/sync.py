@@ -14,8 +14,11 @@ request timeout plus 5 s (a fork is two proposals, a drive more); past that the 
 cancelled on the loop and raises `OUTCOME_UNKNOWN`. A delivery reader applies
 the request timeout itself to
 each step: a `next()` that gets no chunk within the timeout raises UNAVAILABLE,
-and the caller resumes with `read(<last offset it holds>)`. A streamed blob
-`put` applies it to the hand-off of each chunk and to the final commit.
+and the caller resumes with `read(<last offset it holds>)`; the first step of a
+`"-1"` read may also take `first_chunk_wait_ms` (then RUN_NOT_FOUND). A streamed
+blob `put` applies it to the hand-off of each chunk; its commit, after the body's
+end, is waited for as any call. `close()` cancels calls in flight: UNAVAILABLE,
+or OUTCOME_UNKNOWN for one with a write sent and not yet judged.
 Opening waits at most the request timeout plus `_OPEN_GRACE_S` (topic creation
 is bounded by the request timeout; the group's first assignment by open itself).
 """
@@ -760,8 +763,8 @@ class SyncBlobStore(_SyncStore):
     def put(self, key: str, body: SyncBlobBody, *, content_type: str | None = None,
             custom_metadata: Mapping[str, str] | None = None, expected_length: int | None = None) -> BlobInfo:
         """Store `body` (bytes-like, str, or a sync iterable of byte chunks, read in
-        the calling thread); each chunk hand-off and the commit wait at most the
-        request timeout."""
+        the calling thread); each chunk hand-off waits at most the request
+        timeout, the commit as any call (see the module doc)."""
         if isinstance(body, (bytes, bytearray, memoryview, str, Mapping)) or not isinstance(body, Iterable):
             # Whole bodies, and anything the store refuses (a dict, an int, ...), go as they are.
             async def whole() -> BlobInfo:
