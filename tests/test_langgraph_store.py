@@ -497,3 +497,28 @@ async def test_a_value_replaced_while_its_chunks_are_read_is_never_read_mixed(op
     assert replaced
     [(_task, _channel, value)] = tup.pending_writes
     assert value == new  # read again after the replacement, whole (before: 64 KiB of "1", then "2"s)
+
+
+async def test_a_copy_too_large_for_one_command_is_refused_before_anything_is_staged(open_client, monkeypatch):
+    """Tried (a review): copy_thread of a thread of 4 000 checkpoints x 60 channels.
+    Staging bounds a command's value bytes, not its ids, versions and refs, which
+    grow with the thread: the 25 MB command was refused only after its large
+    values were staged onto the target, where they stayed. Here at a smaller
+    scale (the proposal limit patched to 64 KiB): refused first, nothing staged."""
+    from threadlog.producers import proposals
+
+    from threadlog.integrations import langgraph as integration
+
+    monkeypatch.setattr(proposals, "MAX_PROPOSAL_BYTES", 64 * 1024)
+    monkeypatch.setattr(integration, "MAX_PROPOSAL_BYTES", 64 * 1024, raising=False)
+    tl = await open_client()
+    saver = AsyncThreadLogSaver(tl, **SMALL)
+    stored = await put(saver, "t-src", {"big": os.urandom(100 * 1024)})  # staged when copied
+    for n in range(250):
+        stored = await put(saver, "t-src", {"n": n}, parent=stored)
+    with pytest.raises(ThreadLogError) as err:
+        await within(saver.acopy_thread("t-src", "t-dst"), 60)
+    assert err.value.code == "INVALID_ARGUMENT" and "too large to copy" in err.value.message
+    await tl.read_barrier(None)
+    assert thread_keys(tl, "t-dst") == []
+    assert list(tl.runtime.store.scan(key(state.STAGE, "t-dst"))) == []

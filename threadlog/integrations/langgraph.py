@@ -75,7 +75,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from .. import client as _client
 from ..kernel.errors import invalid_argument, unavailable
 from ..kernel.validation import is_int, require_id
+from ..producers.proposals import MAX_PROPOSAL_BYTES
 from ..projections.folds import langgraph as state
+from ..schemas import default_codec
 
 __all__ = ["AsyncThreadLogSaver", "ThreadLogSaver"]
 
@@ -90,6 +92,8 @@ STAGE_CONCURRENCY = 4
 # A read that meets a value deleted under it (a prune racing it) starts over.
 READ_ATTEMPTS = 3
 STRATEGIES = ("keep_latest", "delete")
+# What a staged value's ref adds to a command (upload id, chunk count, size).
+_STAGED_REF_BYTES = 64
 
 
 class _Torn(Exception):
@@ -187,8 +191,8 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         kind, data = self.serde.dumps_typed(value)
         return {"type": kind, "data": bytes(data), "staged": None}
 
-    async def _pack(self, thread: str, values: list[dict]) -> None:
-        """Stage (in place) the values that must not travel inline in the command."""
+    def _plan(self, values: list[dict]) -> tuple[list[dict], int]:
+        """(the values to stage, the bytes of those left inline)."""
         inline = sorted((v for v in values if len(v["data"]) <= self.inline_max_bytes),
                         key=lambda v: len(v["data"]), reverse=True)
         staged = [v for v in values if len(v["data"]) > self.inline_max_bytes]
@@ -198,6 +202,11 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
                 break
             staged.append(v)
             total -= len(v["data"])
+        return staged, total
+
+    async def _pack(self, thread: str, values: list[dict]) -> None:
+        """Stage (in place) the values that must not travel inline in the command."""
+        staged, _ = self._plan(values)
         if staged:
             await self._stage(thread, staged)
 
@@ -516,10 +525,36 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
             return  # nothing to copy: the target is left as it is
         values = [v for cp in checkpoints for v in (cp["body"], cp["metadata"])]
         values += [b["value"] for b in blobs] + [w["value"] for w in writes]
+        command = {"threadId": target, "sourceThreadId": source,
+                   "checkpoints": checkpoints, "blobs": blobs, "writes": writes}
+        self._require_copy_fits(command, values)
         await self._pack(target, values)
-        await self.tl.send("threadlog.cmd.LangGraphCopyThread", target, {
-            "threadId": target, "sourceThreadId": source,
-            "checkpoints": checkpoints, "blobs": blobs, "writes": writes})
+        await self.tl.send("threadlog.cmd.LangGraphCopyThread", target, command)
+
+    def _require_copy_fits(self, command: dict, values: list[dict]) -> None:
+        """INVALID_ARGUMENT, before anything is staged, for a copy whose one command
+        cannot fit in a Kafka record however its values are staged.
+
+        Why: staging bounds the value bytes a command carries, not the rest --
+        ids, channel versions, one ref per value -- which grows with the thread.
+        A thread of 4 000 checkpoints of 60 channels made a 25 MB command
+        (found by a review): refused only after its large values were staged,
+        which were then left on the target, never read, until it is deleted."""
+        saved = [v["data"] for v in values]
+        for v in values:
+            v["data"] = b""
+        try:
+            frame = len(default_codec().encode("threadlog.cmd.LangGraphCopyThread", command))
+        finally:
+            for v, data in zip(values, saved, strict=True):
+                v["data"] = data
+        staged, inline = self._plan(values)
+        size = frame + inline + _STAGED_REF_BYTES * len(staged)
+        if size > MAX_PROPOSAL_BYTES:
+            raise invalid_argument(
+                f"thread {command['sourceThreadId']!r} is too large to copy in one command ({len(values)} values; "
+                f"about {size} bytes with its values staged, the limit is {MAX_PROPOSAL_BYTES}): nothing was "
+                "copied or staged")
 
     async def _read_thread(self, thread: str) -> tuple[list[dict], list[dict], list[dict]]:
         """Everything of a thread as wire records, values as the serde wrote them (never re-serialized)."""
