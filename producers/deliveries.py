@@ -91,7 +91,7 @@ class DeliveryWriter:
             except KafkaException as exc:
                 # librdkafka's own checks, before anything is sent: a record (a long
                 # run id as its key) over its message.max.bytes is bad input.
-                if exc.args and getattr(exc.args[0], "code", lambda: None)() == KafkaError.MSG_SIZE_TOO_LARGE:
+                if kafka_config.error_code(exc) == KafkaError.MSG_SIZE_TOO_LARGE:
                     raise invalid_argument(f"delivery record not written: too large for one Kafka record "
                                            f"({exc})") from None
                 raise unavailable(f"delivery record not written: {exc}") from None

@@ -30,7 +30,8 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Protocol
 
@@ -86,9 +87,23 @@ class Unsettled:
 _unsettled: ContextVar[Unsettled | None] = ContextVar("threadlog_unsettled", default=None)
 
 
-def unsettled() -> Unsettled | None:
-    """The counter of the call running in this task, if its caller tracks one."""
-    return _unsettled.get()
+@contextmanager
+def unsettled_write() -> Iterator[None]:
+    """Around sending one record that may apply, until its outcome is known: counted
+    on the call's counter (if its caller tracks one) unless it ends with an error
+    saying the record was not written. Cancelled, or OUTCOME_UNKNOWN: it stays counted."""
+    box = _unsettled.get()
+    if box is None:
+        yield
+        return
+    box.n += 1
+    try:
+        yield
+    except ThreadLogError as exc:
+        if exc.code != OUTCOME_UNKNOWN:
+            box.n -= 1  # not written, or refused: known
+        raise
+    box.n -= 1
 
 
 def track_unsettled() -> Unsettled:
@@ -229,26 +244,19 @@ class ProposalBus:
             raise unavailable("proposal producer queue is full") from None
         except Exception as exc:
             raise invalid_argument(f"proposal not sent: {exc}") from None
-        unsettled = _unsettled.get()
-        if unsettled is not None:
-            unsettled.n += 1  # until its verdict (or that it was not written) is known
-        try:
-            # One deadline for the whole call, `seen` included: otherwise a call during a
-            # broker outage took twice the request timeout (tests/test_broker_outage.py).
-            verdict = await within(fut, max(0.05, timeout - (time.monotonic() - began)))
-        except ThreadLogError as exc:
-            if unsettled is not None and exc.code != OUTCOME_UNKNOWN:
-                unsettled.n -= 1  # not written
-            raise
-        except TimeoutError:
-            if where:
-                self.verdicts.forget(partition, where[0], judged)
-                raise ThreadLogError(OUTCOME_UNKNOWN, f"{type_name} was written at {self.topics.events}[{partition}]"
-                                     f"@{where[0]} but not judged within {timeout}s: it may still apply") from None
-            raise ThreadLogError(OUTCOME_UNKNOWN, f"{type_name} not acknowledged by the cluster within {timeout}s: "
-                                 "it may still be written and apply") from None
-        if unsettled is not None:
-            unsettled.n -= 1
+        with unsettled_write():  # until its verdict (or that it was not written) is known
+            try:
+                # One deadline for the whole call, `seen` included: otherwise a call during a
+                # broker outage took twice the request timeout (tests/test_broker_outage.py).
+                verdict = await within(fut, max(0.05, timeout - (time.monotonic() - began)))
+            except TimeoutError:
+                if where:
+                    self.verdicts.forget(partition, where[0], judged)
+                    raise ThreadLogError(OUTCOME_UNKNOWN, f"{type_name} was written at {self.topics.events}"
+                                         f"[{partition}]@{where[0]} but not judged within {timeout}s: it may "
+                                         "still apply") from None
+                raise ThreadLogError(OUTCOME_UNKNOWN, f"{type_name} not acknowledged by the cluster within "
+                                     f"{timeout}s: it may still be written and apply") from None
         if self.metrics is not None:
             self.metrics.verdict_latency(type_name, time.perf_counter() - t0)
         return verdict

@@ -308,19 +308,15 @@ _STALE_LEADER = frozenset({
 })
 
 
-def _code(exc: KafkaException) -> int | None:
-    """The librdkafka error code a KafkaException carries (None: none)."""
-    err = exc.args[0] if exc.args else None
-    return getattr(err, "code", lambda: None)()
 
 
 def _cut_off(exc: KafkaException) -> bool:
-    return _code(exc) in _CUT_OFF
+    return kafka_config.error_code(exc) in _CUT_OFF
 
 
 def _timed_out(exc: KafkaException) -> bool:
-    return _code(exc) == KafkaError._TIMED_OUT
+    return kafka_config.error_code(exc) == KafkaError._TIMED_OUT
 
 
 def _stale_leader(exc: KafkaException) -> bool:
-    return _code(exc) in _STALE_LEADER
+    return kafka_config.error_code(exc) in _STALE_LEADER

@@ -515,6 +515,16 @@ def test_the_sync_delivery_log_has_the_spec_methods():
     assert _public(sync.SyncDeliveryLog) == {"append", "read", "snapshot", "close", "upsert"}
 
 
+def _lag_judge(tl: threadlog.SyncThreadLog, seconds: float) -> None:
+    """Hold the embedded judge for `seconds` (it folds nothing meanwhile)."""
+    inner = tl._async()
+
+    async def lag() -> None:
+        await LaggingFollower(inner, seconds).__aenter__()
+
+    asyncio.run_coroutine_threadsafe(lag(), tl._loop).result(10)
+
+
 def _warm(tl: threadlog.SyncThreadLog, *more) -> None:
     """One write through (and each of `more`), so the producers have their ids and
     the judge its partitions: with a 1 s request timeout, the first write of a
@@ -538,12 +548,7 @@ def test_a_write_whose_verdict_is_late_is_outcome_unknown_not_unavailable(connec
     OUTCOME_UNKNOWN comes through, and the grant does apply later."""
     tl = connect(request_timeout_ms=1_000)
     _warm(tl)
-    inner = tl._async()
-
-    async def lag() -> None:
-        await LaggingFollower(inner, 3.0).__aenter__()
-
-    asyncio.run_coroutine_threadsafe(lag(), tl._loop).result(10)
+    _lag_judge(tl, 3.0)
     assert code_of(tl.checkpoints.acquire_writer, "t", auto_renew=False) == "OUTCOME_UNKNOWN"
     deadline = time.monotonic() + 15
     while code_of(tl.checkpoints.acquire_writer, "t", auto_renew=False) != "SANDBOX_SNAPSHOT_WRITER_CONFLICT":
@@ -566,29 +571,11 @@ def test_a_call_bounded_by_itself_is_not_cut_at_one_request_timeout(connect):
 
 
 # -- found by a review of the blocking client (2026-12-03) ----------------------------------------------------
-def _lag_judge(tl: threadlog.SyncThreadLog, seconds: float) -> None:
-    """Hold the embedded judge for `seconds` (it folds nothing meanwhile)."""
-    inner = tl._async()
-
-    async def lag() -> None:
-        await LaggingFollower(inner, seconds).__aenter__()
-
-    asyncio.run_coroutine_threadsafe(lag(), tl._loop).result(10)
-
-
-def _events_end(bootstrap: str, namespace: str) -> int:
-    """How many records the namespace's events topic holds (every partition)."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    from threadlog.kernel.topics import Topics
-
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-ends"})
-    try:
-        topic = Topics(namespace).events
-        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts)
-    finally:
-        consumer.close()
+def _events_end(tl: threadlog.SyncThreadLog) -> int:
+    """How many records the namespace's events topic holds (every partition), asked
+    through the client's own end-offset rounds (not its judge, which may be held)."""
+    ends = asyncio.run_coroutine_threadsafe(tl._async().runtime.barrier.end_offsets(), tl._loop).result(WAIT)
+    return sum(ends.values())
 
 
 def test_a_streamed_blob_put_whose_commit_is_late_is_outcome_unknown(connect):
@@ -612,7 +599,7 @@ def test_a_streamed_blob_put_whose_commit_is_late_is_outcome_unknown(connect):
     assert tl.blobs.head("late")["size"] == len(b"hello world")
 
 
-def test_close_under_a_write_in_flight_says_outcome_unknown_and_the_write_applies(connect, bootstrap, namespace):
+def test_close_under_a_write_in_flight_says_outcome_unknown_and_the_write_applies(connect):
     """Tried: close() while a blocking save_thread's proposal is in Kafka and its
     verdict not yet known. The call said UNAVAILABLE ("nothing was written"), and
     the transcript was then stored. It now says OUTCOME_UNKNOWN, as the async
@@ -620,12 +607,12 @@ def test_close_under_a_write_in_flight_says_outcome_unknown_and_the_write_applie
     (test_close_cancels_calls_in_flight_with_unavailable)."""
     tl = connect()
     tl.messages.save_thread("warm", [])
-    before = _events_end(bootstrap, namespace)
+    before = _events_end(tl)
     _lag_judge(tl, 10.0)  # longer than finding the proposal in the log below can take
     with ThreadPoolExecutor(1) as pool:
         saving = pool.submit(tl.messages.save_thread, "t1", [ui("m1", "user", "hi")])
         deadline = time.monotonic() + 20
-        while _events_end(bootstrap, namespace) == before:  # its proposal is written
+        while _events_end(tl) == before:  # its proposal is written
             assert time.monotonic() < deadline, "the proposal never reached the log"
             time.sleep(0.05)
         tl.close()

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ..kernel import delivery_records as records
 from ..kernel.errors import OUTCOME_UNKNOWN, UNAVAILABLE, ThreadLogError, unavailable
 from ..producers.deliveries import DeliveryWriter
-from ..producers.proposals import unsettled
+from ..producers.proposals import unsettled_write
 from ..projections.barrier import EndOffsets
 from ..remote import RemoteVerdicts
 from ..run_access import runs_for
@@ -76,29 +76,19 @@ class DeliveryService:
         One request timeout for both: the verdict gets what the write left (a
         write can itself take the whole timeout, see producers/deliveries.py)."""
         began = time.monotonic()
-        # From the send until the verdict, this call's record may stand (see track_unsettled).
-        pending = unsettled()
-        if pending is not None:
-            pending.n += 1
-        try:
+        with unsettled_write():  # from the send until the verdict, the record may stand
             x = await self.writer.write(run_id, record)
-        except ThreadLogError as exc:
-            if pending is not None and exc.code != OUTCOME_UNKNOWN:
-                pending.n -= 1  # not written
-            raise
-        left = max(0.1, self.timeout - (time.monotonic() - began))
-        p = self.writer.partition_of(run_id)
-        try:
-            verdict, fence = await self.runs.decide(run_id, p, x, record["kind"], epoch, left)
-        except ThreadLogError as exc:
-            if exc.code != UNAVAILABLE:
-                raise
-            # The record is durable: whether it stands is decided by the fold, not
-            # by our failing to learn it. UNAVAILABLE would say nothing was written.
-            raise ThreadLogError(OUTCOME_UNKNOWN, f"delivery record {p}@{x} of run {run_id!r} was written but its "
-                                 f"verdict not learned ({exc.message}): it may stand; read the log") from None
-        if pending is not None:
-            pending.n -= 1
+            left = max(0.1, self.timeout - (time.monotonic() - began))
+            p = self.writer.partition_of(run_id)
+            try:
+                verdict, fence = await self.runs.decide(run_id, p, x, record["kind"], epoch, left)
+            except ThreadLogError as exc:
+                if exc.code != UNAVAILABLE:
+                    raise
+                # The record is durable: whether it stands is decided by the fold, not
+                # by our failing to learn it. UNAVAILABLE would say nothing was written.
+                raise ThreadLogError(OUTCOME_UNKNOWN, f"delivery record {p}@{x} of run {run_id!r} was written but "
+                                     f"its verdict not learned ({exc.message}): it may stand; read the log") from None
         return x, verdict, fence
 
     async def high_watermark(self, partition: int) -> int:

@@ -527,13 +527,16 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         values += [b["value"] for b in blobs] + [w["value"] for w in writes]
         command = {"threadId": target, "sourceThreadId": source,
                    "checkpoints": checkpoints, "blobs": blobs, "writes": writes}
-        self._require_copy_fits(command, values)
-        await self._pack(target, values)
+        staged, inline = self._plan(values)
+        self._require_copy_fits(command, values, len(staged), inline)
+        if staged:
+            await self._stage(target, staged)
         await self.tl.send("threadlog.cmd.LangGraphCopyThread", target, command)
 
-    def _require_copy_fits(self, command: dict, values: list[dict]) -> None:
+    def _require_copy_fits(self, command: dict, values: list[dict], staged: int, inline: int) -> None:
         """INVALID_ARGUMENT, before anything is staged, for a copy whose one command
-        cannot fit in a Kafka record however its values are staged.
+        cannot fit in a Kafka record with `staged` of its values staged and `inline`
+        value bytes left in it (`_plan`).
 
         Why: staging bounds the value bytes a command carries, not the rest --
         ids, channel versions, one ref per value -- which grows with the thread.
@@ -548,8 +551,7 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         finally:
             for v, data in zip(values, saved, strict=True):
                 v["data"] = data
-        staged, inline = self._plan(values)
-        size = frame + inline + _STAGED_REF_BYTES * len(staged)
+        size = frame + inline + _STAGED_REF_BYTES * staged
         if size > MAX_PROPOSAL_BYTES:
             raise invalid_argument(
                 f"thread {command['sourceThreadId']!r} is too large to copy in one command ({len(values)} values; "

@@ -130,6 +130,12 @@ def validate(bootstrap: str, kafka: Mapping[str, Any]) -> None:
         del client
 
 
+def error_code(exc: BaseException) -> int | None:
+    """The librdkafka error code a KafkaException carries (None: none)."""
+    err = exc.args[0] if exc.args else None
+    return err.code() if isinstance(err, KafkaError) else None
+
+
 def error_text(exc: BaseException) -> str:
     """librdkafka's own words for `exc`, without the KafkaError{code=...} wrapping."""
     err = exc.args[0] if exc.args else None
