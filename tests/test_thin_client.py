@@ -17,6 +17,7 @@ import time
 import orjson
 import pytest
 from checkpoint_helpers import checkpoint
+from confluent_kafka import Producer
 from support import until, within
 from threadlog.projections.folds import runs as runs_state
 from worker_support import WorkerProcess, ask_worker
@@ -517,3 +518,33 @@ async def test_integers_beyond_64_bits_round_trip_through_a_worker(worker, open_
     resolved = await within(tl.interrupts.resolve("i1", {"n": big}))
     assert resolved["response"] == {"n": big}
     assert (await within(tl.interrupts.get("i1")))["response"] == {"n": big}
+
+
+MEMBERS_POISON = [
+    b"[]", b"1", b'"x"', b"null", b"not json", b"[" * 100_000,  # not an object; too deep to parse
+    b'{"address": 1, "startedAt": 1, "heartbeatAt": 1}',  # an address that is not a string
+    b'{"address": "127.0.0.1:1", "startedAt": 1, "heartbeatAt": 1e400}',  # an infinite heartbeat
+    b'{"address": "127.0.0.1:1", "startedAt": 1, "heartbeatAt": 1, "partitions": [true, "0"]}',
+]
+
+
+async def test_records_on_the_members_topic_that_are_not_announcements_are_ignored(worker, open_client,
+                                                                                    bootstrap):
+    """Whoever may write `<ns>.members` can put any bytes there; every client routes
+    by it. Tried: the records in MEMBERS_POISON. Before, the first of them raised
+    out of the members view's thread: it stopped reading, the worker's heartbeats
+    aged out and every call failed UNAVAILABLE from then on."""
+    a = await open_client(processors="external")
+    await within(a.messages.save_thread("t", ["before"]))
+    view = a.runtime.query.members
+    p = Producer({"bootstrap.servers": bootstrap})
+    for value in MEMBERS_POISON:
+        p.produce(a.runtime.topics.members, value, b"forger", partition=0)
+    assert p.flush(10) == 0
+    after_ms = time.time() * 1000.0
+    # The view reads on past them: a heartbeat of the worker written after them arrives (one every 2 s).
+    await until(lambda: any(m.heartbeat_at > after_ms for m in view.live()), 15, "a heartbeat after the poison")
+    assert "forger" not in [m.worker_id for m in view.live()]
+    assert worker.address in [m.address for m in view.live()]
+    await within(a.messages.save_thread("t", ["after"]))
+    assert await within(a.messages.load_thread("t")) == ["after"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -132,10 +133,29 @@ class Announcer:
             log.exception("could not tombstone %s", self.worker_id)
 
 
-def parse_member(worker_id: str, v: dict) -> Member:
-    parts = v.get("partitions")
-    return Member(worker_id, str(v["address"]), float(v["startedAt"]), float(v["heartbeatAt"]),
-                  None if parts is None else tuple(int(p) for p in parts))
+def parse_member(worker_id: str, v: Any) -> Member:
+    """A members record's value (parsed JSON) as a Member; ValueError when it is not one.
+
+    Anyone with Write on the topic can put any bytes there, and the view that
+    reads them is every client's routing: a record that is not a worker's
+    announcement is refused here, whatever its shape, never raised past this.
+    """
+    if not isinstance(v, dict):
+        raise ValueError(f"a member record is a JSON object, got {type(v).__name__}")
+    address, parts = v.get("address"), v.get("partitions")
+    if not isinstance(address, str):
+        raise ValueError("a member's address is a string")
+    started, beat = _epoch_ms(v.get("startedAt")), _epoch_ms(v.get("heartbeatAt"))
+    if parts is not None and not (isinstance(parts, list)
+                                  and all(type(p) is int and p >= 0 for p in parts)):
+        raise ValueError("a member's partitions are a list of partition numbers")
+    return Member(worker_id, address, started, beat, None if parts is None else tuple(parts))
+
+
+def _epoch_ms(x: Any) -> float:
+    if type(x) not in (int, float) or not math.isfinite(x):
+        raise ValueError(f"a member's times are finite numbers, got {x!r}")
+    return float(x)
 
 
 class MembersView:
@@ -211,7 +231,7 @@ class MembersView:
                     else:
                         try:
                             self._members[wid] = parse_member(wid, json.loads(value))
-                        except (ValueError, KeyError, TypeError):
+                        except (ValueError, RecursionError):  # not JSON, too deep, or not an announcement
                             log.warning("malformed member record for %r ignored", wid)
                             continue
                 changed = True
