@@ -98,6 +98,16 @@ class RestoreInfo:
     positions: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Origin:
+    """The log a snapshot's state was folded from: the events topic, and its Kafka
+    topic id when known (a topic deleted and created again under the same name
+    gets another id; None: the id could not be read, see projections/incarnation.py)."""
+
+    topic: str
+    topic_id: str | None = None
+
+
 # -- encoding ------------------------------------------------------------------
 
 
@@ -340,15 +350,16 @@ class SnapshotWriter:
     """
 
     def __init__(self, bootstrap: str, topic: str, client_id: str, kafka: Mapping[str, Any] | None = None,
-                 *, tracking_topic: str | None = None, chunk_bytes: int = CHUNK_BYTES,
-                 timeout: float = 60.0) -> None:
+                 *, tracking_topic: str | None = None, origin: Origin | None = None,
+                 chunk_bytes: int = CHUNK_BYTES, timeout: float = 60.0) -> None:
         if not 1024 <= chunk_bytes <= CHUNK_BYTES:
             raise invalid_argument(f"chunk_bytes must be within 1 KiB..{CHUNK_BYTES}, got {chunk_bytes}")
         self.bootstrap = bootstrap
         self.topic = topic
         self.client_id = client_id
         self.kafka = kafka
-        self.tracking_topic = tracking_topic
+        self.tracking_topic = tracking_topic if origin is None else origin.topic
+        self.origin = origin
         self.chunk_bytes = chunk_bytes
         self.timeout = timeout
         self._producer = Producer(kafka_config.producer(
@@ -410,6 +421,8 @@ class SnapshotWriter:
             "positions": [[t, p, o] for (t, p), o in sorted(run.positions.items())],
             "firstOffset": first, "createdAt": int(time.time() * 1000), "previous": self._last.get(partition),
         }
+        if self.origin is not None:  # checked by `restore` (`_from_origin`)
+            manifest["topic"], manifest["topicId"] = self.origin.topic, self.origin.topic_id
         run.offsets.clear()
         self._produce(MANIFEST_KEY, json.dumps(manifest).encode(), partition, run.delivered, deadline)
         self._await(f"snapshot {sid} manifest", run.errors, deadline)
@@ -470,7 +483,8 @@ class SnapshotWriter:
 
 
 def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id: str,
-            kafka: Mapping[str, Any] | None = None, timeout: float = 30.0) -> RestoreInfo | None:
+            kafka: Mapping[str, Any] | None = None, timeout: float = 30.0,
+            origin: Origin | None = None) -> RestoreInfo | None:
     """Fill the empty `store` from the latest complete snapshot on partition `partition` of `topic`.
 
     None when the partition holds no complete snapshot (the caller folds from
@@ -479,6 +493,11 @@ def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id:
     (to fall back to an older complete snapshot still in the log). Tracking
     offsets are written in the last batch: a store with keys but no offset is a
     restore that did not finish and must be destroyed, not folded onto.
+
+    With `origin`, only a snapshot of that log is taken (`_from_origin`): of
+    this partition, of this incarnation of the events topic, at a position the
+    log has reached -- and the restored store must stand at that position, else
+    UNAVAILABLE (the caller folds from offset 0 instead).
     """
     t0 = time.monotonic()
     deadline = t0 + timeout
@@ -490,6 +509,7 @@ def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id:
         low, high = _watermarks(consumer, topic, partition, deadline)
         if high <= low:
             return None
+        usable = _from_origin(consumer, origin, partition, deadline)
         # 1. The latest manifest: the end of the log backwards, keeping what is read.
         latest: dict[str, Any] | None = None
         tails: list[_Segment] = []  # newest first
@@ -519,7 +539,8 @@ def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id:
                 if parsed is not None and parsed[0] == sid:
                     held.pop(parsed[1], None)
             held.update(tail.chunks.get(sid, {}))
-        chosen, payloads = latest, _complete(latest, seg)
+        chosen = latest
+        payloads = _complete(latest, seg) if usable(latest) else None
         if payloads is None:
             # 3. Incomplete (its chunks tombstoned by a racing writer, or corrupt):
             # the newest complete snapshot anywhere in the partition.
@@ -528,7 +549,7 @@ def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id:
             seg = _read(consumer, topic, partition, low, high, deadline, keep=lambda _s: True)
             records, nbytes = records + seg.records, nbytes + seg.bytes
             for m in reversed(seg.manifests):
-                payloads = _complete(m, seg)
+                payloads = _complete(m, seg) if usable(m) else None
                 if payloads is not None:
                     chosen = m
                     break
@@ -540,9 +561,51 @@ def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id:
     if keys != int(chosen.get("keys", keys)):
         raise unavailable(f"snapshot {chosen['snapshotId']} of {topic}[{partition}] decoded to {keys} keys, "
                           f"its manifest says {chosen.get('keys')}: the store is incomplete")
+    if origin is not None and store.offset(origin.topic, partition) != chosen["position"]:
+        raise unavailable(f"snapshot {chosen['snapshotId']} of {topic}[{partition}] restored a store at "
+                          f"{origin.topic}[{partition}]@{store.offset(origin.topic, partition)}, its manifest "
+                          f"says {chosen['position']}: not folded onto")
     positions = {(str(t), int(p)): int(o) for t, p, o in chosen.get("positions", [])}
     return RestoreInfo(chosen.get("position"), keys, nbytes, records, time.monotonic() - t0,
                        chosen["snapshotId"], positions)
+
+
+def _from_origin(consumer: Consumer, origin: Origin | None, partition: int,
+                 deadline: float) -> Callable[[dict[str, Any]], bool]:
+    """Which manifests are of `origin`'s log at `partition` (every one without an origin).
+
+    Why: the judge folds the log on from the restored position, so state from
+    any other log would be judged onto as if it were this one's -- measured: a
+    snapshot of another namespace's partition was restored and the new owner
+    served that namespace's threads; after `<ns>.events` was deleted and created
+    again (its snapshots topic kept), the old life's snapshot was restored at
+    position 6 and the new log's acknowledged writes below 6 were never judged.
+    So: this partition; this topic and, when both are known, its topic id
+    (another incarnation has another); a position past 0 that the log has
+    reached. A manifest of an earlier version, without a topic, is not taken
+    (its partition is folded from offset 0: slower, never wrong).
+    """
+    if origin is None:
+        return lambda _m: True
+    end: list[int] = []
+
+    def usable(m: dict[str, Any]) -> bool:
+        position = m.get("position")
+        if (m.get("partition") != partition or m.get("topic") != origin.topic
+                or (origin.topic_id is not None and m.get("topicId") != origin.topic_id)
+                or type(position) is not int or position < 1):
+            log.warning("snapshot %s on partition %d is not of %s[%d] (topic id %s): not restored",
+                        m.get("snapshotId"), partition, origin.topic, partition, origin.topic_id)
+            return False
+        if not end:
+            end.append(_watermarks(consumer, origin.topic, partition, deadline)[1])
+        if position > end[0]:
+            log.warning("snapshot %s stands at %s[%d]@%d, past the log's end %d: not restored",
+                        m.get("snapshotId"), origin.topic, partition, position, end[0])
+            return False
+        return True
+
+    return usable
 
 
 def _fill(store: Store, payloads: list[bytes]) -> int:

@@ -20,6 +20,7 @@ import signal
 import orjson
 from checkpoint_helpers import checkpoint
 from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 from replay_support import replayed_verdicts
 from support import read_topic, until, within
 from threadlog.processors.judge import all_verdicts
@@ -451,3 +452,47 @@ async def test_a_local_store_that_does_not_open_is_started_again_not_left_unjudg
     finally:
         await w1.stop()
         await w1b.stop()
+
+
+async def test_a_snapshot_of_the_namespace_before_it_was_created_again_is_not_restored(bootstrap, namespace,
+                                                                                      tmp_path, open_client):
+    """Tried (a review): `<ns>.events` and `<ns>.deliveries` deleted and created again
+    (a demo run twice, a test cluster reset) while `<ns>.snapshots` stays. Before, a
+    worker taking partition 0 over restored the old life's snapshot at position 6:
+    the old threads came back, and the new log's acknowledged writes below offset 6
+    were never judged (read as never written). Snapshots now name the topic id of the
+    log they were folded from; one of another incarnation is not restored."""
+    snapshots = ("--snapshot-every", "1", "--snapshot-interval", "0.5")
+    w1 = await WorkerProcess(bootstrap, namespace, tmp_path / "w1", "w1", *snapshots).start()
+    w2 = WorkerProcess(bootstrap, namespace, tmp_path / "w2", "w2")
+    try:
+        thin = await open_client(processors="external", own_worker=True)
+        total = thin.runtime.layout.events
+        old = [thread_on({0}, total, "old", n) for n in range(6)]
+        for t in old:
+            await within(thin.messages.save_thread(t, ["old life"]))
+        ends = await within(thin.runtime.query.barrier(None))
+        assert ends[0] == 6
+        await within(_snapshotted([w1], {0: 6}, 1), 30)  # partition 0's snapshot at 6
+        await thin.close()
+        await w1.stop()
+        topics = thin.runtime.topics
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for fut in admin.delete_topics([topics.events, topics.deliveries]).values():
+            fut.result(timeout=30)
+        await until(lambda: not {topics.events, topics.deliveries} & set(admin.list_topics(timeout=10).topics),
+                    30, "the topics deleted")
+        embedded = await open_client()  # creates them again: a new log, from offset 0
+        new = [thread_on({0}, total, "new", n) for n in range(8)]
+        for t in new:
+            await within(embedded.messages.save_thread(t, ["new life"]))
+        await w2.start()
+        await owned_by([w2], total, timeout=60)
+        reader = await open_client(processors="external", own_worker=True)
+        assert await within(asyncio.gather(*(reader.messages.load_thread(t) for t in old))) == [[]] * 6
+        assert await within(asyncio.gather(*(reader.messages.load_thread(t) for t in new))) == [["new life"]] * 8
+        assert "0" not in (await ask_worker(w2.address, "stats"))["restored"]
+    finally:
+        await w1.stop()
+        await w2.stop()
+

@@ -335,3 +335,51 @@ def test_the_snapshots_topic_follows_the_events_topic(bootstrap, namespace):
         assert err.value.code == "INVALID_ARGUMENT" and "2 partitions, expected 4" in err.value.message
     finally:
         delete_topics(admin, other, timeout=10)
+
+
+def test_only_a_snapshot_of_the_log_being_judged_is_restored(bootstrap, topics, tmp_path):
+    """A worker folds the log on from the restored position, so it restores only a
+    snapshot of that log (`Origin`). Tried, each complete and sound, on partition 1:
+    a snapshot of another namespace's events topic, of another incarnation of this
+    one (another topic id), at a position past the log's end, with no position of
+    this log, and one copied from partition 0. None is restored (fold from 0), and
+    when an older snapshot of this log is on the partition, that one is."""
+    from threadlog.projections import incarnation
+    from threadlog.projections.snapshots import Origin
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topic_id = incarnation.topic_ids(admin, [topics.events], TIMEOUT)[topics.events]
+    produce_raw(bootstrap, topics.events, 1, [(b"k", b"v")] * 3)  # the log: 3 records
+    here = Origin(topics.events, topic_id)
+
+    def snapshot(origin: Origin, partition: int, tracked: str | None, position: int, name: str) -> str:
+        src = Store(tmp_path / name)
+        fill(src, 50, seed=partition, events=tracked or "unrelated.topic", partition=partition, position=position)
+        w = SnapshotWriter(bootstrap, topics.snapshots, f"test-{name}", origin=origin)
+        try:
+            return w.write(partition, src).snapshot_id
+        finally:
+            w.close()
+            src.close()
+
+    def restored(name: str) -> RestoreInfo | None:
+        return restore(bootstrap, topics.snapshots, 1, Store(tmp_path / name), "test-restore", timeout=TIMEOUT,
+                       origin=here)
+
+    snapshot(Origin("other-ns.events", topic_id), 1, "other-ns.events", 2, "other-namespace")
+    assert restored("r1") is None
+    snapshot(Origin(topics.events, "AAAAAAAAAAAAAAAAAAAAAA"), 1, topics.events, 2, "other-incarnation")
+    assert restored("r2") is None
+    snapshot(here, 1, topics.events, 4, "past-the-end")
+    assert restored("r3") is None
+    snapshot(here, 1, None, 2, "no-position")
+    assert restored("r4") is None
+    good = snapshot(here, 1, topics.events, 3, "good")
+    # Partition 0's snapshot (of this log) copied onto partition 1, after the good one.
+    snapshot(here, 0, topics.events, 0, "p0")
+    produce_raw(bootstrap, topics.snapshots, 1, [(k, v) for _, k, v in read_raw(bootstrap, topics.snapshots, 0)])
+    got = restored("r5")
+    assert got is not None and got.snapshot_id == good and got.position == 3
+    # Without an origin (tools reading a snapshot as it is) the latest complete one is taken.
+    assert restore(bootstrap, topics.snapshots, 1, Store(tmp_path / "r6"), "test-restore",
+                   timeout=TIMEOUT) is not None

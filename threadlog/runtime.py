@@ -45,7 +45,7 @@ from .projections.barrier import EndOffsets, LatestOffsets, ReadBarrier
 from .projections.delivery_follower import DeliveryIndex
 from .projections.fold import load_all as load_folds
 from .projections.partition_stores import PartitionStores, Slot, claim_slot
-from .projections.snapshots import RestoreInfo, SnapshotWriter
+from .projections.snapshots import Origin, RestoreInfo, SnapshotWriter
 from .projections.snapshots import restore as restore_snapshot
 from .projections.store import Store
 from .remote import QueryClient
@@ -93,6 +93,7 @@ class Runtime:
         self.failed: str | None = None
         self.failure_listeners: list[Callable[[str], None]] = []
         self.watch: incarnation.Watch | None = None
+        self.origin: Origin | None = None  # the log this state is folded from (a worker's snapshots name it)
 
     def start(self) -> None:
         t0 = time.monotonic()
@@ -140,6 +141,8 @@ class Runtime:
             return
         if ids is not None:
             incarnation.settle(self.slot.path, ids)  # before any store of the slot opens
+        # Snapshots name the log they were folded from; only those of this one are restored.
+        self.origin = Origin(self.topics.events, (ids or {}).get(self.topics.events))
         self.stores = PartitionStores(self.slot.path, self.topics.events)
         self.index_store = Store(self.slot.path / "deliveries")
         self.deliveries = DeliveryIndex(self.opts.bootstrap_servers, self.topics.deliveries,
@@ -162,7 +165,7 @@ class Runtime:
         self.judge.start()
         if self.worker:
             writer = SnapshotWriter(self.opts.bootstrap_servers, self.topics.snapshots, self.client_id, kafka,
-                                    tracking_topic=self.topics.events, timeout=self.opts.request_timeout * 2)
+                                    origin=self.origin, timeout=self.opts.request_timeout * 2)
             self.snapshotter = Snapshotter(self.judge, writer, self.snapshot_every, self.snapshot_interval_s)
             self.ownership_listeners.append(self.snapshotter.ownership_changed)
             self.snapshotter.start()
@@ -191,7 +194,8 @@ class Runtime:
     def _restore(self, partition: int, store: Store) -> RestoreInfo | None:
         """A partition taken over without local state: from its latest snapshot (None: fold from 0)."""
         return restore_snapshot(self.opts.bootstrap_servers, self.topics.snapshots, partition, store,
-                                self.client_id, self.opts.kafka, timeout=self.opts.request_timeout)
+                                self.client_id, self.opts.kafka, timeout=self.opts.request_timeout,
+                                origin=self.origin)
 
     def _ownership_changed(self, owned: list[int]) -> None:
         if self.deliveries is not None and self.layout is not None:
