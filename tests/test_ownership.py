@@ -496,3 +496,35 @@ async def test_a_snapshot_of_the_namespace_before_it_was_created_again_is_not_re
         await w1.stop()
         await w2.stop()
 
+
+async def test_twins_of_one_id_are_read_by_a_thin_client_as_by_an_embedded_one(bootstrap, namespace, tmp_path,
+                                                                                open_client):
+    """Two creates of one interrupt id on threads of different partitions, each begun
+    before the other was written, both stand (README: concurrent first writes across
+    partitions). Calls naming only the id follow the lowest partition's copy. Tried
+    (a review) with the copies on two owners: a thin client followed the other copy
+    than an embedded client -- it took the last owner's answer -- and so resolved
+    the one the embedded client did not see resolved."""
+    async with _two_workers(bootstrap, namespace, tmp_path, open_client) as (_w1, _w2, thin, total, owned):
+        low = min(p for ps in owned.values() for p in ps)
+        other = next(name for name, ps in owned.items() if low not in ps)
+        t_low, t_high = thread_on({low}, total, "twin-lo"), thread_on({max(owned[other])}, total, "twin-hi")
+        embedded = await open_client()
+
+        def interrupt(thread: str) -> dict:
+            return {"interruptId": "i1", "runId": "r", "threadId": thread, "requestedAt": 1, "payload": {}}
+
+        await within(thin.interrupts.create(interrupt(t_high)))
+
+        async def began_before_it() -> dict[int, int]:
+            return dict.fromkeys(range(total), 0)  # the positions of a create begun before that write
+
+        embedded.bus.end_offsets = began_before_it
+        await within(embedded.interrupts.create(interrupt(t_low)))
+        for t in (t_low, t_high):
+            assert [i["threadId"] for i in await within(thin.interrupts.list(t))] == [t]  # twins
+        assert (await within(embedded.interrupts.get("i1")))["threadId"] == t_low
+        assert (await within(thin.interrupts.get("i1")))["threadId"] == t_low
+        assert (await within(thin.interrupts.resolve("i1", {"ok": 1})))["threadId"] == t_low
+        assert (await within(embedded.interrupts.get("i1")))["status"] == "resolved"
+        assert [i["status"] for i in await within(embedded.interrupts.list(t_high))] == ["pending"]

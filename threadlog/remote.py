@@ -638,11 +638,27 @@ class QueryClient:
             return await self.read(k, partitions, True)
         if barrier:
             self._floor_from(results)
-        value = None
-        for result in results.values():
-            if result["value"] is not None:
-                value = base64.b64decode(result["value"])
-        return value
+        holders = [parts for parts, result in results.items() if result["value"] is not None]
+        if len(holders) > 1:
+            return await self._lowest(k, holders)
+        return base64.b64decode(results[holders[0]]["value"]) if holders else None
+
+    async def _lowest(self, k: bytes, holders: list[tuple[int, ...]]) -> bytes | None:
+        """`k`'s value in the lowest partition holding it, when owners of several do.
+
+        A key lives in one partition's state, except an id that two partitions
+        accepted concurrently (README, "concurrent first writes"). An embedded
+        client reads the lowest partition's copy (`PartitionStores.get`); a thin
+        client must follow the same one -- it took the last owner's answer, and
+        so resolved or deleted the other copy than an embedded client did. Each
+        owner answers the lowest of its own partitions, so the partitions of the
+        owners that hold one are asked one by one, lowest first (rare: only such
+        twins take this path). The floor the first request raised still holds."""
+        for p in sorted(p for parts in holders for p in parts):
+            value = await self.read(k, [p], False)
+            if value is not None:
+                return value
+        return None
 
     async def read_many(self, ks: list[bytes], partitions: list[int] | None, barrier: bool) -> list[bytes | None]:
         """The values at `ks`, in that order, as `read` reads one: one request
@@ -669,10 +685,15 @@ class QueryClient:
         if barrier:
             self._floor_from(results)
         values: list[bytes | None] = [None] * len(ks)
-        for result in results.values():
+        holders: list[list[tuple[int, ...]]] = [[] for _ in ks]
+        for parts, result in results.items():
             for i, got in enumerate(result["values"]):
                 if got is not None:
                     values[i] = base64.b64decode(got)
+                    holders[i].append(parts)
+        for i, held in enumerate(holders):
+            if len(held) > 1:  # twins of one id: the lowest partition's copy, as `read`
+                values[i] = await self._lowest(ks[i], held)
         return values
 
     async def query(self, name: str, args: dict, partitions: list[int] | None, barrier: bool) -> list[Any]:
