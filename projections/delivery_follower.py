@@ -27,6 +27,7 @@ from threadlog.schemas import Codec, CodecError
 
 from threadlog.kernel.errors import ThreadLogError, unavailable
 from threadlog.kernel.kafka_config import Consumed, Props
+from threadlog.kernel.partitioning import partition_for
 from threadlog.kernel.topics import reply_of
 
 from .follower import Follower
@@ -236,13 +237,16 @@ class DeliveryIndex(Follower):
             log.error("undecodable delivery record at %s[%d]@%d skipped: %s",
                       self.topic, partition, msg.offset(), exc.message)
             return
-        if msg.key() != rec["runId"].encode("utf-8"):
-            # Every reader finds a run's records by their key (the run's partition,
-            # the catch-up filter, the thin client's tail): one keyed otherwise is
-            # judged by none of them, so it is poison here too, not a record of the run.
+        if msg.key() != rec["runId"].encode("utf-8") or partition != partition_for(rec["runId"], self.partitions):
+            # Every reader finds a run's records by their key on the run's partition
+            # (the catch-up filter, the thin client's tail): one keyed otherwise, or on
+            # another partition, is judged by none of them, so it is poison here too,
+            # not a record of the run. (The index keys a run's records by offset
+            # alone: one on another partition overwrote the verdict of the run's own
+            # record at that offset, and moved its fence, for this index only.)
             self.skipped += 1
-            log.error("delivery record at %s[%d]@%d keyed other than its run; skipped",
-                      self.topic, partition, msg.offset())
+            log.error("delivery record at %s[%d]@%d keyed other than its run, or not on its run's partition; "
+                      "skipped", self.topic, partition, msg.offset())
             return
         child = view.child()
         try:

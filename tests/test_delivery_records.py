@@ -99,3 +99,33 @@ async def test_forged_batches_are_skipped_and_never_stop_readers_or_the_index(tl
     assert got == [chunk(0), {"ok": True}, chunk(9)]
     rows = await within(log.records())
     assert [r.get("dropped") for r in rows if r["kind"] == "chunks"] == [None, None, None, CORRUPT_RECORD, None, None]
+
+
+async def test_a_record_of_a_run_on_another_partition_is_skipped_by_the_index(tl, bootstrap):
+    """Tried (a review): a threadlog.Delivery keyed and named for run r, of an epoch
+    never granted, written to a deliveries partition that is not r's, at the offset
+    of r's acknowledged chunks record. The run index keys a run's records by offset
+    alone: it took that record's verdict (dropped) for the acknowledged one, and an
+    embedded client's read of r lost chunk 0 -- a thin client's, which reads r's
+    partition only, did not. Now skipped as poison: no reader judges it."""
+    await within(tl.runs.create_or_resume(run_id="r", thread_id="t", started_at=1))
+    epoch = await within(tl.runs.claim("r"))
+    log = tl.delivery("r", epoch=epoch)
+    (at,) = await within(log.append([chunk(0)]))
+    offset = int(at.split(".")[1])
+    other = (log.partition + 1) % tl.runtime.layout.deliveries
+    topic = tl.runtime.topics.deliveries
+    forged = tl.runtime.codec.encode("threadlog.Delivery", {
+        "runId": "r", "kind": "chunks", "epoch": 999, "writtenAt": 0.0, "chunks": [], "targets": [],
+        "batch": b'[{"forged": 1}]', "count": 1})
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 0})
+    written: list[int] = []
+    while not written or written[-1] < offset:  # garbage up to that offset, then the forged record
+        p.produce(topic, forged if len(written) >= offset else b"pad", b"r", partition=other,
+                  on_delivery=lambda err, msg: written.append(msg.offset()))
+        assert p.flush(30) == 0
+    assert written[-1] == offset
+    await within(tl.runtime.delivery_barrier.wait())  # every partition folded past it
+    assert [c for _, c in await collect(tl.delivery("r").read("-1", follow=False))] == [chunk(0)]
+    await within(log.append([chunk(1)]))
+    assert [c for _, c in await collect(tl.delivery("r").read("-1", follow=False))] == [chunk(0), chunk(1)]
