@@ -41,7 +41,7 @@ import json
 import struct
 from typing import Any
 
-from threadlog.kernel.delivery_records import CHUNKS, CLAIM, CLOSE, UPSERT, record_size
+from threadlog.kernel.delivery_records import CHUNKS, CLAIM, CLAIM_FLOOR_MAX, CLOSE, UPSERT, record_size
 from threadlog.kernel.errors import CORRUPT_RECORD, INVALID_OFFSET, RUN_CLAIM_LOST, RUN_LOG_CLOSED
 from threadlog.kernel.validation import dumps
 
@@ -104,6 +104,10 @@ def fold_record(view: View, offset: int, rec: dict) -> str | None:
         state = {"fence": 0, "reps": 0, "seen": offset}
         view.put_json(run_key(run_id), state)
     if kind == CLAIM:
+        if rec["epoch"] > CLAIM_FLOOR_MAX:
+            # No client names such a floor (see CLAIM_FLOOR_MAX): dropped, no grant.
+            view.put(rec_key(run_id, offset), _dump({"drop": CORRUPT_RECORD}))
+            return CORRUPT_RECORD
         # The grant: one more than any epoch this run's log (or the run record
         # the claimer read: the floor) ever had.
         granted = max(state["fence"], rec["epoch"]) + 1

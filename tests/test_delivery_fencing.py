@@ -13,10 +13,12 @@ import asyncio
 import random
 
 import pytest
+from confluent_kafka import Producer
 from delivery_support import ClaimWriter, chunk, collect
 from support import within
 
 from threadlog import ThreadLogError
+from threadlog.kernel import delivery_records as records
 
 
 async def test_superseded_driver_is_refused_its_close_ignored_and_readers_see_each_chunk_once(
@@ -144,3 +146,24 @@ async def test_appends_racing_claims_are_never_acknowledged_but_dropped(bootstra
     print("race outcomes", outcomes)
     # Both sides of the race happened (else the test proved nothing).
     assert outcomes["returned"] > 0 and outcomes["raised"] > 0, outcomes
+
+
+async def test_a_claim_naming_a_floor_no_client_names_is_dropped_and_claims_go_on(bootstrap, tl):
+    """Tried (a review): a claim record produced straight to the run's deliveries
+    partition with floor 2**63-1. It was granted 2**63, which no Avro long holds:
+    every later `claim` of the run failed INVALID_MESSAGE (and raised the fence,
+    fencing the driver out too). A floor above CLAIM_FLOOR_MAX is dropped now;
+    claims and the driver carry on."""
+    await within(tl.runs.create_or_resume(run_id="r", thread_id="t", started_at=1))
+    first = await within(tl.runs.claim("r"))
+    driver = tl.delivery("r", epoch=first)
+    await within(driver.append([chunk(0)]))
+    forged = tl.runtime.codec.encode("threadlog.Delivery", records.encodable(records.claim("r", 2**63 - 1)))
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 0})
+    p.produce(tl.runtime.topics.deliveries, forged, b"r", partition=driver.partition)
+    assert p.flush(30) == 0
+    await within(driver.append([chunk(1)]))  # the forged claim fenced nobody
+    second = await within(tl.runs.claim("r"))
+    assert second == first + 1
+    await within(tl.delivery("r", epoch=second).append([chunk(2)]))
+    assert [c for _, c in await collect(tl.delivery("r").read("-1", follow=False))] == [chunk(0), chunk(1), chunk(2)]

@@ -25,6 +25,14 @@ CLOSE = "close"
 CLAIM = "claim"
 RULES = 2  # the rules version a writer of these records follows
 
+# The largest floor a claim may name: the largest epoch every client reads
+# exactly (JavaScript's integers), so `runs.claim` never names more (it caps
+# what it read there). Why a bound at all: tried (a review), a claim record
+# forged with floor 2**63-1 was granted 2**63, which no Avro long holds -- every
+# later claim of the run failed INVALID_MESSAGE, and raised the fence on the way
+# (fencing out the driver too). Below it, grants outlast any run (2**63 - 2**53).
+CLAIM_FLOOR_MAX = 2**53 - 1
+
 
 def _now_ms() -> float:
     return time.time() * 1000.0

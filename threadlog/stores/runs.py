@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from ..delivery import DeliveryLog
+from ..kernel.delivery_records import CLAIM_FLOOR_MAX
 from ..kernel.errors import RUN_NOT_FOUND, RUN_TERMINAL, ThreadLogError, invalid_argument
 from ..kernel.records import (
     RUN_PATCH,
@@ -181,7 +182,9 @@ class RunStore(StoreFacade):
         # had (`update` may have raised or cleared driverEpoch: the floor).
         current = record.get("driverEpoch", 0)
         granted = state.decode_epoch(raw_epoch)
-        floor = max(granted, current if isinstance(current, int) else 0)
+        # Capped: the run index grants no claim naming more (run_index.CLAIM_FLOOR_MAX);
+        # a record showing more was mirrored from a forged proposal, not a grant.
+        floor = min(max(granted, current if isinstance(current, int) else 0), CLAIM_FLOOR_MAX)
         # From the grant on, the run's driver is fenced: the steps after it run to
         # their end even if this call is cancelled (a caller's timeout) -- else a run
         # that finished meanwhile kept a log nobody closes. Shielded, and held here
