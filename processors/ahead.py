@@ -59,7 +59,8 @@ MARKS_ANY = frozenset({
     "threadlog.cmd.ForkCheckpointInto",  # the fork's root (step 2; step 1 marks nothing)
 })
 NO_CHECKPOINT_MARKS = frozenset("threadlog.cmd." + name for name in (
-    "CreateInterrupt", "DecideInterrupt", "SaveTranscript", "SaveArtifact", "DeleteArtifact",
+    "CreateInterrupt", "DecideInterrupt", "SaveTranscript", "SaveArtifact", "MoveArtifact", "ReleaseMovedArtifact",
+    "DeleteArtifact",
     "DeleteArtifactsForRun", "CreateOrResumeRun", "UpdateRun", "ClaimRun", "HeartbeatRun", "SetMetadata",
     "DeleteMetadata", "CreateOrResumeGenerationRun", "UpdateGenerationRun", "AgentSessionAddItems",
     "AgentSessionPopItem", "AgentSessionClear", "ClaimBlobForGc", "FenceBlobsForGc", "CollectBlob", "PutBlob",

@@ -85,7 +85,9 @@ Others = Callable[[int, str, str, int], "list[str] | None"]
 #    blob is a reference blob garbage collection keeps. And rules never go back on
 #    a partition: from its first proposal of rules 4 on, every proposal there is
 #    judged by at least those (`read_clock`).
-RULES = 4
+# 5: an artifact saved with another thread than the one it lives on moves there
+#    (threadlog.cmd.MoveArtifact, then ReleaseMovedArtifact on the old thread).
+RULES = 5
 # The first rules that raise a partition's floor. Logs written before it were
 # judged by the rules each proposal named: a floor from older versions would
 # make their rebuild reach other verdicts than their clients were told.
