@@ -294,6 +294,32 @@ async def test_after_the_fences_come_down_a_collected_key_needs_a_put_the_append
     assert (await within(tl.blobs.get(key)))["body"] == b"eight again"
 
 
+async def test_a_lowering_cannot_mark_a_collect_the_log_never_had(tl):
+    """Tried (a review): a fence raised and lowered by raw proposals, the lowering
+    marking a collect of an existing blob at offset 10**15 of its home partition.
+    The marker made the blob unreferenceable for good -- a checkpoint naming it
+    must name a position past the collect, which no log reaches -- even after a
+    put. From judging rules 5 a lowering names positions and may mark only a
+    collect before them; this one is refused, and the blob stays usable."""
+    key = file_key("f")
+    await within(tl.blobs.put(key, b"forged"))
+    n = tl.runtime.layout.events
+    home = partition_for(blob_state.partition_key(key), n)
+    thread = next(f"t{i}" for i in range(1000) if partition_for(f"t{i}", n) != home)
+    fence = gc.fence_key("forged", partition_for(thread, n), n)
+    await within(tl.send("threadlog.cmd.FenceBlobsForGc", fence, {"sweepId": "forged", "keys": [key], "held": True}))
+    with pytest.raises(ThreadLogError) as err:
+        await within(tl.send("threadlog.cmd.FenceBlobsForGc", fence,
+                             {"sweepId": "forged", "keys": [], "held": False, "collected": {key: 10**15}}))
+    assert err.value.code == "INVALID_ARGUMENT"
+    # Lowered by what a sweep would send (nothing collected), the blob is referenced as usual.
+    await within(tl.send("threadlog.cmd.FenceBlobsForGc", fence, {"sweepId": "forged", "keys": [], "held": False,
+                                                                   "collected": {}}))
+    lease = await within(tl.checkpoints.acquire_writer(thread))
+    assert await within(tl.checkpoints.append(checkpoint=cp_with("c1", thread, None, [key]), expected_head_id=None,
+                                              writer=lease)) == "c1"
+
+
 async def test_race_appends_referencing_blobs_while_sweeps_run_never_lose_a_referenced_blob(open_client):
     tl = await open_client()
     n = tl.runtime.layout.events

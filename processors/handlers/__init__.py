@@ -100,13 +100,22 @@ BASE_RULES = 2
 NEWER_RULES: dict[str, int] = {}
 
 
-def handles(type_name: str, *, global_ids: bool = False, rules: int = BASE_RULES) -> Callable[[Handler], Handler]:
+# Types whose proposers name positions (`seen`) though their rules need them
+# only since a later rules version (an older log's proposals of the type named
+# none, and are judged as they were): GLOBAL_READS makes them mandatory.
+NAMES_POSITIONS: set[str] = set()
+
+
+def handles(type_name: str, *, global_ids: bool = False, names_positions: bool = False,
+            rules: int = BASE_RULES) -> Callable[[Handler], Handler]:
     def register(fn: Handler) -> Handler:
         if type_name in HANDLERS:
             raise RuntimeError(f"two handlers for {type_name}")
         HANDLERS[type_name] = fn
         if global_ids:
             GLOBAL_READS.add(type_name)
+        if names_positions:
+            NAMES_POSITIONS.add(type_name)
         if rules != BASE_RULES:
             NEWER_RULES[type_name] = rules
         return fn
@@ -115,7 +124,8 @@ def handles(type_name: str, *, global_ids: bool = False, rules: int = BASE_RULES
 
 
 def reads_other_partitions(type_name: str) -> bool:
-    return type_name in GLOBAL_READS
+    """Do proposals of this type name positions of the other partitions (`seen`)?"""
+    return type_name in GLOBAL_READS or type_name in NAMES_POSITIONS
 
 
 def rules_for(type_name: str) -> int:

@@ -92,6 +92,22 @@ def require_unfenced(ctx: Context, blob_keys: list[str]) -> None:
                                  f"blob {blob!r} was garbage-collected: put it again, then retry")
 
 
+def _before_lowering(ctx: Context, blob: str, collected: int) -> bool:
+    """Was the collect of `blob` at `collected` (its home partition's offset) in the
+    log before this lowering: before it on its own partition, else before the
+    position of the home partition it names?"""
+    home = partition_for(state.partition_key(blob), ctx.partitions)
+    if home == ctx.partition:
+        return collected < ctx.offset
+    if len(ctx.seen) != ctx.partitions or collected >= ctx.seen[home]:
+        return False
+    # Asked as of the positions named, so judging waits until the home partition
+    # has reached them: a position no log reached is not a bound (it stalls, as
+    # any far-future `seen` does; README "Trust boundary").
+    ctx.holders(gid.BLOB_EXISTS, blob)
+    return True
+
+
 def _exists_after(ctx: Context, blob: str, collected: int) -> bool:
     """Does `blob` exist again, as of positions the proposal names past the collect at `collected`?
 
@@ -126,7 +142,8 @@ def claim(ctx: Context, cmd: dict) -> Decision:
     return Decision(events=[("threadlog.evt.BlobGcClaimed", ev)], result={"collectible": collectible})
 
 
-@handles("threadlog.cmd.FenceBlobsForGc", rules=3)
+# Rules 5: a lowering names positions, and each collect it marks must lie before them.
+@handles("threadlog.cmd.FenceBlobsForGc", names_positions=True, rules=5)
 def fence(ctx: Context, cmd: dict) -> Decision:
     sweep = _sweep_id(cmd)
     if ctx.partitions <= 0 or ctx.key != gc.fence_key(sweep, ctx.partition, ctx.partitions):
@@ -150,6 +167,13 @@ def fence(ctx: Context, cmd: dict) -> Decision:
     for k, offset in collected.items():
         if k not in keys or offset < 0:
             raise invalid_argument(f"a lowered fence may mark only its own keys, at an offset >= 0: {k!r}: {offset}")
+        if ctx.rules >= 5 and not _before_lowering(ctx, k, offset):
+            # Why (tried, a review): a lowering marking a collect at offset 10**15 made
+            # the blob unreferenceable for good -- a checkpoint naming it must name a
+            # position past the collect (`_exists_after`), which no log reaches. A
+            # collect the sweep read happened before the lowering was proposed.
+            raise invalid_argument(f"a lowered fence may mark a collect of {k!r} only before the positions it "
+                                   f"names; {offset} is not")
     ev = {"sweepId": sweep, "fenceKey": ctx.key, "keys": sorted(set(keys)), "held": cmd["held"],
           "collected": collected}
     return Decision(events=[("threadlog.evt.BlobGcFenced", ev)], result={"held": cmd["held"]})
