@@ -86,8 +86,10 @@ Others = Callable[[int, str, str, int], "list[str] | None"]
 #    a partition: from its first proposal of rules 4 on, every proposal there is
 #    judged by at least those (`read_clock`).
 # 5: an artifact saved with another thread than the one it lives on moves there
-#    (threadlog.cmd.MoveArtifact, then ReleaseMovedArtifact on the old thread).
-RULES = 5
+#    (threadlog.cmd.MoveArtifact, then ReleaseMovedArtifact on the old thread);
+#    a blob-GC fence's lowering names positions and marks only collects before them.
+# 6: a run claim removes the run's heartbeatAt (processors/handlers/runs.py `claim`).
+RULES = 6
 # The first rules that raise a partition's floor. Logs written before it were
 # judged by the rules each proposal named: a floor from older versions would
 # make their rebuild reach other verdicts than their clients were told.

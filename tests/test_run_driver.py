@@ -83,6 +83,30 @@ async def test_a_driver_heartbeats_until_closed_then_its_run_ages_into_list_recl
     assert await ids(tl, now=10**15, ttl_ms=0) == ["r"]
 
 
+async def test_a_run_taken_over_by_a_plain_claim_is_not_listed_by_the_old_drivers_heartbeats(open_client):
+    """Tried (a review): host A drove the run (heartbeats) and stopped; host B took it
+    over with the SPEC's `claim`, which never heartbeats, and streams. A's last
+    heartbeatAt stayed on the record, so one TTL later `list_reclaimable` listed
+    the run: a reclaimer following SPEC 6 ("runs ... with detachedSince set")
+    would have fenced B. A claim now removes heartbeatAt (judging rules 6)."""
+    a = await open_client()
+    b = await open_client()
+    await within(a.runs.create_or_resume(run_id="r", thread_id="t", started_at=1))
+    driver = await within(a.runs.drive("r", heartbeat_ms=HB))
+    await within(driver.close())
+    last = (await settled(a, "r"))["heartbeatAt"]
+    assert await ids(b, now=last + 1_000, ttl_ms=1_000) == ["r"]  # A's run, quiet: reclaimable
+    epoch = await within(b.runs.claim("r"))
+    await within(b.delivery("r", epoch=epoch).append([{"type": "TEXT_MESSAGE_CONTENT", "delta": "still here"}]))
+    assert "heartbeatAt" not in await within(b.runs.get("r"))
+    assert await ids(b, now=10**15, ttl_ms=0) == []
+    # B's own drive lists it again by its own heartbeats, once it stops.
+    again = await within(b.runs.drive("r", heartbeat_ms=HB))
+    await within(again.close())
+    mine = (await settled(b, "r"))["heartbeatAt"]
+    assert await ids(b, now=mine + 1_000, ttl_ms=1_000) == ["r"]
+
+
 async def test_detach_lists_the_run_at_once_and_the_next_driver_attaches_it(open_client):
     a = await open_client()
     b = await open_client()

@@ -49,7 +49,7 @@ def update(ctx: Context, cmd: dict) -> Decision:
                                                          "patch": dumps(patch)})])
 
 
-@handles("threadlog.cmd.ClaimRun", rules=4)
+@handles("threadlog.cmd.ClaimRun", rules=6)
 def claim(ctx: Context, cmd: dict) -> Decision:
     """Mirror a claim into the run record.
 
@@ -79,9 +79,17 @@ def claim(ctx: Context, cmd: dict) -> Decision:
     # the TTL passed although it was streaming (SPEC 6 lists detached runs);
     # and clearing it instead would leave a run whose `drive` died before its
     # first heartbeat listed by nothing, for good.
+    # Rules 6: it removes heartbeatAt. Why: tried (a review), host A drove the run
+    # (heartbeats), stopped; host B took it over with the SPEC's `claim`, which
+    # never heartbeats. A's last heartbeatAt stayed, and the run was listed by
+    # list_reclaimable one TTL later although B was streaming: a reclaimer
+    # following SPEC 6 would fence a live driver (SPEC 6 lists detached runs).
+    # A `drive` heartbeats at once after its claim, so its run is listed again
+    # by its own heartbeats; one that dies in between is listed by nothing, as
+    # SPEC 6 lists no run that never detached.
     at = ctx.now if ctx.rules < 4 else None
     return Decision(events=[("threadlog.evt.RunClaimed", {"runId": run_id, "threadId": thread_id, "epoch": epoch,
-                                                         "at": at})],
+                                                         "at": at, "clearsHeartbeat": ctx.rules >= 6})],
                     result=epoch)
 
 

@@ -149,6 +149,8 @@ def run_claimed(view: View, meta: EventMeta, ev: dict) -> None:
     # (processors/handlers/runs.py `claim` says why).
     if ev.get("at") is not None:
         new["heartbeatAt"] = ev["at"]
+    if ev.get("clearsHeartbeat"):  # rules 6 (processors/handlers/runs.py `claim`)
+        new.pop("heartbeatAt", None)
     _put(view, old, new)
     _raise_epoch(view, ev["threadId"], ev["runId"], ev["epoch"])
 

@@ -130,10 +130,33 @@ def test_a_claim_judged_before_heartbeats_existed_sets_no_heartbeat_time(stores)
     assert index(stores[0]) == {state.RUN_DETACHED: [], state.RUN_HEARTBEAT: []}
 
 
-def test_heartbeats_need_rules_3_and_claims_rules_4():
-    assert RULES >= 4
-    assert rules_for("threadlog.cmd.HeartbeatRun") == 3 and rules_for("threadlog.cmd.ClaimRun") == 4
+def test_heartbeats_need_rules_3_and_claims_rules_6():
+    assert RULES >= 6
+    assert rules_for("threadlog.cmd.HeartbeatRun") == 3 and rules_for("threadlog.cmd.ClaimRun") == 6
     assert rules_for("threadlog.cmd.UpdateRun") == 2
+
+
+def test_rules_6_claims_remove_the_heartbeat_time(stores):
+    """Rules 6 (what clients send now). Tried (a review): a driver heartbeats, then
+    another host takes the run over with the SPEC's `claim`, which never
+    heartbeats: the first driver's heartbeatAt stayed, and one TTL later
+    list_reclaimable listed a run whose driver was streaming. The claim removes it
+    (the run leaves the heartbeat index); the next driver's heartbeats list it again."""
+    log = Log()
+    create(log)
+    claim(log, 1, at=2_000, rules=6)
+    beat(log, 1, at=3_000)                  # 2: the first driver heartbeats
+    claim(log, 2, at=4_000, rules=6)        # 3: taken over: no heartbeat time until its own
+    beat(log, 2, at=5_000)                  # 4
+    judge_all(stores[0], log.records[:3])
+    assert record(stores[0])["heartbeatAt"] == 3_000 and index(stores[0])[state.RUN_HEARTBEAT] == [3_000]
+    judge_all(stores[0], log.records[3:4])
+    assert "heartbeatAt" not in record(stores[0]) and record(stores[0])["driverEpoch"] == 2
+    assert index(stores[0]) == {state.RUN_DETACHED: [], state.RUN_HEARTBEAT: []}
+    judge_all(stores[0], log.records[4:])
+    assert index(stores[0])[state.RUN_HEARTBEAT] == [5_000]
+    judge_all(stores[1], log.records)
+    assert dict(stores[0].scan(b"")) == dict(stores[1].scan(b""))
 
 
 def test_rules_4_claims_leave_heartbeat_time_alone_and_are_refused_on_a_finished_run(stores):
@@ -158,7 +181,7 @@ def test_rules_4_claims_leave_heartbeat_time_alone_and_are_refused_on_a_finished
     verdicts = judge_all(stores[0], log.records[4:])
     assert [v.get("code") for v in verdicts] == [None, "RUN_TERMINAL", "RUN_TERMINAL"]
     assert record(stores[0])["driverEpoch"] == 2 and record(stores[0])["status"] == "completed"
-    assert rules_for("threadlog.cmd.ClaimRun") == 4 <= RULES
+    assert rules_for("threadlog.cmd.ClaimRun") == 6 <= RULES  # rules 4 named by the proposals here
     judge_all(stores[1], log.records)
     assert dict(stores[0].scan(b"")) == dict(stores[1].scan(b""))
 
