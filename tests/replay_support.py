@@ -1,11 +1,16 @@
 """A reference judge for tests: the judging step alone, waiting for every position.
 
 `replayed_verdicts` reads a namespace's `events` topic from offset 0 and judges
-every record with `processors.judge.judge_record` into one temporary store
-holding every partition, in offset order per partition; a proposal naming a
-position of another partition not judged that far yet waits (`_Blocked`)
-while the other partitions move. No early answers (processors/ahead.py), no
-lookups, no worker: what any judge must agree with.
+every record with `processors.judge.judge_record` into temporary stores, one
+per partition as every judge keeps them, in offset order per partition; a
+proposal naming a position of another partition not judged that far yet waits
+(`_Blocked`) while the other partitions move, and is then answered from that
+partition's store as of the position. No early answers (processors/ahead.py),
+no lookups, no worker: what any judge must agree with. (One store holding
+every partition -- judge_record's default -- is not such a judge: a proposal
+id applied on one partition would make a re-use of it on another look like a
+re-send. Tried, a review: the replay said `duplicateOf` where every judge
+had applied it.)
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from confluent_kafka import Consumer, TopicPartition
 from threadlog.processors.handlers import load_all as load_handlers
 from threadlog.processors.judge import Record, _Blocked, judge_record
 from threadlog.projections.fold import load_all as load_folds
+from threadlog.projections.global_ids import holders_as_of as index_holders
 from threadlog.projections.store import Store
 from threadlog.projections.view import View
 from threadlog.schemas import default_codec
@@ -47,17 +53,23 @@ def replayed_verdicts(bootstrap: str, topic: str, partitions: int, path: Path) -
     records = {p: deque(recs) for p, recs in _read_all(bootstrap, topic, partitions).items()}
     progress = dict.fromkeys(range(partitions), 0)
     verdicts: dict[int, list[tuple[int, dict]]] = {p: [] for p in range(partitions)}
-    store = Store(path)
+    stores = {p: Store(path / f"events-{p}") for p in range(partitions)}
+    views = {p: View(store) for p, store in stores.items()}
+
+    def others(q: int, kind: str, ident: str, need: int) -> list[str] | None:
+        if progress[q] < need:
+            return None
+        return index_holders(views[q], kind, ident, need)
+
     try:
-        view = View(store)
         while any(records.values()):
             moved = False
             for p, queue in records.items():
                 while queue:
                     rec = queue[0]
                     try:
-                        verdict = judge_record(view, rec, codec=codec, partitions=partitions, progress=progress,
-                                               topic=topic)
+                        verdict = judge_record(views[p], rec, codec=codec, partitions=partitions,
+                                               progress=progress, topic=topic, others=others)
                     except _Blocked:
                         break  # waits for another partition to be judged further
                     queue.popleft()
@@ -67,4 +79,5 @@ def replayed_verdicts(bootstrap: str, topic: str, partitions: int, path: Path) -
             assert moved, f"the replay of {topic} is stuck: {[q[0].offset for q in records.values() if q]}"
         return verdicts
     finally:
-        store.close()
+        for store in stores.values():
+            store.close()

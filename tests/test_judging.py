@@ -20,6 +20,7 @@ import uuid
 from checkpoint_helpers import MutableClock, checkpoint, refused, threads_on_distinct_partitions
 from confluent_kafka import Producer
 from delivery_support import chunk, collect
+from replay_support import replayed_verdicts
 from support import state_of, within
 from threadlog.processors.judge import all_verdicts, decision_time
 from threadlog.projections.partition_stores import PartitionStores
@@ -222,3 +223,29 @@ async def test_a_lease_granted_on_one_host_expires_by_record_time_on_another(ope
     assert grant.fence == lease.fence + 1
     await refused(b.checkpoints.append(checkpoint=checkpoint("c", "t"), expected_head_id=None, writer=lease),
                   WRITER_LOST)
+
+
+async def test_one_proposal_id_on_two_partitions_is_judged_alike_by_every_judge(tl, bootstrap, tmp_path):
+    """A proposal id names one proposal on its partition: a re-send there is answered
+    as a duplicate; the same id on another partition (a raw producer) is another
+    proposal, applied there. Tried (a review): the reference replay judged every
+    partition into one store and called the second a duplicate of the first,
+    where every judge (a store per partition) had applied both."""
+    total = tl.runtime.layout.events
+    a = next(f"a-{i}" for i in range(100) if partition_for(f"a-{i}", total) == 0)
+    b = next(f"b-{i}" for i in range(100) if partition_for(f"b-{i}", total) == 1)
+    codec, topic = tl.runtime.codec, tl.runtime.topics.events
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for thread in (a, b, a):  # the last: a re-send on the first partition
+        producer.produce(topic, codec.encode("threadlog.Proposal", {
+            "proposalId": "one-id", "key": thread, "type": "threadlog.cmd.SaveTranscript", "at": 1.0, "rules": 2,
+            "seen": [], "payload": codec.encode("threadlog.cmd.SaveTranscript",
+                                                {"threadId": thread, "messages": f'["{thread}"]'})}),
+            thread.encode(), partition=partition_for(thread, total))
+    assert producer.flush(30) == 0
+    await within(tl.read_barrier(None))
+    assert await within(tl.messages.load_thread(a)) == [a] and await within(tl.messages.load_thread(b)) == [b]
+    replayed = await asyncio.to_thread(replayed_verdicts, bootstrap, topic, total, tmp_path / "replayed")
+    for p in (0, 1):
+        assert all_verdicts(tl.runtime.store, p) == replayed[p]
+    assert "duplicateOf" not in replayed[1][0][1] and "duplicateOf" in replayed[0][1][1]
