@@ -60,7 +60,7 @@ from threadlog.kernel.errors import (
 from threadlog.kernel.kafka_config import Consumed, Props
 from threadlog.kernel.partitioning import partition_for
 from threadlog.kernel.topics import reply_of
-from threadlog.kernel.validation import dumps
+from threadlog.kernel.validation import dumps, int_digits_problem
 
 from .ahead import Ahead
 from .handlers import GLOBAL_READS, HANDLERS, Context, Decision, reads_other_partitions
@@ -819,6 +819,11 @@ def judge_record(view: View, rec: Record, *, codec: Codec, partitions: int, prog
     offset need" (None: not known yet); by default from `view` itself, which
     then holds every partition's state (one store, as in unit tests).
     """
+    problem = int_digits_problem()
+    if problem is not None:
+        # Not a verdict: another setting would reach another one. The judge stops
+        # here (its batch fails and is retried) until the setting is back.
+        raise RuntimeError(problem)
     if others is None:
         others = _local_others(view, progress, partitions)
     verdict = _decide(view, rec, codec, partitions, progress, topic, others)

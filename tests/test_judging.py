@@ -13,6 +13,7 @@ Every record of `<ns>.events` is a proposal judged by a deterministic fold, so:
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import uuid
@@ -249,3 +250,46 @@ async def test_one_proposal_id_on_two_partitions_is_judged_alike_by_every_judge(
     for p in (0, 1):
         assert all_verdicts(tl.runtime.store, p) == replayed[p]
     assert "duplicateOf" not in replayed[1][0][1] and "duplicateOf" in replayed[0][1][1]
+
+
+SCRIPT = """
+import asyncio, os, sys, threadlog
+from threadlog.processors.judge import Record, judge_record
+from threadlog.projections.view import View
+from threadlog.projections.store import Store
+from threadlog.schemas import default_codec
+
+async def main():
+    for processors in ("embedded", "external"):
+        try:
+            tl = await threadlog.open(sys.argv[1], namespace=sys.argv[2], state_dir=sys.argv[3] + processors,
+                                      processors=processors, request_timeout_ms=3_000)
+            await tl.close()
+            print(processors, "opened")
+        except threadlog.ThreadLogError as exc:
+            print(processors, exc.code, exc.message)
+    try:
+        judge_record(View(Store(sys.argv[3] + "store")), Record(0, 0, b"", 0), codec=default_codec(), partitions=1,
+                     progress={})
+    except RuntimeError as exc:
+        print("judge_record", exc)
+
+asyncio.run(main())
+"""
+
+
+def test_a_process_that_would_judge_needs_the_default_int_digits_limit(bootstrap, namespace, tmp_path):
+    """Judges parse proposals' JSON with json.loads, which refuses integers of more
+    digits than the interpreter's int_max_str_digits -- a per-process setting.
+    Tried (a review): a transcript of a 5 000-digit integer was refused with the
+    default and accepted with PYTHONINTMAXSTRDIGITS=0: two verdicts for one record.
+    A process set otherwise opens no judging client (INVALID_ARGUMENT, saying
+    what to change), and judge_record judges nothing; a thin client, which judges
+    nothing, opens."""
+    out = subprocess.run([sys.executable, "-c", SCRIPT, bootstrap, namespace, str(tmp_path / "s-")],
+                         env={**os.environ, "PYTHONINTMAXSTRDIGITS": "0"}, capture_output=True, text=True,
+                         timeout=120)
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("embedded INVALID_ARGUMENT this Python's int_max_str_digits is 0"), out
+    assert lines[1] in ("external opened", "external UNAVAILABLE") or lines[1].startswith("external UNAVAILABLE"), out
+    assert lines[2].startswith("judge_record this Python's int_max_str_digits is 0"), out

@@ -33,9 +33,10 @@ from confluent_kafka.admin import AdminClient
 
 from .config import Options
 from .kernel import kafka_config
-from .kernel.errors import ThreadLogError
+from .kernel.errors import ThreadLogError, invalid_argument
 from .kernel.partitioning import owner_partition, partition_for
 from .kernel.topics import TopicLayout, Topics, ensure_topics, require_topics
+from .kernel.validation import int_digits_problem
 from .processors.handlers import load_all as load_handlers
 from .processors.judge import Judge
 from .processors.lookups import Lookups
@@ -97,6 +98,9 @@ class Runtime:
 
     def start(self) -> None:
         t0 = time.monotonic()
+        problem = None if self.thin else int_digits_problem()
+        if problem is not None:  # this process would judge: see int_digits_problem
+            raise invalid_argument(problem)
         kafka = self.opts.kafka
         if kafka:
             log.info("kafka properties for %s: %s", self.client_id, kafka_config.redacted(kafka))

@@ -7,6 +7,7 @@ import json
 import math
 import operator
 import re
+import sys
 from typing import Any, TypeGuard
 
 from .errors import INVALID_ARGUMENT, ThreadLogError
@@ -124,6 +125,25 @@ def require_json_depth(text: str | bytes, label: str = "value") -> None:
 
 _MAX_DIGITS = 4300  # sys.get_int_max_str_digits()'s default
 _DIGITS_LIMIT = 10**_MAX_DIGITS
+
+
+def int_digits_problem() -> str | None:
+    """Why this interpreter would judge JSON integers otherwise than the rules say (None: it would not).
+
+    Judges parse proposals' JSON with `json.loads`, which refuses an integer of
+    more digits than `sys.get_int_max_str_digits()` -- a per-process setting
+    that PYTHONINTMAXSTRDIGITS, `-X int_max_str_digits` or any library changes.
+    Tried (a review): a transcript holding a 5 000-digit integer was refused by
+    a judge with the default and accepted by one with the limit off: two
+    verdicts for one record. The rules were written for the default, so a
+    process that judges must run with it (checked when it starts, and before
+    each record it judges)."""
+    got = sys.get_int_max_str_digits()
+    if got == _MAX_DIGITS:
+        return None
+    return (f"this Python's int_max_str_digits is {got}; threadlog's judging rules need {_MAX_DIGITS} (Python's "
+            "default): unset PYTHONINTMAXSTRDIGITS or -X int_max_str_digits, and do not change it with "
+            "sys.set_int_max_str_digits in a process that judges")
 
 
 def _check_json(value: Any, path: str, depth: int = 0) -> None:
