@@ -24,6 +24,7 @@ from threadlog.schemas import default_codec
 from threadlog.kernel import kafka_config
 from threadlog.kernel.errors import STORE_IN_USE, ThreadLogError, invalid_argument, unavailable
 from threadlog.kernel.topics import Topics, require_topics
+from threadlog.kernel.validation import int_digits_problem
 
 from .handlers import load_all as load_handlers
 from .judge import Judge
@@ -50,6 +51,9 @@ def rebuild(
     """
     if not (timeout > 0 and math.isfinite(timeout)):
         raise invalid_argument(f"the stall timeout must be a positive number of seconds, got {timeout!r}")
+    problem = int_digits_problem()  # before anything is dropped (threadlog/kernel/validation.py)
+    if problem is not None:
+        raise invalid_argument(problem)
     slot = hold_slot(store_path)
     if slot is None:
         pid = slot_holder(store_path)
