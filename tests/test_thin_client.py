@@ -524,6 +524,7 @@ MEMBERS_POISON = [
     b"[]", b"1", b'"x"', b"null", b"not json", b"[" * 100_000,  # not an object; too deep to parse
     b'{"address": 1, "startedAt": 1, "heartbeatAt": 1}',  # an address that is not a string
     b'{"address": "127.0.0.1:1", "startedAt": 1, "heartbeatAt": 1e400}',  # an infinite heartbeat
+    b'{"address": "127.0.0.1:1", "startedAt": 1, "heartbeatAt": 1' + b"0" * 400 + b"}",  # no double holds it
     b'{"address": "127.0.0.1:1", "startedAt": 1, "heartbeatAt": 1, "partitions": [true, "0"]}',
 ]
 

@@ -153,9 +153,13 @@ def parse_member(worker_id: str, v: Any) -> Member:
 
 
 def _epoch_ms(x: Any) -> float:
-    if type(x) not in (int, float) or not math.isfinite(x):
-        raise ValueError(f"a member's times are finite numbers, got {x!r}")
-    return float(x)
+    try:
+        ms = float(x) if type(x) in (int, float) else math.nan
+    except OverflowError:  # an int beyond a double: 10**400
+        ms = math.nan
+    if not math.isfinite(ms):
+        raise ValueError(f"a member's times are finite numbers, got {str(x)[:40]}")
+    return ms
 
 
 class MembersView:
