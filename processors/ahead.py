@@ -59,8 +59,7 @@ MARKS_ANY = frozenset({
     "threadlog.cmd.ForkCheckpointInto",  # the fork's root (step 2; step 1 marks nothing)
 })
 NO_CHECKPOINT_MARKS = frozenset("threadlog.cmd." + name for name in (
-    "CreateInterrupt", "DecideInterrupt", "SaveTranscript", "SaveArtifact", "MoveArtifact", "ReleaseMovedArtifact",
-    "DeleteArtifact",
+    "CreateInterrupt", "DecideInterrupt", "SaveTranscript", "SaveArtifact", "ReleaseArtifactCopy", "DeleteArtifact",
     "DeleteArtifactsForRun", "CreateOrResumeRun", "UpdateRun", "ClaimRun", "HeartbeatRun", "SetMetadata",
     "DeleteMetadata", "CreateOrResumeGenerationRun", "UpdateGenerationRun", "AgentSessionAddItems",
     "AgentSessionPopItem", "AgentSessionClear", "ClaimBlobForGc", "FenceBlobsForGc", "CollectBlob", "PutBlob",

@@ -63,7 +63,7 @@ from threadlog.kernel.topics import reply_of
 from threadlog.kernel.validation import dumps, int_digits_problem
 
 from .ahead import Ahead
-from .handlers import GLOBAL_READS, HANDLERS, Context, Decision, reads_other_partitions
+from .handlers import GLOBAL_READS, HANDLERS, INTRODUCED, Context, Decision, reads_other_partitions
 from .verdict_push import VerdictPush
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ Others = Callable[[int, str, str, int], "list[str] | None"]
 #    a partition: from its first proposal of rules 4 on, every proposal there is
 #    judged by at least those (`read_clock`).
 # 5: an artifact saved with another thread than the one it lives on moves there
-#    (threadlog.cmd.MoveArtifact, then ReleaseMovedArtifact on the old thread);
+#    (threadlog.cmd.SaveArtifact, then ReleaseArtifactCopy on each other thread);
 #    a blob-GC fence's lowering names positions and marks only collects before them.
 # 6: a run claim removes the run's heartbeatAt (processors/handlers/runs.py `claim`).
 RULES = 6
@@ -908,6 +908,13 @@ def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: di
     handler = HANDLERS.get(ptype)
     if handler is None:
         return refusal(INVALID_ARGUMENT, f"unknown proposal type {ptype}")
+    if INTRODUCED.get(ptype, 0) > rules:
+        # A type newer than the rules the proposal (and partition) names: judged as
+        # a judge of those rules judged it -- its codec did not know the payload's
+        # schema. Else a raw proposal naming old rules was accepted here and refused
+        # there, and a rebuild by newer code disagreed with the verdicts given.
+        return refusal(INVALID_MESSAGE, f"proposal payload undecodable: unknown schema fingerprint "
+                                        f"{env['payload'][2:10].hex()}")
     seen = env["seen"]
     if len(seen) != partitions and ptype in GLOBAL_READS:
         # Its rules ask other partitions as of these positions; without them the

@@ -4,7 +4,7 @@ An artifact lives on its thread's partition; the artifact index (id ->
 thread) and the run index (run -> artifacts) are folded by every host, so
 lookups by id or run id follow a global read barrier. Lists are ascending by
 createdAt, then artifact id bytes. An artifact id belongs to one thread: a
-save naming another thread moves it there (two steps, see the handler).
+save naming another thread moves it there (two judged steps, see the handler).
 """
 
 from __future__ import annotations
@@ -13,16 +13,11 @@ import asyncio
 import builtins
 from typing import cast
 
-from ..kernel.errors import INVALID_ARGUMENT, ThreadLogError
 from ..kernel.records import decode_artifact, new_artifact
-from ..kernel.validation import dumps, require_id
+from ..kernel.validation import require_id
 from ..projections.folds import artifacts as state
 from ..types import Artifact, ArtifactInput
 from .base import StoreFacade
-
-# A save refused because the id lives on another thread is retried as a move;
-# the id may move again in between (a racing save): tried this many times.
-MOVE_ATTEMPTS = 3
 
 
 def _artifact(raw: bytes | None) -> Artifact | None:
@@ -38,35 +33,12 @@ class ArtifactStore(StoreFacade):
     async def save(self, record: ArtifactInput | Artifact) -> None:
         """Insert or replace the artifact (exactly the SPEC fields; optional None = absent).
 
-        Saving it with another thread than the one it lives on moves it there
-        (processors/handlers/artifacts.py): a plain save is refused on the new
-        thread, so the record on the old one is read and the move proposed with
-        it -- the old copy is removed only if it is still that record."""
+        With another thread than the one it lives on, it moves there: saved on
+        that thread, then its copy on the other removed -- two judged steps
+        (processors/handlers/artifacts.py), both done before this returns."""
         checked = new_artifact(record)
-        artifact = {**{k: None for k in state.OPTIONAL}, **checked}
-        thread_id, artifact_id = checked["threadId"], checked["artifactId"]
-        for _ in range(MOVE_ATTEMPTS):
-            try:
-                await self._send("threadlog.cmd.SaveArtifact", thread_id, {"artifact": artifact})
-                return
-            except ThreadLogError as exc:
-                if exc.code != INVALID_ARGUMENT:
-                    raise
-                refused = exc
-            current = await self.get(artifact_id)
-            if current is not None and current["threadId"] == thread_id:
-                raise refused  # it lives here: refused for another reason
-            if current is None:
-                continue  # deleted since: the plain save again
-            try:
-                await self._send("threadlog.cmd.MoveArtifact", thread_id, {
-                    "artifact": artifact, "fromThreadId": current["threadId"], "replaces": dumps(current)})
-                return
-            except ThreadLogError as exc:
-                if exc.code != INVALID_ARGUMENT:
-                    raise
-                refused = exc  # moved to a third thread meanwhile: from there, again
-        raise refused
+        await self._send("threadlog.cmd.SaveArtifact", checked["threadId"],
+                         {"artifact": {**{k: None for k in state.OPTIONAL}, **checked}})
 
     async def get(self, artifact_id: str) -> Artifact | None:
         require_id(artifact_id, "artifact_id")
