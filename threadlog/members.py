@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -33,6 +32,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 
 from .kernel import kafka_config
 from .kernel.errors import unavailable
+from .kernel.validation import is_finite
 
 log = logging.getLogger("threadlog.members")
 
@@ -153,13 +153,9 @@ def parse_member(worker_id: str, v: Any) -> Member:
 
 
 def _epoch_ms(x: Any) -> float:
-    try:
-        ms = float(x) if type(x) in (int, float) else math.nan
-    except OverflowError:  # an int beyond a double: 10**400
-        ms = math.nan
-    if not math.isfinite(ms):
+    if not is_finite(x):  # no bool, no NaN or infinity, no int beyond a double (10**400)
         raise ValueError(f"a member's times are finite numbers, got {str(x)[:40]}")
-    return ms
+    return float(x)
 
 
 class MembersView:

@@ -37,6 +37,13 @@ def _deleted(thread_id: str, artifact_id: str) -> tuple[str, dict]:
     return ("threadlog.evt.ArtifactDeleted", {"artifactId": artifact_id, "threadId": thread_id})
 
 
+def _remove(ctx: Context, thread_id: str, artifact_id: str) -> Decision:
+    """The thread's copy of the artifact deleted; silent when there is none."""
+    if decode_artifact(ctx.view.get(state.record_key(thread_id, artifact_id))) is None:
+        return Decision()
+    return Decision(events=[_deleted(thread_id, artifact_id)])
+
+
 @handles("threadlog.cmd.SaveArtifact", global_ids=True, rules=5)
 def save(ctx: Context, cmd: dict) -> Decision:
     given = {k: v for k, v in cmd["artifact"].items() if v is not None}
@@ -72,18 +79,13 @@ def release_copy(ctx: Context, cmd: dict) -> Decision:
     saved_on = require_id(cmd["savedOn"], "savedOn")
     if saved_on == thread_id:
         raise invalid_argument(f"a copy of artifact {artifact_id!r} on thread {thread_id!r} is the saved one")
-    if decode_artifact(ctx.view.get(state.record_key(thread_id, artifact_id))) is None:
-        return Decision()  # gone already: silent
-    return Decision(events=[_deleted(thread_id, artifact_id)])
+    return _remove(ctx, thread_id, artifact_id)
 
 
 @handles("threadlog.cmd.DeleteArtifact")
 def delete(ctx: Context, cmd: dict) -> Decision:
     artifact_id = require_id(cmd["artifactId"], "artifactId")
-    thread_id = own_thread(ctx, cmd["threadId"])
-    if decode_artifact(ctx.view.get(state.record_key(thread_id, artifact_id))) is None:
-        return Decision()  # already gone: silent
-    return Decision(events=[_deleted(thread_id, artifact_id)])
+    return _remove(ctx, own_thread(ctx, cmd["threadId"]), artifact_id)
 
 
 @handles("threadlog.cmd.DeleteArtifactsForRun")
