@@ -106,16 +106,16 @@ NEWER_RULES: dict[str, int] = {}
 NAMES_POSITIONS: set[str] = set()
 
 
-# Types added in a later rules version (not judged otherwise, but new): a
-# proposal of one naming older rules is refused as judges of those rules refused
-# it (processors/judge.py). Only types added from rules 5 on are listed: older
-# additions were judged by their handler whatever rules they named, and logs
-# holding such proposals are rebuilt as they were judged.
+# Types added by their `rules` version (`handles(..., new=True)`), not only judged
+# otherwise since: a proposal of one naming older rules is refused as judges of
+# those rules refused it (processors/judge.py). Only types added from rules 5 on
+# are listed: older additions were judged by their handler whatever rules they
+# named, and logs holding such proposals are rebuilt as they were judged.
 INTRODUCED: dict[str, int] = {}
 
 
 def handles(type_name: str, *, global_ids: bool = False, names_positions: bool = False,
-            rules: int = BASE_RULES, introduced: int | None = None) -> Callable[[Handler], Handler]:
+            rules: int = BASE_RULES, new: bool = False) -> Callable[[Handler], Handler]:
     def register(fn: Handler) -> Handler:
         if type_name in HANDLERS:
             raise RuntimeError(f"two handlers for {type_name}")
@@ -124,8 +124,8 @@ def handles(type_name: str, *, global_ids: bool = False, names_positions: bool =
             GLOBAL_READS.add(type_name)
         if names_positions:
             NAMES_POSITIONS.add(type_name)
-        if introduced is not None:
-            INTRODUCED[type_name] = introduced
+        if new:
+            INTRODUCED[type_name] = rules
         if rules != BASE_RULES:
             NEWER_RULES[type_name] = rules
         return fn

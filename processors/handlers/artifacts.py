@@ -71,7 +71,7 @@ def save(ctx: Context, cmd: dict) -> Decision:
                     follow_ups=releases)
 
 
-@handles("threadlog.cmd.ReleaseArtifactCopy", rules=5, introduced=5)
+@handles("threadlog.cmd.ReleaseArtifactCopy", rules=5, new=True)
 def release_copy(ctx: Context, cmd: dict) -> Decision:
     """Step 2 of a save (module doc): remove this thread's copy of the id."""
     artifact_id = require_id(cmd["artifactId"], "artifactId")
