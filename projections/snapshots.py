@@ -350,16 +350,15 @@ class SnapshotWriter:
     """
 
     def __init__(self, bootstrap: str, topic: str, client_id: str, kafka: Mapping[str, Any] | None = None,
-                 *, tracking_topic: str | None = None, origin: Origin | None = None,
-                 chunk_bytes: int = CHUNK_BYTES, timeout: float = 60.0) -> None:
+                 *, origin: Origin | None = None, chunk_bytes: int = CHUNK_BYTES,
+                 timeout: float = 60.0) -> None:
         if not 1024 <= chunk_bytes <= CHUNK_BYTES:
             raise invalid_argument(f"chunk_bytes must be within 1 KiB..{CHUNK_BYTES}, got {chunk_bytes}")
         self.bootstrap = bootstrap
         self.topic = topic
         self.client_id = client_id
         self.kafka = kafka
-        self.tracking_topic = tracking_topic if origin is None else origin.topic
-        self.origin = origin
+        self.origin = origin  # the log the stores are folded from: named in each manifest
         self.chunk_bytes = chunk_bytes
         self.timeout = timeout
         self._producer = Producer(kafka_config.producer(
@@ -414,7 +413,7 @@ class SnapshotWriter:
                     break
         self._await(f"snapshot {sid} chunks", run.errors, deadline)
         first = min(run.offsets) if run.offsets else -1
-        position = _tracking_position(run.positions, partition, self.tracking_topic)
+        position = _tracking_position(run.positions, partition, None if self.origin is None else self.origin.topic)
         manifest = {
             "format": FORMAT, "snapshotId": sid, "partition": partition, "chunks": len(run.keys),
             "bytes": run.nbytes, "keys": run.pairs, "position": position,

@@ -16,6 +16,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 from confluent_kafka.admin import AdminClient, ConfigResource
 from threadlog.projections.snapshots import (
     MANIFEST_KEY,
+    Origin,
     RestoreInfo,
     SnapshotWriter,
     chunk_key,
@@ -41,7 +42,7 @@ def topics(bootstrap, namespace) -> Topics:
 
 @pytest.fixture
 def writer(bootstrap, topics):
-    w = SnapshotWriter(bootstrap, topics.snapshots, "test-snapshots", tracking_topic=topics.events)
+    w = SnapshotWriter(bootstrap, topics.snapshots, "test-snapshots", origin=Origin(topics.events))
     yield w
     w.close()
 
@@ -225,7 +226,7 @@ def test_a_partial_snapshot_is_never_restored(bootstrap, topics, writer, tmp_pat
     assert got2 is not None and got2.snapshot_id == good.snapshot_id
     assert everything(dst2) == everything(src)
     # A new writer (another process) discovers the leftovers and tombstones them.
-    other = SnapshotWriter(bootstrap, topics.snapshots, "test-other", tracking_topic=topics.events)
+    other = SnapshotWriter(bootstrap, topics.snapshots, "test-other", origin=Origin(topics.events))
     try:
         again = other.write(0, src)
     finally:
@@ -345,7 +346,6 @@ def test_only_a_snapshot_of_the_log_being_judged_is_restored(bootstrap, topics, 
     this log, and one copied from partition 0. None is restored (fold from 0), and
     when an older snapshot of this log is on the partition, that one is."""
     from threadlog.projections import incarnation
-    from threadlog.projections.snapshots import Origin
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     topic_id = incarnation.topic_ids(admin, [topics.events], TIMEOUT)[topics.events]
