@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
@@ -74,3 +75,12 @@ async def state_of(tl) -> dict[bytes, bytes]:
     equal before and after a call exactly when the call changed no state."""
     await tl.read_barrier(None)
     return {k: v for k, v in tl.runtime.store.scan(b"") if not k.startswith(_BOOKKEEPING)}
+
+
+def raw_proposal(codec, type_name: str, key: str, body: dict, *, rules: int = 2, seen: list[int] | None = None,
+                 proposal_id: str | None = None, at: float = 1.0) -> bytes:
+    """A `threadlog.Proposal` as any producer could write it to `events`: `body`
+    encoded as `type_name`, naming `rules` and the positions `seen` (none by default)."""
+    return codec.encode("threadlog.Proposal", {
+        "proposalId": proposal_id or uuid.uuid4().hex, "key": key, "type": type_name, "at": at, "rules": rules,
+        "seen": seen or [], "payload": codec.encode(type_name, body)})

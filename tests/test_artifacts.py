@@ -7,7 +7,7 @@ import math
 
 import pytest
 from confluent_kafka import Producer
-from support import state_of, within
+from support import raw_proposal, state_of, within
 
 from threadlog import ThreadLogError
 from threadlog.kernel.partitioning import partition_for
@@ -155,17 +155,15 @@ async def test_a_copy_release_naming_older_rules_is_judged_as_judges_of_those_ru
     4 so far: one past rules 5 judges every proposal by at least those.)"""
     codec, total = tl.runtime.codec, tl.runtime.layout.events
     p = partition_for("t1", total)
-    saved = codec.encode("threadlog.cmd.SaveArtifact", {"artifact": {"blobKey": None, "sourceUrl": None, **_art()}})
-    release = codec.encode("threadlog.cmd.ReleaseArtifactCopy", {"artifactId": "a1", "threadId": "t1",
-                                                                 "savedOn": "t-other"})
+    saved = {"artifact": {"blobKey": None, "sourceUrl": None, **_art()}}
+    release = {"artifactId": "a1", "threadId": "t1", "savedOn": "t-other"}
     sent: list[int] = []
     producer = Producer({"bootstrap.servers": bootstrap})
-    for n, (kind, payload, rules) in enumerate([("SaveArtifact", saved, 4), ("ReleaseArtifactCopy", release, 4),
-                                                ("ReleaseArtifactCopy", release, 5)]):
-        producer.produce(tl.runtime.topics.events, codec.encode("threadlog.Proposal", {
-            "proposalId": f"raw-{n}", "key": "t1", "type": f"threadlog.cmd.{kind}", "at": 1.0,
-            "rules": rules, "seen": [0] * total, "payload": payload}), b"t1", partition=p,
-            on_delivery=lambda err, msg: sent.append(msg.offset()))
+    for n, (kind, body, rules) in enumerate([("SaveArtifact", saved, 4), ("ReleaseArtifactCopy", release, 4),
+                                             ("ReleaseArtifactCopy", release, 5)]):
+        producer.produce(tl.runtime.topics.events,
+                         raw_proposal(codec, f"threadlog.cmd.{kind}", "t1", body, rules=rules, seen=[0] * total),
+                         b"t1", partition=p, on_delivery=lambda err, msg: sent.append(msg.offset()))
         assert producer.flush(30) == 0
         if n == 0:
             await within(tl.read_barrier(None))
@@ -176,7 +174,7 @@ async def test_a_copy_release_naming_older_rules_is_judged_as_judges_of_those_ru
         if rules == 4:
             assert verdict == {"ok": False, "code": "INVALID_MESSAGE",
                                "message": f"proposal payload undecodable: unknown schema fingerprint "
-                                          f"{release[2:10].hex()}"}
+                                          f"{codec.encode('threadlog.cmd.ReleaseArtifactCopy', release)[2:10].hex()}"}
             assert await within(tl.artifacts.get("a1")) == _art()
         else:
             assert verdict["ok"] and await within(tl.artifacts.get("a1")) is None

@@ -11,17 +11,14 @@ import asyncio
 import uuid
 
 from confluent_kafka import Producer
-from support import within
+from support import raw_proposal, within
 
 from threadlog.kernel.partitioning import partition_for
 
 
 def _proposal(tl, messages: str) -> bytes:
-    codec = tl.runtime.codec
-    payload = codec.encode("threadlog.cmd.SaveTranscript", {"threadId": "t", "messages": messages})
-    return codec.encode("threadlog.Proposal", {"proposalId": uuid.uuid4().hex, "key": "t",
-                                               "type": "threadlog.cmd.SaveTranscript", "at": 0.0, "rules": 2,
-                                               "seen": [], "payload": payload})
+    return raw_proposal(tl.runtime.codec, "threadlog.cmd.SaveTranscript", "t", {"threadId": "t", "messages": messages},
+                        at=0.0)
 
 
 async def test_barrier_passes_trailing_commit_markers(tl, bootstrap, open_client):

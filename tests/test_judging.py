@@ -16,13 +16,12 @@ import asyncio
 import os
 import subprocess
 import sys
-import uuid
 
 from checkpoint_helpers import MutableClock, checkpoint, refused, threads_on_distinct_partitions
 from confluent_kafka import Producer
 from delivery_support import chunk, collect
 from replay_support import replayed_verdicts
-from support import state_of, within
+from support import raw_proposal, state_of, within
 from threadlog.processors.judge import all_verdicts, decision_time
 from threadlog.projections.partition_stores import PartitionStores
 
@@ -117,10 +116,7 @@ async def test_garbage_and_misrouted_proposals_are_refused_and_change_nothing(tl
     p = partition_for("t", partitions)
     wrong = (p + 1) % partitions
     codec = tl.runtime.codec
-    forged = codec.encode("threadlog.Proposal", {
-        "proposalId": uuid.uuid4().hex, "key": "t", "type": "threadlog.cmd.SaveTranscript", "at": 1.0,
-        "rules": 2, "seen": [],
-        "payload": codec.encode("threadlog.cmd.SaveTranscript", {"threadId": "t", "messages": "[]"})})
+    forged = raw_proposal(codec, "threadlog.cmd.SaveTranscript", "t", {"threadId": "t", "messages": "[]"})
     old_event = codec.encode("threadlog.Event", {"key": "t", "seq": 9, "decidedAt": 1.0, "commandId": "x",
                                                  "type": "threadlog.evt.TranscriptSaved",
                                                  "payload": codec.encode("threadlog.evt.TranscriptSaved",
@@ -238,11 +234,9 @@ async def test_one_proposal_id_on_two_partitions_is_judged_alike_by_every_judge(
     codec, topic = tl.runtime.codec, tl.runtime.topics.events
     producer = Producer({"bootstrap.servers": bootstrap})
     for thread in (a, b, a):  # the last: a re-send on the first partition
-        producer.produce(topic, codec.encode("threadlog.Proposal", {
-            "proposalId": "one-id", "key": thread, "type": "threadlog.cmd.SaveTranscript", "at": 1.0, "rules": 2,
-            "seen": [], "payload": codec.encode("threadlog.cmd.SaveTranscript",
-                                                {"threadId": thread, "messages": f'["{thread}"]'})}),
-            thread.encode(), partition=partition_for(thread, total))
+        producer.produce(topic, raw_proposal(codec, "threadlog.cmd.SaveTranscript", thread,
+                                             {"threadId": thread, "messages": f'["{thread}"]'}, proposal_id="one-id"),
+                         thread.encode(), partition=partition_for(thread, total))
     assert producer.flush(30) == 0
     await within(tl.read_barrier(None))
     assert await within(tl.messages.load_thread(a)) == [a] and await within(tl.messages.load_thread(b)) == [b]

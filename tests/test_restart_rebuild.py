@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
-from support import until, within
+from support import raw_proposal, until, within
 from threadlog.processors.judge import RULES, all_verdicts
 from threadlog.processors.rebuild import rebuild
 from threadlog.projections import incarnation
@@ -188,10 +187,8 @@ async def test_a_rebuild_that_stops_moving_gives_up_with_unavailable(open_client
     tl = await open_client(state_dir=str(tmp_path / "host"), partitions=1)
     await within(tl.messages.save_thread("t", [{"n": 1}]))
     codec = tl.runtime.codec
-    newer = codec.encode("threadlog.Proposal", {
-        "proposalId": uuid.uuid4().hex, "key": "t", "type": "threadlog.cmd.SaveTranscript", "at": 1.0,
-        "rules": RULES + 1, "seen": [],
-        "payload": codec.encode("threadlog.cmd.SaveTranscript", {"threadId": "t", "messages": "[]"})})
+    newer = raw_proposal(codec, "threadlog.cmd.SaveTranscript", "t", {"threadId": "t", "messages": "[]"},
+                         rules=RULES + 1)
     producer = Producer({"bootstrap.servers": bootstrap})
     producer.produce(tl.runtime.topics.events, newer, b"t", partition=0)
     assert producer.flush(30) == 0
