@@ -16,7 +16,7 @@ import time
 
 import orjson
 import pytest
-from checkpoint_helpers import checkpoint
+from checkpoint_helpers import MutableClock, checkpoint
 from confluent_kafka import Producer
 from support import until, within
 from threadlog.projections.folds import runs as runs_state
@@ -526,6 +526,11 @@ MEMBERS_POISON = [
     b'{"address": "127.0.0.1:1", "startedAt": 1, "heartbeatAt": 1e400}',  # an infinite heartbeat
     b'{"address": "127.0.0.1:1", "startedAt": 1, "heartbeatAt": 1' + b"0" * 400 + b"}",  # no double holds it
     b'{"address": "127.0.0.1:1", "startedAt": 1, "heartbeatAt": 1, "partitions": [true, "0"]}',
+    # Lease settings no worker starts with: the renewal not before the end, half of one, a bool, too long.
+    b'{"address": "127.0.0.1:1", "startedAt": 1, "heartbeatAt": 1, "leaseDurationMs": 5, "renewAfterMs": 5}',
+    b'{"address": "127.0.0.1:1", "startedAt": 1, "heartbeatAt": 1, "leaseDurationMs": 5000}',
+    b'{"address": "127.0.0.1:1", "startedAt": 1, "heartbeatAt": 1, "leaseDurationMs": true, "renewAfterMs": 0}',
+    b'{"address": "127.0.0.1:1", "startedAt": 1, "heartbeatAt": 1, "leaseDurationMs": 1e30, "renewAfterMs": 1}',
 ]
 
 
@@ -549,3 +554,29 @@ async def test_records_on_the_members_topic_that_are_not_announcements_are_ignor
     assert worker.address in [m.address for m in view.live()]
     await within(a.messages.save_thread("t", ["after"]))
     assert await within(a.messages.load_thread("t")) == ["after"]
+
+
+async def test_a_thin_clients_writer_lease_has_the_length_its_deciding_worker_was_started_with(
+        bootstrap, namespace, tmp_path, open_client):
+    """SPEC 4: the lease length is the setting of the processor that decides the
+    grant. Tried: a worker started with `--lease-duration-ms 5000 --renew-after-ms
+    1000` and thin clients opened with other settings (the defaults, and 60 s /
+    20 s). Before, `threadlog worker --lease-duration-ms` was parsed and never used:
+    each client's own setting was granted (120 000 ms). An embedded client of the
+    same namespace still decides with its own setting."""
+    w = await WorkerProcess(bootstrap, namespace, tmp_path / "w-lease", "w-lease",
+                            "--lease-duration-ms", "5000", "--renew-after-ms", "1000").start()
+    try:
+        clock = MutableClock()
+        for n, settings in enumerate(({}, {"lease_duration_ms": 60_000, "renew_after_ms": 20_000})):
+            thin = await open_client(processors="external", own_worker=True, clock=clock, **settings)
+            lease = await within(thin.checkpoints.acquire_writer(f"t{n}", auto_renew=False))
+            assert (lease.expires_at - clock.now, lease.renew_after_ms) == (5_000, 1_000)
+            clock.advance(1_000)
+            assert await within(lease.renew()) == clock.now + 5_000
+            await within(lease.release())
+        embedded = await open_client(clock=clock, lease_duration_ms=9_000, renew_after_ms=3_000)
+        lease = await within(embedded.checkpoints.acquire_writer("t-embedded", auto_renew=False))
+        assert (lease.expires_at - clock.now, lease.renew_after_ms) == (9_000, 3_000)
+    finally:
+        await w.stop()

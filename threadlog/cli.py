@@ -271,7 +271,8 @@ async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None
             address = addresses.join(addresses.bare(advertise), addresses.split(address)[1])
         judge = rt.judge
         announcer = Announcer(rt.opts.bootstrap_servers, rt.topics.members, rt.client_id, address,
-                              kafka=rt.opts.kafka, partitions=lambda: sorted(judge.owned))
+                              kafka=rt.opts.kafka, partitions=lambda: sorted(judge.owned),
+                              lease=(rt.opts.lease_duration_ms, rt.opts.renew_after_ms))
         await asyncio.to_thread(announcer.start, rt.opts.request_timeout)
         print(f"worker judging {rt.topics.events} (state {rt.stores.path}), serving queries at {address} "
               f"as {rt.client_id}", flush=True)
@@ -782,8 +783,11 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--namespace", default="threadlog", help="the namespace to judge and serve")
     w.add_argument("--partitions", type=int, default=4, help="partition count of topics this creates")
     w.add_argument("--state-dir", default=None, help=STATE_DIR_HELP)
-    w.add_argument("--lease-duration-ms", type=int, default=120_000, help="length of the leases this worker takes")
-    w.add_argument("--renew-after-ms", type=int, default=45_000, help="renew a lease this long after taking it")
+    w.add_argument("--lease-duration-ms", type=int, default=120_000,
+                   help="length of the writer leases granted on the partitions this worker owns (announced in "
+                        "<ns>.members; thin clients propose it)")
+    w.add_argument("--renew-after-ms", type=int, default=45_000,
+                   help="the renew_after_ms hint of the writer leases granted on its partitions")
     w.add_argument("--listen", default="127.0.0.1:0",
                    help="HOST:PORT of the query service for thin clients (port 0: a free one, printed; an IPv6 "
                         "host in brackets: [::1]:0)")

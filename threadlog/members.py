@@ -3,7 +3,8 @@
 Why a topic and not a registry service or a consumer group: the cluster is
 the one thing every host already reaches, and a compacted topic is a tiny
 key-value table with history -- key = worker id, value = JSON
-`{address, startedAt, heartbeatAt, partitions}`, the latest record per key wins and a
+`{address, startedAt, heartbeatAt, partitions, leaseDurationMs, renewAfterMs}`,
+the latest record per key wins and a
 tombstone (clean exit) removes it. Consumer-group membership would tell who
 is alive but carries no address; a registry would be one more thing to run.
 
@@ -31,8 +32,9 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from .kernel import kafka_config
+from .kernel.checkpoint_rules import MAX_LEASE_MS
 from .kernel.errors import unavailable
-from .kernel.validation import is_finite
+from .kernel.validation import is_finite, is_int
 
 log = logging.getLogger("threadlog.members")
 
@@ -49,6 +51,9 @@ class Member:
     # The events partitions it owns and serves; None: every partition (a
     # worker from before ownership, which judged them all).
     partitions: tuple[int, ...] | None = None
+    # (lease_duration_ms, renew_after_ms) of the writer leases it grants; None:
+    # not announced (a worker from before it), the proposer's own setting then.
+    lease: tuple[int, int] | None = None
 
     def serves(self, partition: int) -> bool:
         return self.partitions is None or partition in self.partitions
@@ -62,9 +67,11 @@ class Announcer:
 
     def __init__(self, bootstrap: str, topic: str, worker_id: str, address: str,
                  interval: float = HEARTBEAT_S, kafka: Mapping[str, Any] | None = None,
-                 partitions: Callable[[], list[int]] | None = None) -> None:
+                 partitions: Callable[[], list[int]] | None = None,
+                 lease: tuple[int, int] | None = None) -> None:
         self.topic = topic
         self.partitions = partitions
+        self.lease = lease
         self.worker_id = worker_id
         self.address = address
         self.interval = interval
@@ -97,6 +104,8 @@ class Announcer:
                                   "heartbeatAt": time.time() * 1000.0}
         if self.partitions is not None:
             record["partitions"] = list(self.partitions())
+        if self.lease is not None:
+            record["leaseDurationMs"], record["renewAfterMs"] = self.lease
         self._producer.produce(self.topic, json.dumps(record).encode(), self.worker_id.encode(), partition=0)
         self._producer.poll(0)
 
@@ -149,7 +158,19 @@ def parse_member(worker_id: str, v: Any) -> Member:
     if parts is not None and not (isinstance(parts, list)
                                   and all(type(p) is int and p >= 0 for p in parts)):
         raise ValueError("a member's partitions are a list of partition numbers")
-    return Member(worker_id, address, started, beat, None if parts is None else tuple(parts))
+    return Member(worker_id, address, started, beat, None if parts is None else tuple(parts),
+                  _lease(v.get("leaseDurationMs"), v.get("renewAfterMs")))
+
+
+def _lease(duration: Any, renew_after: Any) -> tuple[int, int] | None:
+    # The rules `open()` applies to its own setting (config.Options): a worker
+    # announces only what it was started with, so anything else is not its record.
+    if duration is None and renew_after is None:
+        return None
+    if not (is_int(duration) and is_int(renew_after) and 0 < renew_after < duration <= MAX_LEASE_MS):
+        raise ValueError(f"a member's lease setting is 0 < renewAfterMs < leaseDurationMs <= {MAX_LEASE_MS}, "
+                         f"got {str(renew_after)[:40]} and {str(duration)[:40]}")
+    return duration, renew_after
 
 
 def _epoch_ms(x: Any) -> float:

@@ -68,7 +68,7 @@ from .kernel.errors import (
     unavailable,
 )
 from .kernel.topics import ANSWER_TOO_LARGE, REPLY_HEADER
-from .members import MembersView
+from .members import Member, MembersView
 from .processors.verdict_push import BEAT_S, reply_token
 from .producers.pump import inbox, within
 from .projections.queries import from_wire
@@ -225,7 +225,7 @@ class QueryClient:
         # Handing a call to the loop and stopping it exclude each other: a call
         # handed over is either failed by `close` or refused, never left waiting.
         self._handover = threading.Lock()
-        self._owners: tuple[int, dict[int, str]] = (-1, {})  # (members version, partition -> address)
+        self._owners: tuple[int, dict[int, Member]] = (-1, {})  # (members version, partition -> owner)
         # Blocking multi-key reads run here (off_loop): a pool of our own, not the
         # caller loop's default one, which the application and LangGraph share.
         self.readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix=f"thin-read:{client_id}")
@@ -449,7 +449,12 @@ class QueryClient:
                 await asyncio.sleep(min(RETRY_PAUSE, left))
 
     def owner_of(self, partition: int) -> str | None:
-        """The address of the live worker that announced `partition` last (None: none now).
+        """The address of the live worker that announced `partition` last (None: none now)."""
+        owner = self.owner(partition)
+        return None if owner is None else owner.address
+
+    def owner(self, partition: int) -> Member | None:
+        """The live worker that announced `partition` last (None: none now).
         Cached per announcement: asked for every acknowledged proposal."""
         version, owners = self._owners
         if version != self.members.version:
@@ -457,7 +462,7 @@ class QueryClient:
             for m in sorted(self.members.live(), key=lambda m: -m.heartbeat_at):  # the newest first
                 for p in range(self.partitions):
                     if p not in owners and m.serves(p):
-                        owners[p] = m.address
+                        owners[p] = m
             self._owners = (self.members.version, owners)
         return owners.get(partition)
 

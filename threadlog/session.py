@@ -131,5 +131,21 @@ class Session:
             return await query.scan(prefix, self._partitions(keys))
         return list(self.state.scan(prefix))
 
+    def lease_setting(self, thread_id: str) -> tuple[int, int]:
+        """(lease_duration_ms, renew_after_ms) for a writer lease of `thread_id`.
+
+        SPEC 4: the lease length is the setting of the processor that decides the
+        grant. The judge is a pure fold and reads the length from the proposal
+        (every judge must grant the same lease), so the proposer puts the decider's
+        setting there: embedded, this process's own; thin, the one the worker that
+        owns the thread's partition announced in `<ns>.members` (`threadlog worker
+        --lease-duration-ms`), or this client's own if that worker announced none."""
+        query = self.runtime.query
+        if query is not None:
+            owner = query.owner(self.runtime.partition_of(thread_id))
+            if owner is not None and owner.lease is not None:
+                return owner.lease
+        return self.opts.lease_duration_ms, self.opts.renew_after_ms
+
     def _partitions(self, keys: Iterable[str] | None) -> list[int] | None:
         return None if keys is None else sorted({self.runtime.partition_of(k) for k in keys})

@@ -101,15 +101,17 @@ class WriterLease:
         return self._task is not None and not self._task.done()
 
     async def renew(self) -> float:
-        """Extend the lease by this client's lease length; `WRITER_LOST` unless
-        it is still the current, unexpired lease of its thread. Returns the new `expires_at`."""
+        """Extend the lease by the lease length of the processor that decides it
+        (`Session.lease_setting`); `WRITER_LOST` unless it is still the current,
+        unexpired lease of its thread. Returns the new `expires_at`."""
         if self._lost_reason is not None:
             raise writer_lost(f"the writer lease of thread {self.thread_id!r} (fence {self.fence}) was lost: "
                               f"{self._lost_reason}")
         try:
             result = await self._store._send("threadlog.cmd.RenewCheckpointWriter", self.thread_id,
                                              {"writer": writer_record(self),
-                                              "leaseDurationMs": self._store._session.opts.lease_duration_ms})
+                                              "leaseDurationMs":
+                                                  self._store._session.lease_setting(self.thread_id)[0]})
         except ThreadLogError as exc:
             if exc.code == WRITER_LOST:
                 self._lose(f"a renewal was refused: {exc.message}")
@@ -228,12 +230,12 @@ class CheckpointStore(StoreFacade):
         require_id(thread_id, "thread_id")
         if not isinstance(auto_renew, bool) or not isinstance(steal, bool):
             raise invalid_argument(f"auto_renew and steal must be bool, got {auto_renew!r} and {steal!r}")
-        opts = self._session.opts
+        duration, renew_after = self._session.lease_setting(thread_id)
         # The proposer draws the owner token (a capability: 128 random bits);
         # the judge only checks it, so every judge grants the same lease.
         grant = await self._send("threadlog.cmd.AcquireCheckpointWriter", thread_id, {
             "threadId": thread_id, "ownerToken": secrets.token_hex(16),
-            "leaseDurationMs": opts.lease_duration_ms, "renewAfterMs": opts.renew_after_ms,
+            "leaseDurationMs": duration, "renewAfterMs": renew_after,
             "steal": steal,
         })
         return WriterLease(self, grant, auto_renew=auto_renew)
