@@ -8,7 +8,7 @@ reported in one INVALID_ARGUMENT that changes nothing.
 from __future__ import annotations
 
 import pytest
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
 import threadlog
 from threadlog import ThreadLogError
@@ -65,3 +65,51 @@ async def test_an_existing_topic_with_the_wrong_settings_is_reported_in_one_mess
     assert "message.timestamp.type=CreateTime, expected LogAppendTime" in message
     # Nothing was changed on the existing topic.
     assert _configs(bootstrap, topics.events)["cleanup.policy"] == "compact"
+
+
+async def test_durability_named_with_create_topics_false_is_checked_not_ignored(open_client, bootstrap, namespace):
+    """Tried (an audit of options): `create_topics=False` with
+    `replication_factor=5` on this one-broker cluster opened the namespace, the
+    setting silently ignored; `create_topics=True` refused it. Both check now."""
+    await open_client()  # the namespace exists (replication factor 1)
+    with pytest.raises(ThreadLogError) as err:
+        await open_client(create_topics=False, replication_factor=5)
+    assert err.value.code == "INVALID_ARGUMENT" and "replication_factor=5 needs 5 brokers" in err.value.message
+    # What the topics have is accepted; not naming a durability checks nothing (read-only commands).
+    await open_client(create_topics=False, replication_factor=1, min_insync_replicas=1)
+    await open_client(create_topics=False)
+    # An existing topic whose settings differ from what was named: every mismatch in one error.
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    resource = ConfigResource(ConfigResource.Type.TOPIC, Topics(namespace).blobs, incremental_configs=[
+        ConfigEntry("cleanup.policy", "delete", incremental_operation=AlterConfigOpType.SET)])
+    (fut,) = admin.incremental_alter_configs([resource]).values()
+    fut.result(timeout=30)
+    with pytest.raises(ThreadLogError) as err:
+        await open_client(create_topics=False, replication_factor=1)
+    assert err.value.code == "INVALID_ARGUMENT" and "cleanup.policy=delete, expected compact" in err.value.message
+
+
+async def test_delivery_retention_is_set_on_a_new_deliveries_topic_and_an_existing_one_keeps_its_own(
+        open_client, bootstrap, namespace):
+    """README tells users to keep `delivery_retention_ms` longer than any run is
+    written; `open()` did not take it (TypeError), so it was always 7 days."""
+    await open_client(delivery_retention_ms=3_600_000)
+    assert _configs(bootstrap, Topics(namespace).deliveries)["retention.ms"] == "3600000"
+    await open_client(delivery_retention_ms=7_200_000)  # partitions likewise: the topic keeps its own
+    assert _configs(bootstrap, Topics(namespace).deliveries)["retention.ms"] == "3600000"
+    for opening in (threadlog.open, threadlog.connect):  # the blocking client takes it too
+        with pytest.raises(ThreadLogError) as err:
+            opening(bootstrap, namespace=namespace, delivery_retention_ms=0)
+        assert err.value.code == "INVALID_ARGUMENT" and "delivery_retention_ms" in err.value.message
+
+
+async def test_a_worker_creates_the_deliveries_topic_with_the_retention_it_was_given(bootstrap, namespace,
+                                                                                   tmp_path):
+    from worker_support import WorkerProcess
+
+    worker = await WorkerProcess(bootstrap, namespace, tmp_path / "w", "w",
+                                 "--delivery-retention-ms", "86400000").start()
+    try:
+        assert _configs(bootstrap, Topics(namespace).deliveries)["retention.ms"] == "86400000"
+    finally:
+        await worker.stop()

@@ -198,6 +198,7 @@ def open(
     create_topics: bool = True,
     replication_factor: int | None = None,
     min_insync_replicas: int | None = None,
+    delivery_retention_ms: int = 7 * 24 * 3600 * 1000,
 ) -> _Opener:
     """Open a namespace; bad options raise `ThreadLogError(INVALID_ARGUMENT)` here.
 
@@ -212,7 +213,10 @@ def open(
     timeouts...); the ones threadlog needs for correctness are refused.
     `create_topics=False`: the namespace must exist (`NAMESPACE_NOT_FOUND`).
     `replication_factor` / `min_insync_replicas` of new topics: default
-    min(3, brokers) / min(2, replication factor); existing topics are checked.
+    min(3, brokers) / min(2, replication factor); existing topics are checked
+    (also with `create_topics=False`, when given).
+    `delivery_retention_ms`: `retention.ms` of a new `deliveries` topic (7
+    days); an existing one keeps its own, as `partitions`.
     """
     opts = Options(
         bootstrap_servers=bootstrap_servers,
@@ -229,5 +233,6 @@ def open(
         create_topics=create_topics,
         replication_factor=replication_factor,
         min_insync_replicas=min_insync_replicas,
+        delivery_retention_ms=delivery_retention_ms,
     )
     return _Opener(opts)

@@ -972,6 +972,7 @@ def connect(
     create_topics: bool = True,
     replication_factor: int | None = None,
     min_insync_replicas: int | None = None,
+    delivery_retention_ms: int = 7 * 24 * 3600 * 1000,
 ) -> SyncThreadLog:
     """Open a namespace with a blocking client (the arguments of `threadlog.open`).
 
@@ -983,7 +984,7 @@ def connect(
         bootstrap_servers, namespace, processors, lease_duration_ms, renew_after_ms, clock,
         first_chunk_wait_ms, state_dir, partitions=partitions, request_timeout_ms=request_timeout_ms,
         kafka=kafka, create_topics=create_topics, replication_factor=replication_factor,
-        min_insync_replicas=min_insync_replicas,
+        min_insync_replicas=min_insync_replicas, delivery_retention_ms=delivery_retention_ms,
     )
     client = SyncThreadLog(request_timeout_ms / 1000.0, first_chunk_wait_ms / 1000.0)
 

@@ -283,12 +283,16 @@ def delete_topics(admin: AdminClient, topics: Topics, timeout: float = 30.0) -> 
             pass
 
 
-def require_topics(admin: AdminClient, topics: Topics, timeout: float = 30.0) -> TopicLayout:
+def require_topics(admin: AdminClient, topics: Topics, timeout: float = 30.0,
+                   replication_factor: int | None = None,
+                   min_insync_replicas: int | None = None) -> TopicLayout:
     """The layout of a namespace that must already exist; never creates a topic.
 
     Read-only commands use this, so a mistyped namespace is an error instead
     of three new empty topics. A namespace with none of its topics fails at
     once; one with some (still being created elsewhere) gets until `timeout`.
+    A caller that names a durability gets it checked, as `ensure_topics`
+    checks it: asked for and not there is an error, never ignored.
     """
     deadline = time.monotonic() + timeout
     try:
@@ -301,8 +305,12 @@ def require_topics(admin: AdminClient, topics: Topics, timeout: float = 30.0) ->
         raise namespace_not_found(
             f"namespace {topics.namespace!r} does not exist (no topics {', '.join(topics.all())})")
     try:
-        return describe(admin, topics, deadline)
+        layout = describe(admin, topics, deadline)
     except Exception as exc:
         if getattr(exc, "code", None) != "UNAVAILABLE" or "not visible" not in str(exc):
             raise
         raise namespace_not_found(f"namespace {topics.namespace!r} is incomplete: {exc}") from None
+    if replication_factor is not None or min_insync_replicas is not None:
+        durability = Durability.choose(len(md.brokers), replication_factor, min_insync_replicas)
+        check_topics(admin, topics, durability, md, deadline)
+    return layout
