@@ -64,3 +64,11 @@ async def test_replay_records_shows_claims_and_dropped_chunks(bootstrap, namespa
     assert [(r["kind"], r["epoch"], r.get("stands"), r.get("dropped")) for r in rows] == [
         ("claim", 1, None, None), ("chunks", 1, True, None), ("claim", 2, None, None),
         ("chunks", 1, False, "RUN_CLAIM_LOST")]
+
+
+async def test_replay_records_with_follow_is_refused_not_ignored(bootstrap, namespace, tl, tmp_path):
+    # Tried (an audit of options): `--records --follow` on an open log printed the
+    # records stored then and exited 0, `--follow` silently ignored.
+    await within(tl.delivery("run-open").append([chunk(0)]))
+    code, lines, err = await replay(bootstrap, namespace, str(tmp_path / "cli"), "run-open", "--records", "--follow")
+    assert code == 2 and lines == [] and "cannot --follow" in err

@@ -580,3 +580,15 @@ async def test_a_thin_clients_writer_lease_has_the_length_its_deciding_worker_wa
         assert (lease.expires_at - clock.now, lease.renew_after_ms) == (9_000, 3_000)
     finally:
         await w.stop()
+
+
+async def test_a_thin_client_takes_no_state_slot(worker, open_client, tmp_path):
+    """Tried (an audit of options): a thin client given a `state_dir` locked its
+    first slot, which it never uses; an embedded client of the same host and
+    directory then took the next slot and folded the namespace from offset 0
+    instead of resuming the stores of the first."""
+    shared = str(tmp_path / "shared-state")
+    thin = await open_client(processors="external", own_worker=True, state_dir=shared)
+    assert thin.runtime.slot is None
+    embedded = await open_client(state_dir=shared)
+    assert embedded.runtime.slot.path.name == "slot-0"

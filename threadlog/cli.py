@@ -116,6 +116,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         renew_after_ms=args.renew_after_ms,
         state_dir=args.state_dir,
         partitions=args.partitions,
+        delivery_retention_ms=args.delivery_retention_ms,
         request_timeout_ms=args.request_timeout_ms,
         kafka=_kafka_props(args),
     )
@@ -547,6 +548,11 @@ async def _replay(args: argparse.Namespace) -> int:
 
     import threadlog
 
+    if args.records and args.follow:
+        # `records` is what is stored now; following it is not built: refused, not ignored.
+        print("threadlog replay: --records prints the records stored now and cannot --follow; "
+              "--follow waits for chunks", file=sys.stderr)
+        return 2
     # Embedded: replay must work with no worker running (it is a debugging tool).
     async with threadlog.open(args.bootstrap, namespace=args.namespace, processors="embedded",
                               state_dir=args.state_dir, request_timeout_ms=args.request_timeout_ms,
@@ -782,6 +788,9 @@ def build_parser() -> argparse.ArgumentParser:
     _connects(w)
     w.add_argument("--namespace", default="threadlog", help="the namespace to judge and serve")
     w.add_argument("--partitions", type=int, default=4, help="partition count of topics this creates")
+    w.add_argument("--delivery-retention-ms", type=int, default=7 * 24 * 3600 * 1000,
+                   help="retention.ms of the deliveries topic if this creates it (default 7 days; an existing "
+                        "topic keeps its own)")
     w.add_argument("--state-dir", default=None, help=STATE_DIR_HELP)
     w.add_argument("--lease-duration-ms", type=int, default=120_000,
                    help="length of the writer leases granted on the partitions this worker owns (announced in "
@@ -840,7 +849,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "records from the one holding that chunk on (it may hold later chunks)")
     rp.add_argument("--follow", action="store_true", help="keep waiting for chunks until the log is closed")
     rp.add_argument("--records", action="store_true",
-                    help="print every record instead: claims, dropped chunks and why, upserts, the close")
+                    help="print every record stored now instead: claims, dropped chunks and why, upserts, the "
+                         "close (not with --follow)")
     _connects(rp)
     _namespace_state(rp)
     rp.set_defaults(fn=cmd_replay)

@@ -398,9 +398,10 @@ class QueryClient:
             raise unavailable("this ThreadLog is closed")
         return await asyncio.wrap_future(self._run(coro))
 
-    async def acall(self, op: str, args: dict, partitions: list[int] | None = None) -> dict[tuple[int, ...], Any]:
+    async def acall(self, op: str, args: dict, partitions: list[int] | None = None,
+                    timeout: float | None = None) -> dict[tuple[int, ...], Any]:
         """Awaitable `call` from any event loop."""
-        return await asyncio.wrap_future(self._run(self.call(op, args, partitions)))
+        return await asyncio.wrap_future(self._run(self.call(op, args, partitions, timeout)))
 
     async def call(self, op: str, args: dict, partitions: list[int] | None = None,
                    timeout: float | None = None) -> dict[tuple[int, ...], Any]:

@@ -21,6 +21,7 @@ how to judge each record it meets.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Protocol
 
 from .kernel.kafka_config import Consumed
@@ -197,9 +198,9 @@ class RemoteRuns:
         # (the verdict after writing is the one that counts).
         self._known: dict[str, dict] = {}
 
-    async def ask(self, op: str, partition: int, args: dict) -> Any:
+    async def ask(self, op: str, partition: int, args: dict, timeout: float | None = None) -> Any:
         owner = owner_partition(partition, self.events_partitions)
-        answers = await self.query.acall(op, {**args, "d": partition}, [owner])
+        answers = await self.query.acall(op, {**args, "d": partition}, [owner], timeout)
         (answer,) = answers.values()
         return answer
 
@@ -214,13 +215,17 @@ class RemoteRuns:
 
     async def decide(self, run_id: str, partition: int, offset: int, kind: str, epoch: int,
                      timeout: float) -> tuple[dict | None, int]:
+        # `timeout` is what the caller's write left of its request timeout: the
+        # push's grace and the question after it share it (not a fresh one each).
+        deadline = time.monotonic() + timeout
         answer = None
         if self.pushed is not None:  # pushed by the owner's run index, or asked when it was not
             owner = owner_partition(partition, self.events_partitions)
             answer = await self.query.on_loop(self.pushed.delivery_answer(partition, offset, owner))
         if answer is None:
             answer = await self.ask("dlv_verdict", partition, {"run": run_id, "x": offset, "kind": kind,
-                                                               "epoch": epoch})
+                                                               "epoch": epoch},
+                                    max(0.1, deadline - time.monotonic()))
         self._learn(run_id, answer.get("state"))
         return answer["verdict"], int(answer["fence"])
 

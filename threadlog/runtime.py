@@ -115,16 +115,21 @@ class Runtime:
                 self.admin, self.topics, self.opts.partitions, self.opts.delivery_retention_ms,
                 timeout=self.opts.request_timeout, replication_factor=self.opts.replication_factor,
                 min_insync_replicas=self.opts.min_insync_replicas,
-            ) if self.opts.create_topics else require_topics(self.admin, self.topics, self.opts.request_timeout)
+            ) if self.opts.create_topics else require_topics(
+                self.admin, self.topics, self.opts.request_timeout,
+                replication_factor=self.opts.replication_factor, min_insync_replicas=self.opts.min_insync_replicas)
         except ThreadLogError as exc:
             raise trap.explain(exc, self.admin, kafka) from None
         self.timings["topics"] = time.monotonic() - t0
-        self.slot = claim_slot(self.opts.namespace_state)
-        stale = self.opts.namespace_state / self.opts.namespace
-        if self.opts.state_dir is None and (stale / "slot-0").is_dir():
-            # Earlier versions named the namespace twice under the default root. That state is
-            # derived (refolded, or restored from a snapshot), so it is not moved.
-            log.warning("state of an older layout at %s is no longer used; delete it", stale)
+        if not self.thin:
+            # A thin client keeps no state: it takes no slot (the one it took sat
+            # empty while an embedded client of the host refolded in the next).
+            self.slot = claim_slot(self.opts.namespace_state)
+            stale = self.opts.namespace_state / self.opts.namespace
+            if self.opts.state_dir is None and (stale / "slot-0").is_dir():
+                # Earlier versions named the namespace twice under the default root. That state is
+                # derived (refolded, or restored from a snapshot), so it is not moved.
+                log.warning("state of an older layout at %s is no longer used; delete it", stale)
         if self.thin or self.worker:
             # Thin clients ask the workers; a worker asks the other workers
             # (cross-partition facts of partitions it does not own).
@@ -143,6 +148,7 @@ class Runtime:
             self._watch(ids)
             self.timings["started"] = time.monotonic() - t0
             return
+        assert self.slot is not None
         if ids is not None:
             incarnation.settle(self.slot.path, ids)  # before any store of the slot opens
         # Snapshots name the log they were folded from; only those of this one are restored.
