@@ -18,6 +18,7 @@ from delivery_support import ClaimWriter, chunk, collect
 from support import within
 from worker_support import WorkerProcess
 
+from threadlog import remote
 from threadlog.kernel.errors import OUTCOME_UNKNOWN, RUN_CLAIM_LOST, ThreadLogError
 from threadlog.kernel.partitioning import partition_for
 
@@ -130,11 +131,13 @@ async def test_two_workers_split_the_delivery_partitions(bootstrap, namespace, t
 
 
 async def test_a_thin_writer_learns_its_delivery_verdicts_from_the_owners_pushes(bootstrap, namespace, tmp_path,
-                                                                                open_client):
+                                                                                open_client, monkeypatch):
     """The owner's run index pushes each delivery record's verdict to its thin
     writer (processors/verdict_push.py), as it does for proposals: appends are
     acknowledged by what is pushed, a superseded epoch is refused the same way,
     and what was acknowledged is exactly what a reader on another host gets."""
+    # A verdict later than the grace is asked for instead (a loaded machine): not counted below.
+    monkeypatch.setattr(remote, "PUSH_GRACE_S", 10.0)
     worker = await WorkerProcess(bootstrap, namespace, tmp_path / "w", "w").start()
     try:
         thin = await open_client(processors="external", own_worker=True)

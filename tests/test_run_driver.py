@@ -42,11 +42,13 @@ def now_ms() -> float:
 
 
 async def settled(tl, run_id: str) -> dict:
-    """The run's record once no heartbeat is in flight any more (the same twice, 2 heartbeats apart)."""
+    """The run's record once no heartbeat is in flight any more (the same twice,
+    1.5 s apart: a heartbeat written as its driver closed can be judged that late
+    on a loaded machine; no event tells that none is left)."""
     previous = await within(tl.runs.get(run_id))
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 15
     while True:
-        await asyncio.sleep(2 * HB / 1000)
+        await asyncio.sleep(max(2 * HB / 1000, 1.5))
         current = await within(tl.runs.get(run_id))
         if current == previous:
             return current

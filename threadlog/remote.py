@@ -454,6 +454,19 @@ class QueryClient:
         owner = self.owner(partition)
         return None if owner is None else owner.address
 
+    async def announced_owner(self, partition: int) -> Member:
+        """The live worker that announced `partition` last, waited for (on the
+        caller's loop) while none has: a worker that just started, or a
+        rebalance. `UNAVAILABLE` after the request timeout, as a call to it."""
+        deadline = time.monotonic() + self.timeout
+        while (owner := self.owner(partition)) is None:
+            left = deadline - time.monotonic()
+            if left <= 0 or self.closed:
+                raise unavailable(f"no live worker of {self.members_topic} announced partition {partition} "
+                                  "within the request timeout")
+            await asyncio.sleep(min(RETRY_PAUSE, left))
+        return owner
+
     def owner(self, partition: int) -> Member | None:
         """The live worker that announced `partition` last (None: none now).
         Cached per announcement: asked for every acknowledged proposal."""

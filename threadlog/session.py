@@ -10,6 +10,7 @@ store or the client's lifecycle, and nothing below the client imports it.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -47,10 +48,16 @@ class Session:
         if self.runtime.failed is not None:
             raise unavailable(self.runtime.failed)
 
-    async def send(self, type_name: str, key: str, payload: dict) -> Any:
+    async def send(self, type_name: str, key: str, payload: dict, timeout: float | None = None) -> Any:
+        """Propose and await the verdict, within `timeout` s (None: the request timeout)."""
         self.check_open()
         assert self.bus is not None
-        return await self.bus.send(type_name, key, payload)
+        return await self.bus.send(type_name, key, payload, timeout)
+
+    def left_of(self, began: float) -> float:
+        """What is left of one request timeout for a call that began at `began`
+        (time.monotonic()): the steps of one call share it."""
+        return max(0.1, self.opts.request_timeout - (time.monotonic() - began))
 
     @property
     def state(self) -> Store | PartitionStores | RemoteStore:
@@ -131,7 +138,7 @@ class Session:
             return await query.scan(prefix, self._partitions(keys))
         return list(self.state.scan(prefix))
 
-    def lease_setting(self, thread_id: str) -> tuple[int, int]:
+    async def lease_setting(self, thread_id: str) -> tuple[int, int]:
         """(lease_duration_ms, renew_after_ms) for a writer lease of `thread_id`.
 
         SPEC 4: the lease length is the setting of the processor that decides the
@@ -139,11 +146,13 @@ class Session:
         (every judge must grant the same lease), so the proposer puts the decider's
         setting there: embedded, this process's own; thin, the one the worker that
         owns the thread's partition announced in `<ns>.members` (`threadlog worker
-        --lease-duration-ms`), or this client's own if that worker announced none."""
+        --lease-duration-ms`), or this client's own if that worker announced none.
+        While no worker has announced the partition (one just started, a
+        rebalance), this waits for one: the grant is that worker's to judge."""
         query = self.runtime.query
         if query is not None:
-            owner = query.owner(self.runtime.partition_of(thread_id))
-            if owner is not None and owner.lease is not None:
+            owner = await query.announced_owner(self.runtime.partition_of(thread_id))
+            if owner.lease is not None:
                 return owner.lease
         return self.opts.lease_duration_ms, self.opts.renew_after_ms
 

@@ -181,3 +181,39 @@ async def test_many_calls_waiting_out_a_rebalance_fail_at_their_deadline(client_
     outcomes = await asyncio.gather(*(timed(qc.acall("get", {"key": ""}, [0])) for _ in range(200)))
     assert {o for o, _ in outcomes} == {"UNAVAILABLE"}
     assert max(t for _, t in outcomes) < 1.5
+
+
+class LateWorker(OneWorker):
+    """A worker that announces partition 0 only from its second announcement on
+    (a worker's first one, before the group assigned it anything, lists none)."""
+
+    def __init__(self, address: str, lease: tuple[int, int] | None) -> None:
+        super().__init__(address)
+        self.lease = lease
+        self.assigned = False
+
+    def live(self):
+        parts = (0,) if self.assigned else ()
+        return [Member("w", self.address, 0.0, time.time() * 1000.0, parts, self.lease)]
+
+
+async def test_the_owner_of_a_partition_is_waited_for_until_it_is_announced(client_of):
+    # A thin client proposing a writer lease puts its owner's setting in it
+    # (Session.lease_setting); right after a worker started, it had announced
+    # no partition yet, and the client's own setting was proposed instead.
+    qc = client_of("127.0.0.1:9", 5.0)
+    view = qc.members = LateWorker("127.0.0.1:9", (5_000, 1_000))
+    assert qc.owner(0) is None
+    waiting = asyncio.ensure_future(qc.announced_owner(0))
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
+    view.assigned, view.version = True, 2  # the next announcement lists it
+    owner = await asyncio.wait_for(waiting, 5)
+    assert (owner.address, owner.lease) == ("127.0.0.1:9", (5_000, 1_000))
+
+
+async def test_no_owner_announced_within_the_request_timeout_is_unavailable(client_of):
+    qc = client_of("127.0.0.1:9", 0.5)
+    qc.members = LateWorker("127.0.0.1:9", None)
+    outcome, took = await timed(qc.announced_owner(0))
+    assert outcome == "UNAVAILABLE" and took >= 0.5

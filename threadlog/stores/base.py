@@ -42,8 +42,8 @@ class StoreFacade:
         # Embedded: this process's RocksDB; thin: the same reads served by a worker.
         return self._session.state
 
-    async def _send(self, type_name: str, key: str, payload: dict) -> Any:
-        return await self._session.send(type_name, key, payload)
+    async def _send(self, type_name: str, key: str, payload: dict, timeout: float | None = None) -> Any:
+        return await self._session.send(type_name, key, payload, timeout)
 
     async def _resolve_elsewhere(self, result: Any, get: Callable[[str], Awaitable[Any]], ident: str) -> Any:
         """A create-or-resume of an id that lives on another thread's partition is

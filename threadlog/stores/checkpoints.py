@@ -107,11 +107,13 @@ class WriterLease:
         if self._lost_reason is not None:
             raise writer_lost(f"the writer lease of thread {self.thread_id!r} (fence {self.fence}) was lost: "
                               f"{self._lost_reason}")
+        session = self._store._session
+        began = time.monotonic()
         try:
+            duration, _ = await session.lease_setting(self.thread_id)
             result = await self._store._send("threadlog.cmd.RenewCheckpointWriter", self.thread_id,
-                                             {"writer": writer_record(self),
-                                              "leaseDurationMs":
-                                                  self._store._session.lease_setting(self.thread_id)[0]})
+                                             {"writer": writer_record(self), "leaseDurationMs": duration},
+                                             session.left_of(began))
         except ThreadLogError as exc:
             if exc.code == WRITER_LOST:
                 self._lose(f"a renewal was refused: {exc.message}")
@@ -230,14 +232,15 @@ class CheckpointStore(StoreFacade):
         require_id(thread_id, "thread_id")
         if not isinstance(auto_renew, bool) or not isinstance(steal, bool):
             raise invalid_argument(f"auto_renew and steal must be bool, got {auto_renew!r} and {steal!r}")
-        duration, renew_after = self._session.lease_setting(thread_id)
+        began = time.monotonic()
+        duration, renew_after = await self._session.lease_setting(thread_id)
         # The proposer draws the owner token (a capability: 128 random bits);
         # the judge only checks it, so every judge grants the same lease.
         grant = await self._send("threadlog.cmd.AcquireCheckpointWriter", thread_id, {
             "threadId": thread_id, "ownerToken": secrets.token_hex(16),
             "leaseDurationMs": duration, "renewAfterMs": renew_after,
             "steal": steal,
-        })
+        }, self._session.left_of(began))
         return WriterLease(self, grant, auto_renew=auto_renew)
 
     def _stop_renewals(self) -> None:
