@@ -595,3 +595,37 @@ async def test_a_thin_client_takes_no_state_slot(worker, open_client, tmp_path):
     assert thin.runtime.slot is None
     embedded = await open_client(state_dir=shared)
     assert embedded.runtime.slot.path.name == "slot-0"
+
+
+async def test_a_renewal_keeps_the_length_the_lease_was_granted_with_when_its_partition_moves(
+        bootstrap, namespace, tmp_path, open_client):
+    """Tried (a review): a lease granted under a worker of 30 s, its partition then
+    moved to a worker of 4 s; the renewal proposed the new owner's 4 s, which cut
+    the lease under the holder's `expires_at`, and another client took the thread
+    without stealing it. A renewal proposes the length of its grant."""
+    clock = MutableClock()
+    first = await WorkerProcess(bootstrap, namespace, tmp_path / "w-long", "w-long",
+                                "--lease-duration-ms", "30000", "--renew-after-ms", "12000").start()
+    thin = await open_client(processors="external", own_worker=True, clock=clock)
+    p = partition_for("t", thin.runtime.layout.events)
+    try:
+        lease = await within(thin.checkpoints.acquire_writer("t", auto_renew=False))
+        assert lease.expires_at - clock.now == 30_000
+    finally:
+        await first.stop()
+    second = await WorkerProcess(bootstrap, namespace, tmp_path / "w-short", "w-short",
+                                 "--lease-duration-ms", "4000", "--renew-after-ms", "2000").start()
+    try:
+        await until(lambda: (o := thin.runtime.query.owner(p)) is not None and o.lease == (4_000, 2_000), 30,
+                    "the second worker owns the partition")
+        clock.advance(10_000)
+        assert await within(lease.renew()) == clock.now + 30_000  # the grant's length, not the owner's
+        other = await open_client(processors="external", own_worker=True, clock=clock)
+        clock.advance(25_000)  # past what the owner's 4 s would have left; within the grant's 30 s
+        with pytest.raises(ThreadLogError) as err:
+            await within(other.checkpoints.acquire_writer("t", auto_renew=False))
+        assert err.value.code == "SANDBOX_SNAPSHOT_WRITER_CONFLICT"
+        fresh = await within(other.checkpoints.acquire_writer("t2", auto_renew=False))  # a new grant: 4 s
+        assert fresh.expires_at - clock.now == 4_000
+    finally:
+        await second.stop()

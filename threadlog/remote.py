@@ -471,13 +471,14 @@ class QueryClient:
         """The live worker that announced `partition` last (None: none now).
         Cached per announcement: asked for every acknowledged proposal."""
         version, owners = self._owners
-        if version != self.members.version:
+        now = self.members.version  # read before the members: a newer record then rebuilds again
+        if version != now:
             owners = {}
             for m in sorted(self.members.live(), key=lambda m: -m.heartbeat_at):  # the newest first
                 for p in range(self.partitions):
                     if p not in owners and m.serves(p):
                         owners[p] = m
-            self._owners = (self.members.version, owners)
+            self._owners = (now, owners)
         return owners.get(partition)
 
     def _plan(self, todo: list[int] | None) -> tuple[dict[str, list[int] | None], Any]:
@@ -1036,10 +1037,11 @@ class RemoteVerdicts:
                 self._early[(p, o)] = (verdict, now)
                 self._arm_sweep()
 
-    async def delivery_answer(self, d: int, x: int, owner: int) -> dict | None:
+    async def delivery_answer(self, d: int, x: int, owner: int, limit: float | None = None) -> dict | None:
         """On the client's loop: what the owner's run index pushed about the delivery
         record at (d, x) -- `dlv_verdict`'s answer -- or None: ask it (no live
-        push connection to `owner`'s worker, or nothing pushed within the grace)."""
+        push connection to `owner`'s worker, or nothing pushed within the grace,
+        or within `limit` s when that is shorter: what the caller has left)."""
         early = self._dlv_early.pop((d, x), None)
         if early is not None:
             self.dlv_used += 1
@@ -1050,7 +1052,7 @@ class RemoteVerdicts:
         fut: asyncio.Future = self._client._loop.create_future()
         self._dlv_waiting[(d, x)] = fut
         try:
-            answer = await within(fut, PUSH_GRACE_S)
+            answer = await within(fut, PUSH_GRACE_S if limit is None else min(PUSH_GRACE_S, limit))
         except TimeoutError:
             return None
         finally:

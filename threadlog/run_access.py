@@ -221,7 +221,7 @@ class RemoteRuns:
         answer = None
         if self.pushed is not None:  # pushed by the owner's run index, or asked when it was not
             owner = owner_partition(partition, self.events_partitions)
-            answer = await self.query.on_loop(self.pushed.delivery_answer(partition, offset, owner))
+            answer = await self.query.on_loop(self.pushed.delivery_answer(partition, offset, owner, timeout))
         if answer is None:
             answer = await self.ask("dlv_verdict", partition, {"run": run_id, "x": offset, "kind": kind,
                                                                "epoch": epoch},

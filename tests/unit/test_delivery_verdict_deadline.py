@@ -13,7 +13,7 @@ GRACE_S = 0.3
 class SilentPush:
     """Nothing pushed within the grace: the client asks."""
 
-    async def delivery_answer(self, d: int, x: int, owner: int):
+    async def delivery_answer(self, d: int, x: int, owner: int, limit=None):
         await asyncio.sleep(GRACE_S)
         return None
 

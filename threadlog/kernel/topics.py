@@ -209,6 +209,9 @@ def _topic_configs(admin: AdminClient, topics: Topics, names: list[str], deadlin
             if not unknown or time.monotonic() + 0.1 >= deadline:
                 raise unavailable(f"cannot read the settings of {topics.namespace}'s topics: {exc}") from None
             time.sleep(0.1)  # a backoff before asking again, not a wait for an event
+        except TimeoutError:  # the future's own timeout: callers expect ThreadLogError only
+            raise unavailable(f"cannot read the settings of {topics.namespace}'s topics within the "
+                              "request timeout") from None
 
 
 def check_topics(admin: AdminClient, topics: Topics, durability: Durability, md: ClusterMetadata,
@@ -305,7 +308,7 @@ def require_topics(admin: AdminClient, topics: Topics, timeout: float = 30.0,
         raise namespace_not_found(
             f"namespace {topics.namespace!r} does not exist (no topics {', '.join(topics.all())})")
     try:
-        layout = describe(admin, topics, deadline)
+        layout, md = _describe(admin, topics, deadline)  # the metadata every topic is visible in
     except Exception as exc:
         if getattr(exc, "code", None) != "UNAVAILABLE" or "not visible" not in str(exc):
             raise

@@ -69,8 +69,13 @@ class WriterLease:
     and every later write with it raises `WRITER_LOST` without being sent.
     """
 
-    def __init__(self, store: CheckpointStore, grant: dict, *, auto_renew: bool = False) -> None:
+    def __init__(self, store: CheckpointStore, grant: dict, duration_ms: int, *, auto_renew: bool = False) -> None:
         self._store = store
+        # The length the grant was proposed with (the deciding processor's setting
+        # then): every renewal proposes it again. Asked anew, a partition moved to a
+        # worker of a shorter setting cut the lease under `expires_at` (which only
+        # moves forward) and another client took the thread without stealing it.
+        self._duration_ms = duration_ms
         self.thread_id: str = grant["threadId"]
         self.owner_token: str = grant["ownerToken"]
         self.fence: int = grant["fence"]
@@ -101,19 +106,15 @@ class WriterLease:
         return self._task is not None and not self._task.done()
 
     async def renew(self) -> float:
-        """Extend the lease by the lease length of the processor that decides it
-        (`Session.lease_setting`); `WRITER_LOST` unless it is still the current,
-        unexpired lease of its thread. Returns the new `expires_at`."""
+        """Extend the lease by the length it was granted with (the setting of the
+        processor that decided the grant); `WRITER_LOST` unless it is still the
+        current, unexpired lease of its thread. Returns the new `expires_at`."""
         if self._lost_reason is not None:
             raise writer_lost(f"the writer lease of thread {self.thread_id!r} (fence {self.fence}) was lost: "
                               f"{self._lost_reason}")
-        session = self._store._session
-        began = time.monotonic()
         try:
-            duration, _ = await session.lease_setting(self.thread_id)
             result = await self._store._send("threadlog.cmd.RenewCheckpointWriter", self.thread_id,
-                                             {"writer": writer_record(self), "leaseDurationMs": duration},
-                                             session.left_of(began))
+                                             {"writer": writer_record(self), "leaseDurationMs": self._duration_ms})
         except ThreadLogError as exc:
             if exc.code == WRITER_LOST:
                 self._lose(f"a renewal was refused: {exc.message}")
@@ -241,7 +242,7 @@ class CheckpointStore(StoreFacade):
             "leaseDurationMs": duration, "renewAfterMs": renew_after,
             "steal": steal,
         }, self._session.left_of(began))
-        return WriterLease(self, grant, auto_renew=auto_renew)
+        return WriterLease(self, grant, duration, auto_renew=auto_renew)
 
     def _stop_renewals(self) -> None:
         """Cancel every background lease renewal (the client is closing)."""
