@@ -704,3 +704,73 @@ def test_close_under_a_delivery_append_in_flight_says_outcome_unknown(connect):
     assert err.value.code == "OUTCOME_UNKNOWN", err.value
     with connect() as other:
         assert [c for _, c in other.delivery("r1").snapshot()] == [{"n": 1}]
+
+
+def test_a_streamed_blob_put_cut_by_close_raises_a_threadlog_error(tl):
+    # Tried (a review): close() while a streamed put's chunk hand-off waited (the
+    # feed full, the put not taking more): the caller got the hand-off's
+    # concurrent.futures.CancelledError, which `except ThreadLogError` misses.
+    # Made deterministic here: a put whose body is never read (a feed nobody
+    # consumes) and a hand-off into its full queue.
+    blobs = tl.blobs
+    feed = sync._Feed()
+    for _ in range(sync._FEED_DEPTH):  # the queue full: the next push waits
+        blobs._c._run(feed.push(b"x"))
+    never = blobs._c._submit(asyncio.Event().wait())  # a put that takes no chunk
+    outcome: list[BaseException | bool] = []
+
+    def hand_over() -> None:
+        try:
+            outcome.append(blobs._hand_over(feed, b"y", never))
+        except BaseException as exc:  # what the caller gets is the point
+            outcome.append(exc)
+
+    before = len(blobs._c._tasks)
+    caller = threading.Thread(target=hand_over)
+    caller.start()
+    deadline = time.monotonic() + WAIT
+    while len(blobs._c._tasks) <= before:  # the hand-off is on the loop, waiting (no event says so)
+        assert time.monotonic() < deadline and caller.is_alive(), outcome
+        time.sleep(0.01)
+    tl.close()
+    caller.join(WAIT)
+    assert not caller.is_alive()
+    # The hand-off says the put ended; the put's own wait then raises a ThreadLogError.
+    assert outcome == [False] and never.cancelled()
+    with pytest.raises(ThreadLogError) as err:
+        blobs._c._wait(never, "the blob put", backstop=True)
+    assert err.value.code == "UNAVAILABLE" and "closed" in err.value.message
+
+
+def test_a_reader_closed_from_another_thread_ends_the_next_waiting_in_its_own(connect):
+    # Tried (a review): a thread blocked in next() on a live log, and close() of
+    # the reader from another (an SSE watchdog): close raised RuntimeError
+    # ("aclose(): asynchronous generator is already running") and the blocked
+    # next() went on waiting until the request timeout.
+    tl = connect(request_timeout_ms=30_000)
+    log = tl.delivery("run-watched")
+    [o0] = log.append([{"n": 0}])
+    reader = log.read("-1")
+    assert next(reader) == (o0, {"n": 0})
+    outcome: list[object] = []
+
+    def iterate() -> None:
+        try:
+            outcome.append(next(reader, "ended"))
+        except BaseException as exc:  # what the iterating thread gets is the point
+            outcome.append(exc)
+
+    before = len(tl._tasks)
+    waiting = threading.Thread(target=iterate)
+    waiting.start()
+    deadline = time.monotonic() + WAIT
+    while len(tl._tasks) <= before:  # its step is on the loop, waiting (no event says so)
+        assert time.monotonic() < deadline and waiting.is_alive(), outcome
+        time.sleep(0.01)
+    reader.close()  # from this thread
+    waiting.join(10)  # well inside the 30 s request timeout
+    assert not waiting.is_alive() and outcome == ["ended"]
+    assert next(reader, "ended") == "ended"
+    # The client is unharmed: another reader of the same log reads it.
+    with log.read("-1") as again:
+        assert next(again) == (o0, {"n": 0})

@@ -806,8 +806,14 @@ class SyncBlobStore(_SyncStore):
         done, _ = concurrent.futures.wait(both, self._c.request_timeout,
                                           return_when=concurrent.futures.FIRST_COMPLETED)
         if push_fut in done:
-            push_fut.result()
-            return True
+            if not push_fut.cancelled():
+                push_fut.result()
+                return True
+            # Cancelled on the loop: the client is closing. The put ends too (its body
+            # is cut short), and its result says how as a ThreadLogError -- reading the
+            # hand-off's own result raised concurrent.futures.CancelledError instead.
+            put_fut.cancel()
+            return False
         push_fut.cancel()
         if put_fut in done:
             return False
@@ -894,7 +900,9 @@ class SyncDeliveryReader(Iterator[DeliveryEntry]):
     the request timeout (then UNAVAILABLE: resume with `read(last offset)`); the
     first of a `"-1"` read also `first_chunk_wait_ms` (then RUN_NOT_FOUND).
     Close it (or use `with`) when leaving before the log ends. One reader is
-    iterated by one thread at a time; any number of readers may run at once."""
+    iterated by one thread at a time; any number of readers may run at once.
+    `close()` may come from another thread: a `next()` waiting then ends the
+    iteration (StopIteration)."""
 
     def __init__(self, client: SyncThreadLog, make: Callable[[], AsyncIterator[DeliveryEntry]],
                  first_wait: float = 0.0) -> None:
@@ -903,6 +911,8 @@ class SyncDeliveryReader(Iterator[DeliveryEntry]):
         self._first_wait = first_wait  # extra time of the first step only
         self._it: AsyncIterator[DeliveryEntry] | None = None
         self._finished = False
+        self._closing = False
+        self._step_fut: concurrent.futures.Future[DeliveryEntry | None] | None = None  # a next() in flight
         with client._lock:
             client._readers.add(self)
 
@@ -922,12 +932,17 @@ class SyncDeliveryReader(Iterator[DeliveryEntry]):
             raise StopIteration
         try:
             extra, self._first_wait = self._first_wait, 0.0
-            item = self._c._wait(self._c._submit(self._step()), "the delivery read", extra=extra)
+            self._step_fut = self._c._submit(self._step())
+            item = self._c._wait(self._step_fut, "the delivery read", extra=extra)
         except BaseException:
             # An error or a timeout ends the iteration (a timed-out step was
             # cancelled inside the async iterator, which closed it).
             self._finished = True
+            if self._closing:  # close() from another thread cut this step: the end, not an error
+                raise StopIteration from None
             raise
+        finally:
+            self._step_fut = None
         if item is None:
             self._finished = True
             raise StopIteration
@@ -942,10 +957,17 @@ class SyncDeliveryReader(Iterator[DeliveryEntry]):
     def close(self) -> None:
         """Stop reading: releases what the reader holds on the loop. Harmless
         after the end, after an error and after the client was closed."""
-        self._finished = True
+        self._finished = self._closing = True
+        step = self._step_fut
+        if step is not None:
+            # A next() of another thread waits on the loop: cut it (its async
+            # iterator then ends), else aclose() found the generator running.
+            step.cancel()
         if self._it is None or self._c.closed:
             return  # never started, or the client's close finished it
-        with contextlib.suppress(ThreadLogError):
+        # RuntimeError: the cut step had not unwound yet ("already running"); it
+        # finishes the iterator itself.
+        with contextlib.suppress(ThreadLogError, RuntimeError):
             self._c._run(self._finish())
 
     def __enter__(self) -> SyncDeliveryReader:
