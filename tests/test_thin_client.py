@@ -529,11 +529,6 @@ MEMBERS_POISON = [
     b'{"address": "127.0.0.1:1", "startedAt": 1, "heartbeatAt": 1e400}',  # an infinite heartbeat
     b'{"address": "127.0.0.1:1", "startedAt": 1, "heartbeatAt": 1' + b"0" * 400 + b"}",  # no double holds it
     b'{"address": "127.0.0.1:1", "startedAt": 1, "heartbeatAt": 1, "partitions": [true, "0"]}',
-    # Lease settings no worker starts with: the renewal not before the end, half of one, a bool, too long.
-    b'{"address": "127.0.0.1:1", "startedAt": 1, "heartbeatAt": 1, "leaseDurationMs": 5, "renewAfterMs": 5}',
-    b'{"address": "127.0.0.1:1", "startedAt": 1, "heartbeatAt": 1, "leaseDurationMs": 5000}',
-    b'{"address": "127.0.0.1:1", "startedAt": 1, "heartbeatAt": 1, "leaseDurationMs": true, "renewAfterMs": 0}',
-    b'{"address": "127.0.0.1:1", "startedAt": 1, "heartbeatAt": 1, "leaseDurationMs": 1e30, "renewAfterMs": 1}',
 ]
 
 

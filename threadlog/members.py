@@ -163,13 +163,16 @@ def parse_member(worker_id: str, v: Any) -> Member:
 
 
 def _lease(duration: Any, renew_after: Any) -> tuple[int, int] | None:
-    # The rules `open()` applies to its own setting (config.Options): a worker
-    # announces only what it was started with, so anything else is not its record.
+    """The announced lease setting, or None (the proposer's own then) when there is
+    none or it is not one this version's `open()` accepts (config.Options). Not a
+    reason to drop the member: a later version may allow other settings, and its
+    workers must stay reachable by the clients of this one."""
     if duration is None and renew_after is None:
         return None
     if not (is_int(duration) and is_int(renew_after) and 0 < renew_after < duration <= MAX_LEASE_MS):
-        raise ValueError(f"a member's lease setting is 0 < renewAfterMs < leaseDurationMs <= {MAX_LEASE_MS}, "
-                         f"got {str(renew_after)[:40]} and {str(duration)[:40]}")
+        log.warning("a member's lease setting (%s, %s) is not 0 < renewAfterMs < leaseDurationMs <= %d: "
+                    "ignored, proposers use their own", str(duration)[:40], str(renew_after)[:40], MAX_LEASE_MS)
+        return None
     return duration, renew_after
 
 
