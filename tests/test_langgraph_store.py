@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import operator
 import os
+import queue
 import threading
 import uuid
 from typing import Annotated, TypedDict
@@ -14,14 +15,16 @@ import pytest
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import ERROR, WRITES_IDX_MAP
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import END, START, StateGraph
-from support import within
+from support import until, within
 from threadlog.projections.folds import langgraph as state
 from threadlog.projections.keys import key
 
 from threadlog import ThreadLogError, remote
 from threadlog.integrations.langgraph import AsyncThreadLogSaver, ThreadLogSaver
+from threadlog.kernel.errors import INVALID_ARGUMENT, OUTCOME_UNKNOWN, UNAVAILABLE
 from threadlog.kernel.partitioning import partition_for
 
 LG_PREFIX = b"lg\x00"
@@ -522,3 +525,176 @@ async def test_a_copy_too_large_for_one_command_is_refused_before_anything_is_st
     await tl.read_barrier(None)
     assert thread_keys(tl, "t-dst") == []
     assert list(tl.runtime.store.scan(key(state.STAGE, "t-dst"))) == []
+
+
+def stall_answers(tl, monkeypatch) -> queue.Queue:
+    """From now on every command `tl` sends reaches the log and applies, but its
+    sender never hears back (a verdict later than the caller waits). Returns a
+    queue that gets each send's own outcome (None: committed) once it has one."""
+    real_send = tl.send
+    landed: queue.Queue = queue.Queue()
+
+    async def send(*args):
+        sending = asyncio.ensure_future(real_send(*args))
+        sending.add_done_callback(lambda t: landed.put("cancelled" if t.cancelled() else t.exception()))
+        await asyncio.shield(sending)  # the caller giving up does not take the command back
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(tl, "send", send)
+    return landed
+
+
+def stall_reads(tl, monkeypatch) -> None:
+    async def never(*args, **kwargs):
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(tl.session, "query", never)
+
+
+async def test_a_write_that_times_out_is_outcome_unknown_for_it_may_be_stored(bootstrap, namespace, tmp_path,
+                                                                             monkeypatch):
+    """Found by a review: puts that timed out raised UNAVAILABLE ("nothing was
+    written") and all of them were stored. A timed-out write is OUTCOME_UNKNOWN,
+    through every blocking path (sync and async methods of ThreadLogSaver); a
+    timed-out read stays UNAVAILABLE."""
+    def use() -> dict:
+        codes = {}
+        with ThreadLogSaver(bootstrap, namespace, state_dir=str(tmp_path / "sync"), timeout=60) as saver:
+            with monkeypatch.context() as patched:
+                landed = stall_answers(saver.tl, patched)
+                saver.timeout = 0.2
+                for thread, call in (
+                    ("t-put", lambda cfg, cp: saver.put(cfg, cp, generate_metadata(), {"k": "1"})),
+                    ("t-aput", lambda cfg, cp: asyncio.run(saver.aput(cfg, cp, generate_metadata(), {"k": "1"}))),
+                ):
+                    cp = generate_checkpoint(channel_values={"k": thread}, channel_versions={"k": "1"})
+                    with pytest.raises(ThreadLogError) as err:
+                        call(generate_config(thread), cp)
+                    codes[thread] = err.value.code
+                    assert landed.get(timeout=30) is None  # ... and the command was committed
+                with pytest.raises(ThreadLogError) as err:
+                    saver.delete_thread("t-aput")
+                codes["delete_thread"] = err.value.code
+                assert landed.get(timeout=30) is None
+                stall_reads(saver.tl, patched)
+                with pytest.raises(ThreadLogError) as err:
+                    saver.get_tuple(generate_config("t-put"))
+                codes["get_tuple"] = err.value.code
+            saver.timeout = 60
+            codes["stored"] = saver.get_tuple(generate_config("t-put")).checkpoint["channel_values"]
+            codes["deleted"] = saver.get_tuple(generate_config("t-aput"))
+        return codes
+
+    codes = await within(asyncio.to_thread(use), 120)
+    assert codes == {"t-put": OUTCOME_UNKNOWN, "t-aput": OUTCOME_UNKNOWN, "delete_thread": OUTCOME_UNKNOWN,
+                     "get_tuple": UNAVAILABLE, "stored": {"k": "t-put"}, "deleted": None}
+
+
+async def test_the_async_savers_sync_write_that_times_out_is_outcome_unknown(open_client, monkeypatch):
+    saver = AsyncThreadLogSaver(await open_client())
+    landed = stall_answers(saver.tl, monkeypatch)
+    saver.sync_timeout = 0.2
+    cp = generate_checkpoint(channel_values={"k": "v"}, channel_versions={"k": "1"})
+    with pytest.raises(ThreadLogError) as err:
+        await within(asyncio.to_thread(saver.put, generate_config("t-1"), cp, generate_metadata(), {"k": "1"}))
+    assert err.value.code == OUTCOME_UNKNOWN
+    assert await within(asyncio.to_thread(landed.get, timeout=30)) is None
+    stall_reads(saver.tl, monkeypatch)
+    with pytest.raises(ThreadLogError) as err:
+        await within(asyncio.to_thread(saver.get_tuple, generate_config("t-1")))
+    assert err.value.code == UNAVAILABLE
+    monkeypatch.undo()
+    assert (await within(saver.aget_tuple(generate_config("t-1")))).checkpoint["id"] == cp["id"]  # it was stored
+
+
+async def in_a_new_thread(call):
+    """`call()` on a thread of its own (not the loop's executor, whose threads would
+    outlive it and look like leftovers), awaited."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def run() -> None:
+        try:
+            result = call()
+        except BaseException as exc:  # handed to the awaiting test
+            loop.call_soon_threadsafe(done.set_exception, exc)
+        else:
+            loop.call_soon_threadsafe(done.set_result, result)
+
+    threading.Thread(target=run, name="test-caller").start()
+    return await within(done, 90)
+
+
+async def test_an_open_that_times_out_closes_what_it_opened_and_frees_its_state_slot(bootstrap, namespace,
+                                                                                      tmp_path, open_client):
+    """Found by a review: a ThreadLogSaver whose open took longer than `timeout`
+    cancelled the open midway and stopped its loop; the open's threads and its
+    state slot's lock stayed, so the next open with that state dir took slot-1."""
+    writer = await open_client()
+    history = AsyncThreadLogSaver(writer)
+    for n in range(20):  # history an embedded open folds before it returns: open takes well over 50 ms
+        await put(history, f"t-{n}", {"n": n})
+    await writer.close()
+    state_dir = str(tmp_path / "sync")
+    before = set(threading.enumerate())
+    with pytest.raises(ThreadLogError) as err:
+        await in_a_new_thread(lambda: ThreadLogSaver(bootstrap, namespace, state_dir=state_dir, timeout=0.05))
+    assert err.value.code == UNAVAILABLE
+    await until(lambda: set(threading.enumerate()) <= before, 60, "every thread the abandoned open started ended")
+
+    def reopen() -> tuple:
+        with ThreadLogSaver(bootstrap, namespace, state_dir=state_dir, timeout=60) as saver:
+            return saver.tl.runtime.slot.path.name, saver.get_tuple(generate_config("t-7"))
+
+    slot, tup = await in_a_new_thread(reopen)
+    assert slot == "slot-0"  # the abandoned open's lock was released
+    assert tup.checkpoint["channel_values"] == {"n": 7}
+
+
+async def test_a_checkpoint_ns_that_is_not_a_str_is_refused(open_client):
+    """Found by a review: checkpoint_ns None leaked a TypeError from get_tuple, 5
+    read as "no checkpoint". Absent is "" (as in LangGraph's savers); None lists
+    every namespace, as InMemorySaver's list does; anything else not a str is
+    INVALID_ARGUMENT, and nothing is written."""
+    saver = AsyncThreadLogSaver(await open_client())
+    memory = InMemorySaver()
+    for ns in ("", "inner"):
+        await put(saver, "t", {"k": ns}, ns=ns)
+        await put(memory, "t", {"k": ns}, ns=ns)
+
+    def cfg(ns, **more) -> dict:
+        return {"configurable": {"thread_id": "t", "checkpoint_ns": ns, **more}}
+
+    cp = generate_checkpoint(channel_values={"k": "x"}, channel_versions={"k": "9"})
+    for ns in (None, 5, b"inner"):
+        for call in (saver.aget_tuple(cfg(ns)),
+                     saver.aput(cfg(ns), cp, generate_metadata(), {"k": "9"}),
+                     saver.aput_writes(cfg(ns, checkpoint_id=cp["id"]), [("c", 1)], "task")):
+            with pytest.raises(ThreadLogError, match="checkpoint_ns") as err:
+                await within(call)
+            assert err.value.code == INVALID_ARGUMENT
+    for ns in (5, b"inner"):
+        with pytest.raises(ThreadLogError, match="checkpoint_ns"):
+            await within(saver.alist(cfg(ns)).__anext__())
+    # Nothing was written: each namespace holds its one checkpoint, as the InMemorySaver's do.
+    listed = sorted([t.checkpoint["channel_values"]["k"] async for t in saver.alist(cfg(None))])
+    assert listed == sorted(t.checkpoint["channel_values"]["k"] for t in memory.list(cfg(None))) == ["", "inner"]
+    assert (await within(saver.aget_tuple(generate_config("t")))).checkpoint["channel_values"] == {"k": ""}
+    assert (await within(saver.aget_tuple({"configurable": {"thread_id": "t"}}))).checkpoint["channel_values"] \
+        == {"k": ""}
+
+
+async def test_a_saver_built_off_its_clients_loop_serves_sync_callers(open_client):
+    """Found by a review: built via asyncio.to_thread (no loop there), the saver
+    kept no loop, and its sync methods raised a RuntimeError saying they were
+    called from the loop's own thread. It takes its client's loop (`tl.loop`)."""
+    tl = await open_client()
+    saver = await within(asyncio.to_thread(AsyncThreadLogSaver, tl))
+    assert saver.loop is asyncio.get_running_loop()
+    assert await within(asyncio.to_thread(saver.get_tuple, generate_config("t"))) is None
+    stored = await put(saver, "t", {"k": "v"})
+    tup = await within(asyncio.to_thread(saver.get_tuple, generate_config("t")))
+    assert tup.checkpoint["id"] == stored["configurable"]["checkpoint_id"]
+    cp = generate_checkpoint(channel_values={"k": "w"}, channel_versions={"k": "2"})
+    await within(asyncio.to_thread(saver.put, stored, cp, generate_metadata(), {"k": "2"}))
+    assert (await within(saver.aget_tuple(generate_config("t")))).checkpoint["id"] == cp["id"]

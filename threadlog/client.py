@@ -48,6 +48,9 @@ class ThreadLog:
 
     # -- lifecycle ---------------------------------------------------------------
     async def start(self) -> ThreadLog:
+        # The loop this client serves on (its futures and pumps are bound to it):
+        # code that hops onto it from other threads (integrations' sync methods) asks here.
+        self.loop: asyncio.AbstractEventLoop = asyncio.get_running_loop()
         try:
             await asyncio.to_thread(self._start_sync)
         except ThreadLogError:

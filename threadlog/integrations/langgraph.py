@@ -40,12 +40,16 @@ the source racing the copy may or may not be in it. `prune` and
 `delete_for_runs` send one command per thread (each atomic for its thread).
 
 The sync `ThreadLogSaver` owns a client on a background event loop thread
-(one per saver); its blocking methods wait at most `timeout` seconds.
+(one per saver); its blocking methods wait at most `timeout` seconds. A read
+that times out raises `UNAVAILABLE`; a write (put, put_writes, delete_thread,
+delete_for_runs, copy_thread, prune) raises `OUTCOME_UNKNOWN`: its command may
+already be in the log, and then it applies.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import random
 import threading
@@ -73,7 +77,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from .. import client as _client
-from ..kernel.errors import invalid_argument, unavailable
+from ..kernel.errors import OUTCOME_UNKNOWN, ThreadLogError, invalid_argument, unavailable
 from ..kernel.validation import is_int, require_id
 from ..producers.proposals import MAX_PROPOSAL_BYTES
 from ..projections.folds import langgraph as state
@@ -127,6 +131,48 @@ def _thread_id(config: RunnableConfig) -> str:
     return require_id(str(thread), "thread_id")
 
 
+def _ns(config: RunnableConfig) -> str:
+    """The `checkpoint_ns` a put, put_writes or get_tuple names: "" when absent, as in LangGraph's savers.
+
+    Why refuse the rest: stored keys are text, so a non-str ns either broke
+    deep in the key or Avro code (TypeError for None) or matched nothing and
+    read as "no checkpoint" (5). None is refused too, not taken for "": the
+    InMemorySaver keeps None as a namespace of its own, so there is no
+    LangGraph meaning to copy."""
+    ns = config["configurable"].get("checkpoint_ns", "")
+    if not isinstance(ns, str):
+        raise invalid_argument(f"config['configurable']['checkpoint_ns'] must be a str, got {ns!r}")
+    return ns
+
+
+def _list_ns(config: RunnableConfig) -> str | None:
+    """The `checkpoint_ns` a listing names; None (absent or None) lists every namespace, as InMemorySaver's."""
+    ns = config["configurable"].get("checkpoint_ns")
+    return None if ns is None else _ns(config)
+
+
+def _limits(inline_max_bytes: Any, chunk_bytes: Any, command_budget_bytes: Any) -> None:
+    for name, value in (("inline_max_bytes", inline_max_bytes), ("chunk_bytes", chunk_bytes),
+                        ("command_budget_bytes", command_budget_bytes)):
+        if not is_int(value) or value <= 0:
+            raise invalid_argument(f"{name} must be a positive int, got {value!r}")
+    if chunk_bytes > 4 * 1024 * 1024:
+        raise invalid_argument("chunk_bytes must be at most 4 MiB (the deciders' chunk bound)")
+
+
+def _timed_out(seconds: float, write: bool) -> ThreadLogError:
+    """What a blocking call raises when it gave up waiting (and cancelled the call).
+
+    A write's command may already be in the log by then, and be applied
+    (a review stored 60 of 60 puts that timed out): "nothing was written"
+    (UNAVAILABLE) would be false, so a write's outcome is unknown. A read
+    changed nothing: UNAVAILABLE."""
+    if write:
+        return ThreadLogError(OUTCOME_UNKNOWN, f"no answer from threadlog within {seconds}s: "
+                                               "a write of this call may still apply")
+    return unavailable(f"no answer from threadlog within {seconds}s")
+
+
 def _config(thread: str, ns: str, checkpoint_id: str) -> RunnableConfig:
     return {"configurable": {"thread_id": thread, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
 
@@ -154,12 +200,7 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         command_budget_bytes: int = DEFAULT_COMMAND_BUDGET_BYTES,
     ) -> None:
         super().__init__(serde=serde)
-        for name, value in (("inline_max_bytes", inline_max_bytes), ("chunk_bytes", chunk_bytes),
-                            ("command_budget_bytes", command_budget_bytes)):
-            if not is_int(value) or value <= 0:
-                raise invalid_argument(f"{name} must be a positive int, got {value!r}")
-        if chunk_bytes > 4 * 1024 * 1024:
-            raise invalid_argument("chunk_bytes must be at most 4 MiB (the deciders' chunk bound)")
+        _limits(inline_max_bytes, chunk_bytes, command_budget_bytes)
         self.tl = tl
         self.inline_max_bytes = inline_max_bytes
         self.chunk_bytes = chunk_bytes
@@ -167,10 +208,10 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         # Each operation is bounded by the client's request timeout per round
         # trip; a sync caller gives up after a few of them.
         self.sync_timeout = 4 * tl.opts.request_timeout
-        try:
-            self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            self.loop = None
+        # The loop the sync methods run the async ones on: the client's. Taken
+        # from the loop running here, a saver built off it (asyncio.to_thread)
+        # had none, and its sync methods failed with a wrong reason.
+        self.loop: asyncio.AbstractEventLoop | None = getattr(tl, "loop", None)
 
     @classmethod
     @asynccontextmanager
@@ -327,27 +368,38 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
             pending_writes=pending,
         )
 
-    def _sync(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run one of the async methods from another thread (LangGraph's sync API)."""
+    def _sync(self, coro: Coroutine[Any, Any, T], *, write: bool = False) -> T:
+        """Run one of the async methods from another thread (LangGraph's sync API).
+
+        `write`: the call sends commands, so a timeout is OUTCOME_UNKNOWN, not UNAVAILABLE."""
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
-        if self.loop is None or running is self.loop:
+        loop = self.loop
+        if loop is None:
+            coro.close()
+            raise RuntimeError("this AsyncThreadLogSaver's client was never started (no event loop serves it): "
+                               "open it with `await threadlog.open(...)`")
+        if running is loop:
             coro.close()
             raise RuntimeError("AsyncThreadLogSaver's sync methods run only from a thread other than its "
                                "event loop's: use the async methods (ainvoke/astream), or ThreadLogSaver")
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        if not loop.is_running():
+            # Submitted there the call would never start: say so now, not as a timeout.
+            coro.close()
+            raise unavailable("the event loop of this saver's client is not running")
+        fut = asyncio.run_coroutine_threadsafe(coro, loop)
         try:
             return fut.result(self.sync_timeout)
         except TimeoutError:
             fut.cancel()
-            raise unavailable(f"no answer from threadlog within {self.sync_timeout}s") from None
+            raise _timed_out(self.sync_timeout, write) from None
 
     # -- reads ---------------------------------------------------------------------------------
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         thread = _thread_id(config)
-        ns = config["configurable"].get("checkpoint_ns", "")
+        ns = _ns(config)
         checkpoint_id = get_checkpoint_id(config)
         return await self._tuple(thread, ns, checkpoint_id or None, config if checkpoint_id else None)
 
@@ -367,8 +419,9 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
             wanted_id = None
         else:
             thread = _thread_id(config)
+            ns = _list_ns(config)  # refused before the barrier: nothing is asked of a bad config
             await self.tl.read_barrier([thread])
-            prefix = state.ckpt_prefix(thread, config["configurable"].get("checkpoint_ns"))
+            prefix = state.ckpt_prefix(thread, ns)
             wanted_id = get_checkpoint_id(config)
         before_id = get_checkpoint_id(before) if before else None
         # The records' keys; each tuple is read (one query) as the caller consumes the listing.
@@ -407,20 +460,20 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         thread = _thread_id(config)
-        ns = config["configurable"].get("checkpoint_ns", "")
+        ns = _ns(config)
         body: dict[str, Any] = dict(checkpoint)
         # Channel values are stored apart, once per (channel, version): a
         # checkpoint repeats only the versions of channels it did not change.
         values: dict[str, Any] = body.pop("channel_values", None) or {}
         full_metadata = get_checkpoint_metadata(config, metadata)
         run_id = full_metadata.get("run_id")
-        blobs = [
+        blobs: list[dict[str, Any]] = [
             {"checkpointNs": ns, "channel": channel, "version": _version_key(version),
              "value": self._wire(values[channel]) if channel in values
              else {"type": "empty", "data": b"", "staged": None}}
             for channel, version in new_versions.items()
         ]
-        cp = {
+        cp: dict[str, Any] = {
             "checkpointNs": ns,
             "checkpointId": require_id(checkpoint["id"], "checkpoint id"),
             "parentCheckpointId": config["configurable"].get("checkpoint_id"),
@@ -442,13 +495,13 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         task_path: str = "",
     ) -> None:
         thread = _thread_id(config)
-        ns = config["configurable"].get("checkpoint_ns", "")
+        ns = _ns(config)
         checkpoint_id = get_checkpoint_id(config)
         if not checkpoint_id:
             raise invalid_argument("put_writes needs config['configurable']['checkpoint_id']")
         if not writes:
             return
-        payload = [
+        payload: list[dict[str, Any]] = [
             {"checkpointNs": ns, "checkpointId": checkpoint_id, "taskId": task_id,
              "idx": WRITES_IDX_MAP.get(channel, idx), "channel": channel, "taskPath": task_path,
              "value": self._wire(value)}
@@ -633,23 +686,23 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
-        return self._sync(self.aput(config, checkpoint, metadata, new_versions))
+        return self._sync(self.aput(config, checkpoint, metadata, new_versions), write=True)
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
                    task_path: str = "") -> None:
-        self._sync(self.aput_writes(config, writes, task_id, task_path))
+        self._sync(self.aput_writes(config, writes, task_id, task_path), write=True)
 
     def delete_thread(self, thread_id: str) -> None:
-        self._sync(self.adelete_thread(thread_id))
+        self._sync(self.adelete_thread(thread_id), write=True)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        self._sync(self.adelete_for_runs(run_ids))
+        self._sync(self.adelete_for_runs(run_ids), write=True)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        self._sync(self.acopy_thread(source_thread_id, target_thread_id))
+        self._sync(self.acopy_thread(source_thread_id, target_thread_id), write=True)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        self._sync(self.aprune(thread_ids, strategy=strategy))
+        self._sync(self.aprune(thread_ids, strategy=strategy), write=True)
 
 
 class ThreadLogSaver(BaseCheckpointSaver[str]):
@@ -661,7 +714,12 @@ class ThreadLogSaver(BaseCheckpointSaver[str]):
         graph.invoke(inputs, {"configurable": {"thread_id": "t-1"}})
     ```
 
-    Each blocking call waits at most `timeout` seconds (then `UNAVAILABLE`).
+    Each blocking call waits at most `timeout` seconds, then cancels the call
+    and raises: a read `UNAVAILABLE`; a write (put, put_writes, delete_thread,
+    delete_for_runs, copy_thread, prune) `OUTCOME_UNKNOWN` -- its command may
+    already be in the log, and then it applies: read the state, or put again.
+    Opening waits at most `timeout` too (then `UNAVAILABLE`; the open goes on
+    in the background and what it opened is closed).
     The async methods work too (from any other loop), so async graphs can use it.
     """
 
@@ -681,26 +739,70 @@ class ThreadLogSaver(BaseCheckpointSaver[str]):
         if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
             raise invalid_argument(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
+        _limits(inline_max_bytes, chunk_bytes, command_budget_bytes)  # before anything is opened
         self._limits = {"inline_max_bytes": inline_max_bytes, "chunk_bytes": chunk_bytes,
                         "command_budget_bytes": command_budget_bytes}
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=f"threadlog-langgraph:{namespace}",
-                                        daemon=True)
-        self._thread.start()
+        self._thread = threading.Thread(target=self._serve, name=f"threadlog-langgraph:{namespace}", daemon=True)
         self._inner: AsyncThreadLogSaver | None = None
         self._closed = False
+        # The open and __init__ agree under this lock on who owns what the open
+        # returns: __init__ (it answered in time) or the open itself (abandoned).
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self._opened: _client.ThreadLog | None = None
+        self._thread.start()
 
         async def start() -> _client.ThreadLog:
+            # Called on the loop, so that bad open_kwargs fail there too and the loop is stopped.
             return await _client.open(bootstrap_servers, namespace, **open_kwargs)
 
-        try:
-            self.tl = self._call(start())
-            self._inner_saver()  # validates the limits now
-        except BaseException:
-            self._stop_loop()
-            raise
+        fut = asyncio.run_coroutine_threadsafe(self._open(start()), self._loop)
+        done, _ = concurrent.futures.wait([fut], self.timeout)
+        if not done:
+            with self._lock:
+                opened = self._opened is not None
+                self._abandoned = self._closed = not opened
+            if not opened:
+                # Not cancelled: cancelling the open midway stranded what it had
+                # started (followers, pumps, the state slot's lock, so the next
+                # open took slot-1: found by a review). It goes on, and `_open`
+                # closes what it opened, then stops the loop.
+                raise unavailable(f"could not open threadlog namespace {namespace!r} within {self.timeout}s")
+        else:
+            try:
+                fut.result()
+            except BaseException:
+                self._closed = True
+                self._stop_loop()
+                raise
+        assert self._opened is not None
+        self.tl: _client.ThreadLog = self._opened
 
     # -- plumbing ------------------------------------------------------------------------------
+    def _serve(self) -> None:
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.close()  # also when an abandoned open stopped it: nobody else would
+
+    async def _open(self, opener: Awaitable[_client.ThreadLog]) -> None:
+        """Open the client; if __init__ gave up waiting meanwhile, close it and stop the loop."""
+        abandoned = False
+        try:
+            tl = await opener
+            with self._lock:
+                abandoned = self._abandoned
+                if not abandoned:
+                    self._opened = tl
+            if abandoned:
+                await tl.close()
+        finally:
+            with self._lock:
+                abandoned = self._abandoned
+            if abandoned:
+                self._loop.stop()
+
     def _inner_saver(self) -> AsyncThreadLogSaver:
         # with_allowlist() clones this saver with another serde: the async
         # saver doing the work always serializes with this saver's serde.
@@ -709,7 +811,8 @@ class ThreadLogSaver(BaseCheckpointSaver[str]):
             self._inner.loop = self._loop
         return self._inner
 
-    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+    def _call(self, coro: Coroutine[Any, Any, T], *, write: bool = False) -> T:
+        """Run `coro` on the saver's loop, waiting at most `timeout`; `write`: see `_timed_out`."""
         if threading.current_thread() is self._thread or self._closed:
             coro.close()
             if self._closed:
@@ -720,9 +823,9 @@ class ThreadLogSaver(BaseCheckpointSaver[str]):
             return fut.result(self.timeout)
         except TimeoutError:
             fut.cancel()
-            raise unavailable(f"no answer from threadlog within {self.timeout}s") from None
+            raise _timed_out(self.timeout, write) from None
 
-    async def _acall(self, coro: Coroutine[Any, Any, T]) -> T:
+    async def _acall(self, coro: Coroutine[Any, Any, T], *, write: bool = False) -> T:
         if self._closed:
             coro.close()
             raise unavailable("this ThreadLogSaver is closed")
@@ -731,13 +834,11 @@ class ThreadLogSaver(BaseCheckpointSaver[str]):
             return await asyncio.wait_for(asyncio.wrap_future(fut), self.timeout)
         except TimeoutError:
             fut.cancel()
-            raise unavailable(f"no answer from threadlog within {self.timeout}s") from None
+            raise _timed_out(self.timeout, write) from None
 
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-        if not self._thread.is_alive():
-            self._loop.close()
+        self._thread.join(timeout=10)  # `_serve` closes the loop once it has stopped
 
     def close(self) -> None:
         """Close the client and stop the loop thread (idempotent)."""
@@ -776,23 +877,23 @@ class ThreadLogSaver(BaseCheckpointSaver[str]):
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
-        return self._call(self._inner_saver().aput(config, checkpoint, metadata, new_versions))
+        return self._call(self._inner_saver().aput(config, checkpoint, metadata, new_versions), write=True)
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
                    task_path: str = "") -> None:
-        self._call(self._inner_saver().aput_writes(config, writes, task_id, task_path))
+        self._call(self._inner_saver().aput_writes(config, writes, task_id, task_path), write=True)
 
     def delete_thread(self, thread_id: str) -> None:
-        self._call(self._inner_saver().adelete_thread(thread_id))
+        self._call(self._inner_saver().adelete_thread(thread_id), write=True)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        self._call(self._inner_saver().adelete_for_runs(run_ids))
+        self._call(self._inner_saver().adelete_for_runs(run_ids), write=True)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        self._call(self._inner_saver().acopy_thread(source_thread_id, target_thread_id))
+        self._call(self._inner_saver().acopy_thread(source_thread_id, target_thread_id), write=True)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        self._call(self._inner_saver().aprune(thread_ids, strategy=strategy))
+        self._call(self._inner_saver().aprune(thread_ids, strategy=strategy), write=True)
 
     def get_next_version(self, current: str | None, channel: None = None) -> str:
         return self._inner_saver().get_next_version(current, channel)
@@ -819,21 +920,21 @@ class ThreadLogSaver(BaseCheckpointSaver[str]):
 
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
                    new_versions: ChannelVersions) -> RunnableConfig:
-        return await self._acall(self._inner_saver().aput(config, checkpoint, metadata, new_versions))
+        return await self._acall(self._inner_saver().aput(config, checkpoint, metadata, new_versions), write=True)
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
                           task_path: str = "") -> None:
-        await self._acall(self._inner_saver().aput_writes(config, writes, task_id, task_path))
+        await self._acall(self._inner_saver().aput_writes(config, writes, task_id, task_path), write=True)
 
     async def adelete_thread(self, thread_id: str) -> None:
-        await self._acall(self._inner_saver().adelete_thread(thread_id))
+        await self._acall(self._inner_saver().adelete_thread(thread_id), write=True)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        await self._acall(self._inner_saver().adelete_for_runs(run_ids))
+        await self._acall(self._inner_saver().adelete_for_runs(run_ids), write=True)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        await self._acall(self._inner_saver().acopy_thread(source_thread_id, target_thread_id))
+        await self._acall(self._inner_saver().acopy_thread(source_thread_id, target_thread_id), write=True)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        await self._acall(self._inner_saver().aprune(thread_ids, strategy=strategy))
+        await self._acall(self._inner_saver().aprune(thread_ids, strategy=strategy), write=True)
 
