@@ -367,3 +367,94 @@ async def test_serve_ends_open_streams_cleanly_on_sigterm(bootstrap, namespace, 
         err = await within(serve.stop())
         assert time.monotonic() - started < 15  # not the 20 s drain: the stream ended at once
     assert "Traceback" not in err and "Exception in ASGI" not in err, err[-3000:]
+
+
+async def test_a_passing_unavailable_cuts_a_resumable_stream_instead_of_ending_the_run(open_client, client):
+    """Tried (a review): 40 browsers joining at once, more than the shared read
+    consumers serve within the request timeout: 23 got a RUN_ERROR UNAVAILABLE,
+    which `@tanstack/ai-client` takes as the run's end (it never reconnects).
+    Now a client holding an event id gets a cut stream (a last line with no
+    newline: its StreamTruncatedError) and reconnects with Last-Event-ID; one
+    with no id still gets the RUN_ERROR, the only thing it could act on."""
+    tl = await open_client(request_timeout_ms=2_000)
+    log = tl.delivery("run-busy")
+    [o0] = await within(log.append([chunk(0)]))
+    await within(log.append([chunk(1)]))
+    pool = tl._delivery.pool
+    held = [await within(pool.take(5.0)) for _ in range(pool.max_open - pool.open)]  # every consumer busy
+    try:
+        async with serving(tl) as base:
+            async with client.stream("GET", f"{base}/api/chat?runId=run-busy",
+                                     headers={"Last-Event-ID": o0}) as r:
+                body = b"".join([part async for part in r.aiter_raw()])
+            assert r.status_code == 200
+            assert b"RUN_ERROR" not in body and body.endswith(b": UNAVAILABLE: resume with Last-Event-ID")
+            _, events = await within(read_stream(client, f"{base}/api/chat?runId=run-busy&offset=-1"), 30)
+            codes = [e.data.get("code") for e in events]
+            assert codes == [UNAVAILABLE] or events[0].data == chunk(0), events
+    finally:
+        for consumer in held:
+            pool.give(consumer)
+
+
+async def test_an_unexpected_error_in_a_stream_ends_it_with_an_internal_run_error(tl, client, monkeypatch, caplog):
+    """Tried (a review): a chunk the event writer cannot write (NaN from a foreign
+    producer) cut the stream mid-body with a server traceback, and the client
+    reconnected into the same error. Now: a RUN_ERROR with code INTERNAL, logged."""
+    from threadlog.http import sse
+
+    log = tl.delivery("run-odd")
+    await within(log.append([chunk(0), {"boom": 1}]))
+    await within(log.close())
+    writes = sse._json
+
+    def failing(value):
+        if value == {"boom": 1}:
+            raise ValueError("Out of range float values are not JSON compliant")
+        return writes(value)
+
+    monkeypatch.setattr(sse, "_json", failing)
+    async with serving(tl) as base:
+        response, events = await within(read_stream(client, f"{base}/api/chat?runId=run-odd&offset=-1"), 30)
+    assert response.status_code == 200
+    assert [e.data for e in events[:1]] == [chunk(0)]
+    assert events[1].data["type"] == "RUN_ERROR" and events[1].data["code"] == "INTERNAL" and len(events) == 2
+    assert "could not be streamed" in caplog.text
+
+
+async def test_a_non_ascii_run_id_in_the_x_run_id_header_is_a_400(tl, client):
+    # Tried (a review): `X-Run-Id: run-é` from a UTF-8 client was read as latin-1
+    # ("run-Ã©") and waited for a run that never came, then RUN_NOT_FOUND.
+    await within(tl.delivery("run-é").append([chunk(0)]))
+    async with serving(tl) as base:
+        r = await client.get(f"{base}/api/chat?offset=-1", headers={"X-Run-Id": "run-é".encode()})
+        assert r.status_code == 400 and "X-Run-Id" in r.json()["error"]["message"]
+        _, events = await within(read_stream(client, f"{base}/api/chat?runId=run-%C3%A9&offset=-1", limit=1), 30)
+        assert events[0].data == chunk(0)
+
+
+async def test_a_chunked_body_over_the_limit_on_a_stream_route_is_not_a_server_error(tl, client):
+    # Tried (a review): a GET stream request with a chunked body over
+    # --max-body-bytes; the stream's disconnect watcher read it, the limit's error
+    # came wrapped in an ExceptionGroup: "Exception in ASGI application" logged.
+    await within(tl.delivery("run-big-body").append([chunk(0)]))
+    errors: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = errors.append  # uvicorn's loggers do not reach the root (caplog)
+    uvicorn_errors = logging.getLogger("uvicorn.error")
+
+    async def body():
+        yield b"x" * 200
+
+    async with serving(tl, limits=Limits(max_body_bytes=100)) as base:
+        uvicorn_errors.addHandler(handler)  # after uvicorn configured its logging (that drops handlers)
+        try:
+            async with client.stream("GET", f"{base}/api/chat?runId=run-big-body&offset=-1",
+                                     content=body()) as r:
+                async for _ in r.aiter_raw():
+                    pass
+        except httpx.HTTPError:
+            pass  # the stream may be cut: what matters is the server's side
+        finally:
+            uvicorn_errors.removeHandler(handler)
+    assert not [rec.getMessage() for rec in errors]

@@ -103,6 +103,12 @@ def routes(get_tl: Callable[[], ThreadLog], path: str = "/api/chat", *,
         run_id = q.get("runId")
         if run_id is None and thread_id is None:
             run_id = request.headers.get("x-run-id")
+            if run_id is not None and not run_id.isascii():
+                # Header values arrive as latin-1 bytes: a UTF-8 client's "run-é" read
+                # as "run-Ã©" and waited for a run that never comes. Which bytes a
+                # client meant cannot be told, so only ASCII ids come this way.
+                return _bad_request("a non-ASCII run id goes in the query (?runId=, percent-encoded UTF-8), "
+                                    "not in the X-Run-Id header")
         if run_id is not None and thread_id is not None:
             # @tanstack/ai-client joins with the connection's own URL plus
             # `runId` and `offset`: an app connected to `/api/chat?threadId=T`

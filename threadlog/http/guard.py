@@ -20,6 +20,7 @@ most `max_body_bytes`, at most `max_streams` SSE streams open server-wide.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import inspect
 import threading
@@ -249,7 +250,7 @@ class BodyLimit:
             await _too_large(send, self.max_bytes)
             return
         seen = 0
-        started = False
+        started = completed = False
 
         async def counting() -> Any:
             nonlocal seen
@@ -261,16 +262,26 @@ class BodyLimit:
             return message
 
         async def sending(message: dict) -> None:
-            nonlocal started
+            nonlocal started, completed
             if message["type"] == "http.response.start":
                 started = True
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                completed = True
             await send(message)
 
         try:
             await self.app(scope, counting, sending)
-        except _TooLarge:
+        except* _TooLarge:
+            # except*: an event stream's disconnect watcher reads the body in a task
+            # group, which raises it wrapped in an ExceptionGroup (a traceback and a
+            # cut 200 stream instead of this answer).
             if not started:
                 await _too_large(send, self.max_bytes)
+            elif not completed:
+                # The response had begun (an event stream reads the body only while it
+                # streams): end it there, not as "returned without completing response".
+                with contextlib.suppress(OSError):
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 class _TooLarge(Exception):

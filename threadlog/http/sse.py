@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, MutableMapping
 from typing import Any
@@ -24,13 +25,16 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..delivery import DeliveryLog
-from ..kernel.errors import ThreadLogError
+from ..kernel.errors import INTERNAL, UNAVAILABLE, ThreadLogError
 from ..metrics import Metrics
 from .guard import TOO_MANY_STREAMS, StreamSlots
+
+log_ = logging.getLogger("threadlog.http")
 
 TERMINAL = frozenset({"RUN_FINISHED", "RUN_ERROR"})
 INCOMPLETE = "RUN_INCOMPLETE"  # code of the synthetic error: closed without a terminal chunk
 KEEPALIVE_SECONDS = 15.0
+FINAL_SEND_S = 1.0  # longest wait to end a response whose client reads nothing
 HEADERS = {
     "Cache-Control": "no-store",
     "X-Accel-Buffering": "no",  # nginx: do not buffer an event stream
@@ -73,7 +77,22 @@ async def stream_run(log: DeliveryLog, after: str) -> AsyncIterator[bytes]:
                 last = chunk
                 yield event(chunk, offset)
         except ThreadLogError as exc:
+            if exc.code == UNAVAILABLE and (yielded or after not in ("-1", "now")):
+                # Passing (a broker or worker away, every read consumer busy), and the
+                # client holds an event id to resume from. A RUN_ERROR is terminal to
+                # @tanstack/ai-client: a healthy run ended for it for good. A cut
+                # stream (a last line with no newline: its StreamTruncatedError, as
+                # for a dropped connection) makes it reconnect with Last-Event-ID,
+                # with its backoff and attempt limit; an EventSource reconnects anyway.
+                yield f": {exc.code}: resume with Last-Event-ID".encode()
+                return
             yield run_error(log.run_id, exc.code, exc.message)
+            return
+        except Exception:
+            # Not ours to raise (a foreign record, a bug): the stream must still end
+            # as an event stream, with a code, not cut with a server traceback.
+            log_.exception("the delivery log of run %r could not be streamed", log.run_id)
+            yield run_error(log.run_id, INTERNAL, "the run's delivery log could not be streamed (see the server log)")
             return
         # The log is closed. Did it end on a terminal chunk?
         if yielded == 0 and after == "now":
@@ -172,7 +191,10 @@ class EventStreamResponse(StreamingResponse):
                 with anyio.CancelScope(shield=True):  # a disconnect cancels us: close it all the same
                     await aclose()
         await asyncio.wait({timer})  # cancelled above: it ends at its next step, before the last send
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        # Bounded: a client that reads nothing (flow control) would hold this send,
+        # and a server's shutdown, until the drain timeout cut it with a traceback.
+        with anyio.move_on_after(FINAL_SEND_S):
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _serve(self, receive: Receive, send: Send) -> None:
         started = completed = closed_by_server = False
@@ -213,5 +235,5 @@ class EventStreamResponse(StreamingResponse):
         if closed_by_server and started and not completed:  # the body may have ended first
             # The body was stopped between two sends: end the response properly (the
             # client sees the stream end, and resumes elsewhere with Last-Event-ID).
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError), anyio.move_on_after(FINAL_SEND_S):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
