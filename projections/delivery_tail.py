@@ -156,6 +156,6 @@ class DeliveryTail:
                 for sub in subs:
                     # Keyed other than its run: poison, skipped by the owner's fold too.
                     if msg.offset() >= sub.live_from and sub.partition == p and rec["runId"] == sub.run_id:
-                        per_sub.setdefault(sub, []).append(Item(p, msg.offset(), rec, None))
+                        per_sub.setdefault(sub, []).append(Item(p, msg.offset(), rec, None, len(msg.value() or b"")))
         for sub, items in per_sub.items():
             sub.deliver(items)

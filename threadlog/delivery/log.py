@@ -208,7 +208,7 @@ class DeliveryLog:
             while True:
                 new = len(held)
                 while sub.items:
-                    held.append(sub.items.popleft())
+                    held.append(sub.popleft())
                 # Each held record is judged once, in order: judging them all again on
                 # every pass was quadratic, and a fold's cache of verdicts is bounded
                 # (run_index.RunFold), so a long wait would fold a claim twice.
@@ -227,7 +227,7 @@ class DeliveryLog:
                     raise ThreadLogError(RUN_NOT_FOUND, f"run {self.run_id!r} has no delivery log: nothing "
                                                         f"was appended or closed within {svc.first_chunk_wait}s")
                 await sub.wait(left)
-            sub.items.extendleft(reversed(held))
+            sub.put_back(held)
             # Nothing of this run stood before live_from: start at the live feed.
             return min(sub.live_from, reading.at), (-1, -1), sub, reading
         except BaseException:
@@ -299,7 +299,7 @@ class DeliveryLog:
                         runs.unsubscribe(sub)
                         sub = None
                         break
-                    item = sub.items.popleft()
+                    item = sub.popleft()
                     if item.offset < position:
                         continue
                     position = item.offset + 1
