@@ -36,6 +36,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .background_open import BackgroundOpen
 from .blob_gc import DEFAULT_GRACE_MS, GcReport
 from .kernel.errors import OUTCOME_UNKNOWN, ThreadLogError, unavailable
 from .producers.proposals import track_unsettled
@@ -129,7 +130,6 @@ class SyncThreadLog:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._readers: weakref.WeakSet[SyncDeliveryReader] = weakref.WeakSet()
         self._closed = False
-        self._abandoned = False  # connect gave up waiting for open: whoever finishes it closes it
         self._tl: ThreadLog | None = None
         self.messages = SyncMessageStore(self)
         self.checkpoints = SyncCheckpointStore(self)
@@ -150,40 +150,20 @@ class SyncThreadLog:
 
     def _start(self, opener: Awaitable[ThreadLog]) -> None:
         self._thread.start()
-        fut = self._submit(self._open(opener))
-        done, _ = concurrent.futures.wait([fut], self.request_timeout + _OPEN_GRACE_S)
-        if not done:
-            with self._lock:
-                opened = self._tl is not None
-                self._abandoned = self._closed = not opened
-            if opened:
-                return  # it finished in the instant between the wait and the lock
-            # The loop thread lives on until open returns, then closes what it
-            # opened and stops (see _open): cancelling open would strand the
-            # consumers it is starting in worker threads.
-            raise unavailable(f"could not open within {self.request_timeout + _OPEN_GRACE_S:.0f} s")
+        opening = BackgroundOpen(self._loop)
         try:
-            fut.result()
+            tl = opening.wait(self._submit(opening.run(opener)), self.request_timeout + _OPEN_GRACE_S)
         except BaseException:
             self._closed = True
             self._stop_loop()
             raise
-
-    async def _open(self, opener: Awaitable[ThreadLog]) -> None:
-        abandoned = False
-        try:
-            tl = await opener
+        if tl is None:
+            # The loop thread lives on until open returns, then closes what it
+            # opened and stops (threadlog/background_open.py).
             with self._lock:
-                abandoned = self._abandoned
-                if not abandoned:
-                    self._tl = tl
-            if abandoned:
-                await tl.close()
-        finally:
-            with self._lock:
-                abandoned = self._abandoned
-            if abandoned:
-                self._loop.stop()
+                self._closed = True
+            raise unavailable(f"could not open within {self.request_timeout + _OPEN_GRACE_S:.0f} s")
+        self._tl = tl
 
     def _stop_loop(self) -> None:
         if self._loop.is_running():

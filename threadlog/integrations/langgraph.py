@@ -49,7 +49,6 @@ already be in the log, and then it applies.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import random
 import threading
@@ -77,6 +76,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from .. import client as _client
+from ..background_open import BackgroundOpen
 from ..kernel.errors import OUTCOME_UNKNOWN, ThreadLogError, invalid_argument, unavailable
 from ..kernel.validation import is_int, require_id
 from ..producers.proposals import MAX_PROPOSAL_BYTES
@@ -746,38 +746,27 @@ class ThreadLogSaver(BaseCheckpointSaver[str]):
         self._thread = threading.Thread(target=self._serve, name=f"threadlog-langgraph:{namespace}", daemon=True)
         self._inner: AsyncThreadLogSaver | None = None
         self._closed = False
-        # The open and __init__ agree under this lock on who owns what the open
-        # returns: __init__ (it answered in time) or the open itself (abandoned).
-        self._lock = threading.Lock()
-        self._abandoned = False
-        self._opened: _client.ThreadLog | None = None
         self._thread.start()
 
         async def start() -> _client.ThreadLog:
             # Called on the loop, so that bad open_kwargs fail there too and the loop is stopped.
             return await _client.open(bootstrap_servers, namespace, **open_kwargs)
 
-        fut = asyncio.run_coroutine_threadsafe(self._open(start()), self._loop)
-        done, _ = concurrent.futures.wait([fut], self.timeout)
-        if not done:
-            with self._lock:
-                opened = self._opened is not None
-                self._abandoned = self._closed = not opened
-            if not opened:
-                # Not cancelled: cancelling the open midway stranded what it had
-                # started (followers, pumps, the state slot's lock, so the next
-                # open took slot-1: found by a review). It goes on, and `_open`
-                # closes what it opened, then stops the loop.
-                raise unavailable(f"could not open threadlog namespace {namespace!r} within {self.timeout}s")
-        else:
-            try:
-                fut.result()
-            except BaseException:
-                self._closed = True
-                self._stop_loop()
-                raise
-        assert self._opened is not None
-        self.tl: _client.ThreadLog = self._opened
+        opening = BackgroundOpen(self._loop)
+        try:
+            tl = opening.wait(asyncio.run_coroutine_threadsafe(opening.run(start()), self._loop), self.timeout)
+        except BaseException:
+            self._closed = True
+            self._stop_loop()
+            raise
+        if tl is None:
+            # Not cancelled: cancelling the open midway stranded what it had
+            # started (followers, pumps, the state slot's lock, so the next open
+            # took slot-1: found by a review). It goes on, closes what it opened
+            # and stops the loop (threadlog/background_open.py).
+            self._closed = True
+            raise unavailable(f"could not open threadlog namespace {namespace!r} within {self.timeout}s")
+        self.tl: _client.ThreadLog = tl
 
     # -- plumbing ------------------------------------------------------------------------------
     def _serve(self) -> None:
@@ -785,23 +774,6 @@ class ThreadLogSaver(BaseCheckpointSaver[str]):
             self._loop.run_forever()
         finally:
             self._loop.close()  # also when an abandoned open stopped it: nobody else would
-
-    async def _open(self, opener: Awaitable[_client.ThreadLog]) -> None:
-        """Open the client; if __init__ gave up waiting meanwhile, close it and stop the loop."""
-        abandoned = False
-        try:
-            tl = await opener
-            with self._lock:
-                abandoned = self._abandoned
-                if not abandoned:
-                    self._opened = tl
-            if abandoned:
-                await tl.close()
-        finally:
-            with self._lock:
-                abandoned = self._abandoned
-            if abandoned:
-                self._loop.stop()
 
     def _inner_saver(self) -> AsyncThreadLogSaver:
         # with_allowlist() clones this saver with another serde: the async

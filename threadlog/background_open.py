@@ -1,0 +1,71 @@
+"""Opening a client on a background event-loop thread, for a waiter that may give up.
+
+The blocking client (`threadlog.connect`) and the blocking LangGraph saver
+each run a `ThreadLog` on a loop thread of their own and wait for its open
+with a timeout. Cancelling an open midway stranded what it had started
+(followers, pumps, the state slot's lock: the next open then took another slot
+and folded the namespace again). So the open is never cancelled: whoever
+finishes last owns the client. If the waiter was still waiting, it takes the
+client; if it gave up first, the open closes the client it made and stops the
+loop, whose thread then ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .client import ThreadLog
+
+
+class BackgroundOpen:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        # The open (on the loop) and the waiter (another thread) agree under this
+        # lock on who owns what the open returns.
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self.opened: ThreadLog | None = None
+
+    async def run(self, opener: Awaitable[ThreadLog]) -> None:
+        """Run on the loop: open; if the waiter gave up meanwhile, close it and stop the loop."""
+        abandoned = False
+        try:
+            tl = await opener
+            with self._lock:
+                abandoned = self._abandoned
+                if not abandoned:
+                    self.opened = tl
+            if abandoned:
+                await tl.close()
+        finally:
+            with self._lock:
+                abandoned = self._abandoned
+            if abandoned:
+                self._loop.stop()
+
+    def wait(self, fut: concurrent.futures.Future[None], timeout: float) -> ThreadLog | None:
+        """From the waiter's thread: wait for `fut` (`run` on the loop) at most
+        `timeout` s. The client, or None: the waiter gave up (the open goes on
+        and closes itself). Raises what the open raised."""
+        done, _ = concurrent.futures.wait([fut], timeout)
+        if not done and self.give_up():
+            return None
+        if done:
+            fut.result()
+        assert self.opened is not None  # (or it finished between the wait and give_up)
+        return self.opened
+
+    def give_up(self) -> bool:
+        """The waiter stops waiting. True: the open had not finished, and now
+        closes what it opens itself; False: it finished in the instant between
+        the wait and this call, and `opened` is the waiter's."""
+        with self._lock:
+            if self.opened is not None:
+                return False
+            self._abandoned = True
+            return True
