@@ -774,3 +774,40 @@ def test_a_reader_closed_from_another_thread_ends_the_next_waiting_in_its_own(co
     # The client is unharmed: another reader of the same log reads it.
     with log.read("-1") as again:
         assert next(again) == (o0, {"n": 0})
+
+
+def test_a_reader_closed_as_its_next_starts_in_another_thread_reads_nothing_more(connect, monkeypatch):
+    # Tried (a review): close() from another thread in the instant between a
+    # next()'s check and its step reaching the loop: the step then started a new
+    # read from the beginning (the first chunk again, and a live iterator left
+    # behind), or blocked until the request timeout. The instant is widened here.
+    tl = connect(request_timeout_ms=30_000)
+    log = tl.delivery("run-race")
+    [o0] = log.append([{"n": 0}])
+    reader = log.read("-1")
+    assert next(reader) == (o0, {"n": 0})
+    entered = threading.Event()
+    submit = tl._submit
+
+    def slow_submit(coro):
+        entered.set()
+        time.sleep(0.3)  # the window a close() from another thread fell into
+        return submit(coro)
+
+    monkeypatch.setattr(tl, "_submit", slow_submit)
+    outcome: list[object] = []
+
+    def iterate() -> None:
+        try:
+            outcome.append(next(reader, "ended"))
+        except BaseException as exc:  # what the iterating thread gets is the point
+            outcome.append(exc)
+
+    waiting = threading.Thread(target=iterate)
+    waiting.start()
+    assert entered.wait(WAIT)
+    monkeypatch.setattr(tl, "_submit", submit)
+    reader.close()
+    waiting.join(10)  # well inside the 30 s request timeout
+    assert not waiting.is_alive() and outcome == ["ended"]
+    assert reader._it is None  # no read left behind

@@ -52,13 +52,25 @@ class BackgroundOpen:
         """From the waiter's thread: wait for `fut` (`run` on the loop) at most
         `timeout` s. The client, or None: the waiter gave up (the open goes on
         and closes itself). Raises what the open raised."""
-        done, _ = concurrent.futures.wait([fut], timeout)
+        try:
+            done, _ = concurrent.futures.wait([fut], timeout)
+        except BaseException:
+            # Interrupted while waiting (KeyboardInterrupt): nobody will take the
+            # client, so the open closes it itself; the caller must not stop the loop.
+            self.give_up()
+            raise
         if not done and self.give_up():
             return None
         if done:
             fut.result()
         assert self.opened is not None  # (or it finished between the wait and give_up)
         return self.opened
+
+    @property
+    def abandoned(self) -> bool:
+        """The waiter gave up: the open closes what it opens and stops the loop itself."""
+        with self._lock:
+            return self._abandoned
 
     def give_up(self) -> bool:
         """The waiter stops waiting. True: the open had not finished, and now

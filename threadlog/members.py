@@ -170,8 +170,9 @@ def _lease(duration: Any, renew_after: Any) -> tuple[int, int] | None:
     if duration is None and renew_after is None:
         return None
     if not (is_int(duration) and is_int(renew_after) and 0 < renew_after < duration <= MAX_LEASE_MS):
-        log.warning("a member's lease setting (%s, %s) is not 0 < renewAfterMs < leaseDurationMs <= %d: "
-                    "ignored, proposers use their own", str(duration)[:40], str(renew_after)[:40], MAX_LEASE_MS)
+        log.warning("a member's lease setting (renewAfterMs %s, leaseDurationMs %s) is not 0 < renewAfterMs < "
+                    "leaseDurationMs <= %d: ignored, proposers use their own", str(renew_after)[:40],
+                    str(duration)[:40], MAX_LEASE_MS)
         return None
     return duration, renew_after
 

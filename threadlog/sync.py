@@ -155,7 +155,8 @@ class SyncThreadLog:
             tl = opening.wait(self._submit(opening.run(opener)), self.request_timeout + _OPEN_GRACE_S)
         except BaseException:
             self._closed = True
-            self._stop_loop()
+            if not opening.abandoned:  # the open failed: nothing else stops the loop
+                self._stop_loop()
             raise
         if tl is None:
             # The loop thread lives on until open returns, then closes what it
@@ -893,6 +894,9 @@ class SyncDeliveryReader(Iterator[DeliveryEntry]):
         self._finished = False
         self._closing = False
         self._step_fut: concurrent.futures.Future[DeliveryEntry | None] | None = None  # a next() in flight
+        # A next() starting and a close() from another thread agree under this on
+        # whether the step is on the loop (close cuts it) or never starts.
+        self._step_lock = threading.Lock()
         with client._lock:
             client._readers.add(self)
 
@@ -900,6 +904,8 @@ class SyncDeliveryReader(Iterator[DeliveryEntry]):
         return self
 
     async def _step(self) -> DeliveryEntry | None:
+        if self._closing:
+            return None  # closed while this step was on its way: never read again
         if self._it is None:
             self._it = self._make()  # created on the loop, so the loop finalizes it
         try:
@@ -908,18 +914,21 @@ class SyncDeliveryReader(Iterator[DeliveryEntry]):
             return None  # a coroutine cannot hand StopAsyncIteration through a future
 
     def __next__(self) -> DeliveryEntry:
-        if self._finished:
-            raise StopIteration
         try:
-            extra, self._first_wait = self._first_wait, 0.0
-            self._step_fut = self._c._submit(self._step())
+            with self._step_lock:
+                if self._finished:
+                    raise StopIteration
+                extra, self._first_wait = self._first_wait, 0.0
+                self._step_fut = self._c._submit(self._step())
             item = self._c._wait(self._step_fut, "the delivery read", extra=extra)
-        except BaseException:
+        except StopIteration:
+            raise
+        except BaseException as exc:
             # An error or a timeout ends the iteration (a timed-out step was
             # cancelled inside the async iterator, which closed it).
             self._finished = True
-            if self._closing:  # close() from another thread cut this step: the end, not an error
-                raise StopIteration from None
+            if self._closing and isinstance(exc, Exception):
+                raise StopIteration from None  # close() from another thread cut this step: the end
             raise
         finally:
             self._step_fut = None
@@ -937,8 +946,9 @@ class SyncDeliveryReader(Iterator[DeliveryEntry]):
     def close(self) -> None:
         """Stop reading: releases what the reader holds on the loop. Harmless
         after the end, after an error and after the client was closed."""
-        self._finished = self._closing = True
-        step = self._step_fut
+        with self._step_lock:
+            self._finished = self._closing = True
+            step = self._step_fut
         if step is not None:
             # A next() of another thread waits on the loop: cut it (its async
             # iterator then ends), else aclose() found the generator running.

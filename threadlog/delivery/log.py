@@ -51,6 +51,12 @@ class DeliveryLog:
 
     # -- plumbing -------------------------------------------------------------------
     @property
+    def client_closing(self) -> bool:
+        """The client this log belongs to is closing (or closed): reads end under it."""
+        svc = self._session.delivery
+        return self._session.closed or (svc is not None and svc.closing.is_set())
+
+    @property
     def _svc(self) -> DeliveryService:
         self._session.check_open()
         svc = self._session.delivery

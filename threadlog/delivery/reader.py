@@ -194,7 +194,9 @@ class Fetcher:
                     if err.code() == KafkaError._PARTITION_EOF:
                         position = max(position, msg.offset())
                     elif err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
-                        raise unavailable(f"{self.svc.topic}[{self.partition}]@{position} is gone (retention)")
+                        gone = unavailable(f"{self.svc.topic}[{self.partition}]@{position} is gone (retention)")
+                        gone.permanent = True  # type: ignore[attr-defined]  # no retry brings it back
+                        raise gone
                     else:
                         log.warning("delivery reader: %s", err)
                     continue

@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..delivery import DeliveryLog
-from ..kernel.errors import INTERNAL, UNAVAILABLE, ThreadLogError
+from ..kernel.errors import INTERNAL, UNAVAILABLE, ThreadLogError, unavailable
 from ..metrics import Metrics
 from .guard import TOO_MANY_STREAMS, StreamSlots
 
@@ -56,6 +56,23 @@ def run_error(run_id: str, code: str, message: str) -> bytes:
                   "timestamp": int(time.time() * 1000)})
 
 
+def _passing(exc: ThreadLogError) -> bool:
+    """An error a later try may not meet (a broker or worker away, every read
+    consumer busy): UNAVAILABLE, unless marked permanent (records gone by retention)."""
+    return exc.code == UNAVAILABLE and not getattr(exc, "permanent", False)
+
+
+def _cut(exc: ThreadLogError) -> bytes:
+    """The end of a stream the client should resume: a last line with no newline.
+
+    Why not a RUN_ERROR: it is terminal to @tanstack/ai-client, so a passing
+    error ended a healthy run for it for good. A cut stream is its
+    StreamTruncatedError, as for a dropped connection: it reconnects with
+    Last-Event-ID, with its backoff and attempt limit (an EventSource
+    reconnects anyway). Only for a client that holds an event id."""
+    return f": {exc.code}: resume with Last-Event-ID".encode()
+
+
 def is_terminal(chunk: Any) -> bool:
     return isinstance(chunk, dict) and chunk.get("type") in TERMINAL
 
@@ -77,18 +94,15 @@ async def stream_run(log: DeliveryLog, after: str) -> AsyncIterator[bytes]:
                 last = chunk
                 yield event(chunk, offset)
         except ThreadLogError as exc:
-            if exc.code == UNAVAILABLE and (yielded or after not in ("-1", "now")):
-                # Passing (a broker or worker away, every read consumer busy), and the
-                # client holds an event id to resume from. A RUN_ERROR is terminal to
-                # @tanstack/ai-client: a healthy run ended for it for good. A cut
-                # stream (a last line with no newline: its StreamTruncatedError, as
-                # for a dropped connection) makes it reconnect with Last-Event-ID,
-                # with its backoff and attempt limit; an EventSource reconnects anyway.
-                yield f": {exc.code}: resume with Last-Event-ID".encode()
+            if _passing(exc) and (yielded or after not in ("-1", "now")):
+                yield _cut(exc)
                 return
             yield run_error(log.run_id, exc.code, exc.message)
             return
         except Exception:
+            if log.client_closing:  # the app closed its client under the stream: resume elsewhere
+                yield _cut(unavailable("the threadlog client is closing"))
+                return
             # Not ours to raise (a foreign record, a bug): the stream must still end
             # as an event stream, with a code, not cut with a server traceback.
             log_.exception("the delivery log of run %r could not be streamed", log.run_id)
@@ -106,7 +120,10 @@ async def stream_run(log: DeliveryLog, after: str) -> AsyncIterator[bytes]:
         elif yielded == 0 and after != "-1":
             try:
                 last = await log.chunk_at(after)  # nothing after the cursor: it is the last chunk
-            except ThreadLogError:
+            except ThreadLogError as exc:
+                if _passing(exc):  # not a RUN_INCOMPLETE of a run that may have finished well
+                    yield _cut(exc)
+                    return
                 last = None
         if not is_terminal(last):
             yield run_error(log.run_id, INCOMPLETE,

@@ -757,7 +757,8 @@ class ThreadLogSaver(BaseCheckpointSaver[str]):
             tl = opening.wait(asyncio.run_coroutine_threadsafe(opening.run(start()), self._loop), self.timeout)
         except BaseException:
             self._closed = True
-            self._stop_loop()
+            if not opening.abandoned:  # the open failed: nothing else stops the loop
+                self._stop_loop()
             raise
         if tl is None:
             # Not cancelled: cancelling the open midway stranded what it had
