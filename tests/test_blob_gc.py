@@ -476,14 +476,14 @@ async def test_a_sweep_stops_at_a_batch_whose_collects_cannot_be_settled(tl, mon
     real_send = session.send
     lost: list[str] = []
 
-    async def send(type_name: str, key: str, payload: dict):
+    async def send(type_name: str, key: str, payload: dict, timeout: float | None = None):
         if type_name == "threadlog.cmd.CollectBlob" and not lost:
             lost.append(payload["key"])
-            await real_send(type_name, key, payload)  # written and judged; its answer is lost
+            await real_send(type_name, key, payload, timeout=timeout)  # written and judged; its answer is lost
             raise ThreadLogError("OUTCOME_UNKNOWN", "injected: the verdict was not learned")
         if type_name == "threadlog.cmd.ClaimBlobForGc" and payload["sweepId"].endswith(".seal"):
             raise ThreadLogError("UNAVAILABLE", "injected: the seal was not written")
-        return await real_send(type_name, key, payload)
+        return await real_send(type_name, key, payload, timeout=timeout)
 
     monkeypatch.setattr(session, "send", send)
     report = await within(tl.blobs.gc(grace_ms=0))

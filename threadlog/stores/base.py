@@ -43,7 +43,7 @@ class StoreFacade:
         return self._session.state
 
     async def _send(self, type_name: str, key: str, payload: dict, timeout: float | None = None) -> Any:
-        return await self._session.send(type_name, key, payload, timeout)
+        return await self._session.send(type_name, key, payload, timeout=timeout)
 
     async def _resolve_elsewhere(self, result: Any, get: Callable[[str], Awaitable[Any]], ident: str) -> Any:
         """A create-or-resume of an id that lives on another thread's partition is
