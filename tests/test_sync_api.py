@@ -406,10 +406,7 @@ def test_read_from_start_of_a_silent_run_raises_run_not_found(connect):
 # -- bounds and close -----------------------------------------------------------------------------------------
 def test_an_idle_reader_is_bounded_by_the_request_timeout_and_resumes(connect):
     tl = connect(request_timeout_ms=2_000)
-    log = tl.delivery("run-idle")
-    [o0] = log.append([{"n": 0}])
-    reader = log.read("-1")
-    assert next(reader) == (o0, {"n": 0})
+    log, o0, reader = past_first_chunk(tl, "run-idle")
     started = time.monotonic()
     assert code_of(next, reader) == "UNAVAILABLE"  # no chunk came within the request timeout
     assert 1.9 <= time.monotonic() - started < 20
@@ -706,6 +703,38 @@ def test_close_under_a_delivery_append_in_flight_says_outcome_unknown(connect):
         assert [c for _, c in other.delivery("r1").snapshot()] == [{"n": 1}]
 
 
+def in_thread(call) -> tuple[threading.Thread, list[object]]:
+    """Start `call()` in another thread; its result or exception lands in the list."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:  # what the calling thread gets is the point
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
+def until_a_task_more(client, before: int, thread: threading.Thread, outcome: list[object]) -> None:
+    """Wait (bounded) until the other thread's call is on the loop, waiting (no event says so)."""
+    deadline = time.monotonic() + WAIT
+    while len(client._tasks) <= before:
+        assert time.monotonic() < deadline and thread.is_alive(), outcome
+        time.sleep(0.01)
+
+
+def past_first_chunk(tl, run_id: str):
+    """A run's log with one chunk, and a reader that has read it: (log, its offset, reader)."""
+    log = tl.delivery(run_id)
+    [o0] = log.append([{"n": 0}])
+    reader = log.read("-1")
+    assert next(reader) == (o0, {"n": 0})
+    return log, o0, reader
+
+
 def test_a_streamed_blob_put_cut_by_close_raises_a_threadlog_error(tl):
     # Tried (a review): close() while a streamed put's chunk hand-off waited (the
     # feed full, the put not taking more): the caller got the hand-off's
@@ -717,21 +746,9 @@ def test_a_streamed_blob_put_cut_by_close_raises_a_threadlog_error(tl):
     for _ in range(sync._FEED_DEPTH):  # the queue full: the next push waits
         blobs._c._run(feed.push(b"x"))
     never = blobs._c._submit(asyncio.Event().wait())  # a put that takes no chunk
-    outcome: list[BaseException | bool] = []
-
-    def hand_over() -> None:
-        try:
-            outcome.append(blobs._hand_over(feed, b"y", never))
-        except BaseException as exc:  # what the caller gets is the point
-            outcome.append(exc)
-
     before = len(blobs._c._tasks)
-    caller = threading.Thread(target=hand_over)
-    caller.start()
-    deadline = time.monotonic() + WAIT
-    while len(blobs._c._tasks) <= before:  # the hand-off is on the loop, waiting (no event says so)
-        assert time.monotonic() < deadline and caller.is_alive(), outcome
-        time.sleep(0.01)
+    caller, outcome = in_thread(lambda: blobs._hand_over(feed, b"y", never))
+    until_a_task_more(blobs._c, before, caller, outcome)
     tl.close()
     caller.join(WAIT)
     assert not caller.is_alive()
@@ -748,25 +765,10 @@ def test_a_reader_closed_from_another_thread_ends_the_next_waiting_in_its_own(co
     # ("aclose(): asynchronous generator is already running") and the blocked
     # next() went on waiting until the request timeout.
     tl = connect(request_timeout_ms=30_000)
-    log = tl.delivery("run-watched")
-    [o0] = log.append([{"n": 0}])
-    reader = log.read("-1")
-    assert next(reader) == (o0, {"n": 0})
-    outcome: list[object] = []
-
-    def iterate() -> None:
-        try:
-            outcome.append(next(reader, "ended"))
-        except BaseException as exc:  # what the iterating thread gets is the point
-            outcome.append(exc)
-
+    log, o0, reader = past_first_chunk(tl, "run-watched")
     before = len(tl._tasks)
-    waiting = threading.Thread(target=iterate)
-    waiting.start()
-    deadline = time.monotonic() + WAIT
-    while len(tl._tasks) <= before:  # its step is on the loop, waiting (no event says so)
-        assert time.monotonic() < deadline and waiting.is_alive(), outcome
-        time.sleep(0.01)
+    waiting, outcome = in_thread(lambda: next(reader, "ended"))
+    until_a_task_more(tl, before, waiting, outcome)  # its step is on the loop
     reader.close()  # from this thread
     waiting.join(10)  # well inside the 30 s request timeout
     assert not waiting.is_alive() and outcome == ["ended"]
@@ -782,10 +784,7 @@ def test_a_reader_closed_as_its_next_starts_in_another_thread_reads_nothing_more
     # read from the beginning (the first chunk again, and a live iterator left
     # behind), or blocked until the request timeout. The instant is widened here.
     tl = connect(request_timeout_ms=30_000)
-    log = tl.delivery("run-race")
-    [o0] = log.append([{"n": 0}])
-    reader = log.read("-1")
-    assert next(reader) == (o0, {"n": 0})
+    _, _, reader = past_first_chunk(tl, "run-race")
     entered = threading.Event()
     submit = tl._submit
 
@@ -795,16 +794,7 @@ def test_a_reader_closed_as_its_next_starts_in_another_thread_reads_nothing_more
         return submit(coro)
 
     monkeypatch.setattr(tl, "_submit", slow_submit)
-    outcome: list[object] = []
-
-    def iterate() -> None:
-        try:
-            outcome.append(next(reader, "ended"))
-        except BaseException as exc:  # what the iterating thread gets is the point
-            outcome.append(exc)
-
-    waiting = threading.Thread(target=iterate)
-    waiting.start()
+    waiting, outcome = in_thread(lambda: next(reader, "ended"))
     assert entered.wait(WAIT)
     monkeypatch.setattr(tl, "_submit", submit)
     reader.close()
