@@ -265,7 +265,7 @@ class QueryServer:
             result = await self.dispatch(req["op"], req.get("args") or {})
             out = {"id": rid, "ok": True, "result": result}
         except ThreadLogError as exc:
-            out = {"id": rid, "ok": False, "code": exc.code, "message": exc.message}
+            out = {"id": rid, "ok": False, "code": exc.code, "message": exc.message, "retryable": exc.retryable}
         except Exception as exc:
             log.exception("query failed")
             out = {"id": rid, "ok": False, "code": INVALID_ARGUMENT, "message": f"bad request: {exc!r}"}

@@ -101,7 +101,8 @@ def _require_whole_log(bootstrap: str, topic: str, partitions: int, kafka: kafka
             low, _ = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
             if low > 0:
                 raise unavailable(f"{topic}[{p}] no longer starts at offset 0 (first kept: {low}): records "
-                                  "were deleted, so a rebuild cannot reach the same verdicts; the store is kept")
+                                  "were deleted, so a rebuild cannot reach the same verdicts; the store is kept",
+                                  retryable=False)
     except KafkaException as exc:
         raise unavailable(f"could not read where {topic} starts: {exc}") from None
     finally:

@@ -284,7 +284,7 @@ async def replayed(tl: ThreadLog, partition: int, at: Any = None, key: str | Non
         low, high = await asyncio.to_thread(reader.bounds)
         if low > 0:
             raise unavailable(f"{topic}[{partition}] no longer starts at offset 0 (first kept: {low}): its "
-                              "history was deleted, so earlier states cannot be rebuilt")
+                              "history was deleted, so earlier states cannot be rebuilt", retryable=False)
         if offset is not None and offset >= high:
             raise invalid_argument(f"offset {offset} of {topic}[{partition}] is not written yet "
                                    f"(the partition ends at {high})")

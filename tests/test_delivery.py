@@ -14,6 +14,7 @@ from support import within
 from threadlog.producers.pump import delivery_failure
 
 from threadlog import ThreadLogError
+from threadlog.errors import UNAVAILABLE
 from threadlog.kernel.topics import MAX_MESSAGE_BYTES
 
 
@@ -452,10 +453,11 @@ async def test_a_reader_that_stopped_reading_gives_its_consumer_back(tl):
     assert await within(collect(stalled)) == list(zip(offsets[1:], [chunk(i) for i in range(1, 5)], strict=True))
 
 
-async def test_readers_of_a_closed_run_whose_records_retention_removed_end(tl, bootstrap):
+async def test_readers_of_a_closed_run_whose_records_retention_removed_fail_not_retryable(tl, bootstrap):
     # Tried (a review): the deliveries topic keeps records for its retention only; the
     # run index outlives them. A reader of a closed run whose records were deleted
-    # (delete_records stands in for retention) waited for the close record forever.
+    # (delete_records stands in for retention) waited for the close record forever;
+    # then it ended as if the run had no chunks. It says they are gone, for good.
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient
 
@@ -467,7 +469,35 @@ async def test_readers_of_a_closed_run_whose_records_retention_removed_end(tl, b
     for fut in admin.delete_records([TopicPartition(tl.runtime.topics.deliveries, log.partition, end)]).values():
         fut.result(timeout=30)
     for after in ("-1", offsets[0]):
-        assert await within(collect(log.read(after)), 10) == []  # ended: nothing of it is left to show
+        with pytest.raises(ThreadLogError) as err:
+            await within(collect(log.read(after)), 10)
+        assert (err.value.code, err.value.retryable) == (UNAVAILABLE, False)
+
+
+async def test_a_reader_of_an_open_run_whose_records_retention_removed_fails_not_retryable(tl, bootstrap):
+    # Tried: an open run whose first chunks were deleted (delete_records stands in for
+    # retention), read from its start. The reader's UNAVAILABLE must say no retry cures
+    # it (`retryable`), so an SSE stream ends with RUN_ERROR instead of reconnecting forever.
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    log = tl.delivery("run-expired-open")
+    offsets = await within(log.append([chunk(0), chunk(1)]))
+    # Read once: the run index has folded the record (retention deletes old records,
+    # never one an index has yet to fetch; an append returns before its fold).
+    assert [c for _, c in await within(take(log.read("-1"), 2))] == [chunk(0), chunk(1)]
+    end = await within(log._svc.high_watermark(log.partition))
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.delete_records([TopicPartition(tl.runtime.topics.deliveries, log.partition, end)]).values():
+        fut.result(timeout=30)
+    later = await within(log.append([chunk(2)]))
+    # Before: "-1" showed chunk 2 as the run's first, and a deleted offset was "not a chunk".
+    for after in ("-1", offsets[0]):
+        with pytest.raises(ThreadLogError) as err:
+            await within(take(log.read(after), 1), 20)
+        assert (err.value.code, err.value.retryable) == (UNAVAILABLE, False)
+        assert "retention" in err.value.message
+    assert later  # the run goes on: only what retention deleted is refused
 
 
 async def test_a_read_that_keeps_scanning_past_other_runs_records_is_not_cut_off(open_client, monkeypatch):

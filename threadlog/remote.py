@@ -563,7 +563,9 @@ class QueryClient:
             raise _Retry(address)
         if code == BEHIND and deadline - time.monotonic() > 0.05:
             raise _Behind(address)  # the owner is catching up: ask it again
-        raise ThreadLogError(code, msg.get("message") or "refused by the worker")
+        retryable = msg.get("retryable")  # absent from an older worker's answer: the code's default
+        raise ThreadLogError(code, msg.get("message") or "refused by the worker",
+                             retryable=retryable if isinstance(retryable, bool) else None)
 
     def _answer(self, fut: asyncio.Future, address: str, partitions: list[int] | None,
                 deadline: float) -> asyncio.Future:

@@ -32,9 +32,7 @@ class FailingLog:
 
 
 def gone() -> ThreadLogError:
-    exc = ThreadLogError(UNAVAILABLE, "deliveries[0]@0 is gone (retention)")
-    exc.permanent = True
-    return exc
+    return ThreadLogError(UNAVAILABLE, "deliveries[0]@0 is gone (retention)", retryable=False)
 
 
 async def ending(log: FailingLog, after: str) -> bytes:

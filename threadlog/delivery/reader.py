@@ -71,7 +71,11 @@ class ConsumerPool:
         try:
             return Consumer(kafka_config.consumer(
                 self._bootstrap, f"{self._client_id}.dlvread{n}", self._kafka,
-                **{"enable.partition.eof": True, "fetch.wait.max.ms": kafka_config.READER_WAIT_MS},
+                **{"enable.partition.eof": True, "fetch.wait.max.ms": kafka_config.READER_WAIT_MS,
+                   # A reader starts at a run's own record: if retention deleted it, the
+                   # reset to the earliest kept record showed the run's later chunks as if
+                   # they were its start. Fail instead (Fetcher._fetch): the run is gone.
+                   "auto.offset.reset": "error"},
             ))
         except BaseException:
             self._gone()
@@ -160,7 +164,7 @@ class Fetcher:
                 return []
             if self._consumer is None:
                 self._consumer = await self.svc.pool.take(self.svc.timeout)
-                start = self.position if self.position > 0 else OFFSET_BEGINNING
+                start = self.position if self.position >= 0 else OFFSET_BEGINNING
                 self._consumer.assign([TopicPartition(self.svc.topic, self.partition, start)])
         consumer = self._consumer
         assert consumer is not None  # taken with the first job, kept until release()
@@ -193,10 +197,10 @@ class Fetcher:
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
                         position = max(position, msg.offset())
-                    elif err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
-                        gone = unavailable(f"{self.svc.topic}[{self.partition}]@{position} is gone (retention)")
-                        gone.permanent = True  # type: ignore[attr-defined]  # no retry brings it back
-                        raise gone
+                    elif err.code() in (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET):
+                        # No retry brings deleted records back.
+                        raise unavailable(f"{self.svc.topic}[{self.partition}]@{position} is gone (retention)",
+                                          retryable=False)
                     else:
                         log.warning("delivery reader: %s", err)
                     continue

@@ -58,8 +58,8 @@ def run_error(run_id: str, code: str, message: str) -> bytes:
 
 def _passing(exc: ThreadLogError) -> bool:
     """An error a later try may not meet (a broker or worker away, every read
-    consumer busy): UNAVAILABLE, unless marked permanent (records gone by retention)."""
-    return exc.code == UNAVAILABLE and not getattr(exc, "permanent", False)
+    consumer busy): UNAVAILABLE, unless not retryable (records gone by retention)."""
+    return exc.code == UNAVAILABLE and exc.retryable
 
 
 def _cut(exc: ThreadLogError) -> bytes:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 STALE_HEAD = "SANDBOX_SNAPSHOT_STALE_HEAD"
 PARENT_MISMATCH = "SANDBOX_SNAPSHOT_PARENT_MISMATCH"
 DUPLICATE_ID = "SANDBOX_SNAPSHOT_DUPLICATE_ID"
@@ -81,23 +83,39 @@ CODES = frozenset(
 
 
 class ThreadLogError(Exception):
-    """Every error threadlog raises on purpose. `.code` is stable; `.message` explains."""
+    """Every error threadlog raises on purpose. `.code` is stable; `.message` explains.
 
-    def __init__(self, code: str, message: str) -> None:
+    `.retryable`: the same call, made again later and unchanged, may succeed.
+    True for UNAVAILABLE (a broker or worker away, a rebalance), unless what is
+    missing cannot come back (records deleted by retention): a retry loop, or
+    an SSE stream deciding between "reconnect" and "give up", must tell the
+    two apart without parsing messages. False for everything else: a refusal
+    changed nothing and says what to change first; OUTCOME_UNKNOWN says to
+    read the state first (a blind re-send of a CAS append is refused stale).
+    """
+
+    def __init__(self, code: str, message: str, *, retryable: bool | None = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        self.retryable = code in _RETRYABLE if retryable is None else retryable
 
-    def __reduce__(self) -> tuple[type[ThreadLogError], tuple[str, str]]:  # picklable across processes
-        return (type(self), (self.code, self.message))
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable across processes, retryable included
+        return (_rebuild, (type(self), self.code, self.message, self.retryable))
+
+
+def _rebuild(cls: type[ThreadLogError], code: str, message: str, retryable: bool) -> ThreadLogError:
+    err = cls.__new__(cls)  # subclasses (CodecError) take other __init__ arguments
+    ThreadLogError.__init__(err, code, message, retryable=retryable)
+    return err
 
 
 def invalid_argument(message: str) -> ThreadLogError:
     return ThreadLogError(INVALID_ARGUMENT, message)
 
 
-def unavailable(message: str) -> ThreadLogError:
-    return ThreadLogError(UNAVAILABLE, message)
+def unavailable(message: str, *, retryable: bool = True) -> ThreadLogError:
+    return ThreadLogError(UNAVAILABLE, message, retryable=retryable)
 
 
 def namespace_not_found(message: str) -> ThreadLogError:
@@ -113,6 +131,10 @@ NOT_OWNER = "NOT_OWNER"
 # Also internal: "I own it, but my judge has not reached the position you need
 # yet" (a new owner catching up). The client asks again until its own deadline.
 BEHIND = "BEHIND"
+
+
+# Codes whose call may succeed if made again unchanged (ThreadLogError.retryable).
+_RETRYABLE = frozenset({UNAVAILABLE, NOT_OWNER, BEHIND})
 
 
 def not_owner(message: str) -> ThreadLogError:

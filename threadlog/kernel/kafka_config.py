@@ -227,7 +227,7 @@ def reach(admin: Any, trap: ErrorTrap, timeout: float, kafka: Mapping[str, Any] 
         except Exception:  # pragma: no cover - a closed handle
             pass
         if trap.auth is not None:
-            raise ThreadLogError(UNAVAILABLE, scrub(f"authentication failed: {trap.auth}", kafka))
+            raise ThreadLogError(UNAVAILABLE, scrub(f"authentication failed: {trap.auth}", kafka), retryable=False)
         if time.monotonic() >= deadline:
             raise trap.explain(ThreadLogError(UNAVAILABLE, f"cluster metadata unavailable: {error_text(failure)}"),
                                admin, kafka)

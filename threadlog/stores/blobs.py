@@ -186,7 +186,7 @@ class BlobStore(StoreFacade):
                 return None
             if layout["version"] == gone_version:
                 raise unavailable(f"blob {key!r} version {gone_version}: a chunk is missing from "
-                                  f"{self._session.runtime.topics.blobs} (the log lost data)")
+                                  f"{self._session.runtime.topics.blobs} (the log lost data)", retryable=False)
             record = layout["record"]
             size = record["size"]
             if wanted_range is None:
