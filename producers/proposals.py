@@ -263,18 +263,21 @@ class ProposalBus:
 
     async def _emit(self, effects: list[dict]) -> None:
         """Write the idempotent records a verdict derived (tombstones), awaiting their acks."""
+        # Other topics: a newer judge's effect kind, not ours to write.
+        await self.tombstone_blob_chunks([eff["key"] for eff in effects if eff["topic"] == "blobs"])
+
+    async def tombstone_blob_chunks(self, keys: list[str]) -> None:
+        """Tombstones for these chunk keys on `<ns>.blobs`, awaiting their acks.
+        Idempotent: only ever for chunks a judged verdict gave up."""
         loop = asyncio.get_running_loop()
         futures = []
-        for eff in effects:
-            if eff["topic"] != "blobs":
-                continue  # a newer judge's effect kind: not ours to write
+        for k in keys:
             fut: asyncio.Future = loop.create_future()
             futures.append(fut)
 
             def done(err: KafkaError | None, _msg: Message, fut: asyncio.Future = fut) -> None:
                 settle_threadsafe(loop, fut, None if err is None else unavailable(str(err)), None)
 
-            k = eff["key"]
             self.producer.produce(self.topics.blobs, None, k.encode("utf-8"),
                                   partition=partition_for(k, self.layout.blobs), on_delivery=done)
         if futures:

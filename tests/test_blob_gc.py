@@ -147,13 +147,56 @@ async def test_records_on_blobs_that_are_not_chunks_of_ours_are_left_alone(tl, b
         forged.produce(tl.runtime.topics.blobs, b"not a chunk", fk.encode())
     forged.produce(tl.runtime.topics.blobs, tl.runtime.codec.encode(
         CHUNK_TYPE, {"blobKey": "z", "version": other, "index": 0, "data": b"x"}), f"y/{other}/0".encode())
-    # And a well-formed chunk naming its own key, alone at index 1048575: no put leaves that.
+    # And a well-formed chunk naming its own key, alone at index 1048575: no put leaves
+    # that. It is reclaimed with one tombstone, its own (not 1048576 of them).
+    lone = f"w/{other}/1048575"
     forged.produce(tl.runtime.topics.blobs, tl.runtime.codec.encode(
-        CHUNK_TYPE, {"blobKey": "w", "version": other, "index": 1048575, "data": b"x"}),
-        f"w/{other}/1048575".encode())
+        CHUNK_TYPE, {"blobKey": "w", "version": other, "index": 1048575, "data": b"x"}), lone.encode())
     assert forged.flush(30) == 0
     report = await within(tl.blobs.gc(grace_ms=0))
-    assert (report.abandoned_found, report.abandoned_reclaimed, report.abandoned_error) == (0, 0, None)
+    assert (report.abandoned_found, report.abandoned_reclaimed, report.abandoned_error) == (1, 1, None)
+    log = chunk_log_of_keys(bootstrap, tl)
+    assert [k for k in log if k.startswith(f"w/{other}/")] == [lone] and log[lone][-1] is None
+    assert (await within(tl.blobs.gc(grace_ms=0))).abandoned_found == 0
+
+
+def chunk_log_of_keys(bootstrap: str, tl) -> dict[str, list[bytes | None]]:
+    """chunk key -> its record values in log order (chunk_log decodes them, and forged ones do not)."""
+    from support import read_topic
+
+    out: dict[str, list] = {}
+    for m in read_topic(bootstrap, tl.runtime.topics.blobs, tl.runtime.layout.blobs):
+        out.setdefault(m.key().decode("utf-8", "replace"), []).append(m.value())
+    return out
+
+
+async def test_a_replaced_version_whose_tombstones_were_partly_written_is_reclaimed(tl, bootstrap, monkeypatch):
+    # Tried (a review): a blob of 40 chunks replaced by a proposer that wrote only the
+    # first 20 of the old version's tombstones (it died mid-way: they are written after
+    # the verdict). Every sweep skipped that version (its live chunks were not dense
+    # from 0, which a put never leaves) and its 20 chunks stayed for good.
+    from threadlog.producers import blob_chunks
+
+    monkeypatch.setattr(blob_chunks, "CHUNK_SIZE", 1024)  # 40 light chunks
+    key = "big/blob"
+    old = await within(tl.blobs.put(key, os.urandom(40 * 1024)))
+    bus = tl.session.bus
+    real_emit = bus._emit
+
+    async def died_midway(effects):
+        await real_emit(effects[:20])
+
+    monkeypatch.setattr(bus, "_emit", died_midway)
+    await within(tl.blobs.put(key, b"replacement"))
+    monkeypatch.setattr(bus, "_emit", real_emit)
+    log = chunk_log(bootstrap, tl)
+    old_keys = versions_in(log)[old["etag"]]
+    assert len(old_keys) == 40 and sum(is_tombstoned(log, k) for k in old_keys) == 20
+    report = await within(tl.blobs.gc(grace_ms=0))
+    assert (report.abandoned_found, report.abandoned_reclaimed, report.abandoned_error) == (1, 1, None)
+    log = chunk_log(bootstrap, tl)
+    assert all(is_tombstoned(log, k) for k in old_keys)
+    assert (await within(tl.blobs.gc(grace_ms=0))).abandoned_found == 0
 
 
 async def test_a_fence_refuses_new_references_and_a_later_sweep_recovers_it(open_client):
@@ -460,14 +503,11 @@ async def test_thin_clients_workers_judge_a_collect_by_asking_each_other(bootstr
 
 
 async def test_a_sweep_stops_at_a_batch_whose_collects_cannot_be_settled(tl, monkeypatch):
-    """A sweep fences, collects and unfences its candidates a batch at a time, and
-    every batch uses the sweep's same fence records. Tried: batches of two, the
+    """A sweep fences, collects and unfences its candidates a batch at a time. Tried: batches of two, the
     first collect of the first batch written but unanswered and its seal failing
     (so that batch's fences must stay up for a later sweep to recover): the
-    sweep stops there. Had it gone on, the next batch would have found the fences
-    standing, never fenced its own keys, and lowered the first batch's fences
-    without a marker for a blob the unanswered collect may have deleted -- and a
-    checkpoint naming that blob would have been accepted."""
+    sweep stops there (rather than fence more keys on a cluster that did not
+    answer), and the first batch's fences stand until a later sweep recovers them."""
     monkeypatch.setattr(blob_gc_module, "MAX_FENCE_KEYS", 2)
     keys = [file_key(c) for c in "abcd"]
     for k in keys:
@@ -496,6 +536,52 @@ async def test_a_sweep_stops_at_a_batch_whose_collects_cannot_be_settled(tl, mon
     monkeypatch.setattr(session, "send", real_send)
     recovered = await within(tl.blobs.gc(grace_ms=0))  # a later sweep recovers them
     assert recovered.fences_recovered > 0 and gc.standing_fences(tl.state) == []
+
+
+async def test_a_concurrent_sweep_recovering_one_batch_never_lowers_the_next(tl, monkeypatch):
+    """Tried (a review): sweep A in two batches (one key each); sweep B starting while
+    A's first fence stands takes it for a dead sweep's, seals its key and lowers it --
+    late, when A's second batch is fenced. With one fence record per sweep, B's
+    lowering took down the second batch's fence (unsealed, no marker): A's collect
+    deleted K2, and a checkpoint naming K2 was then accepted, naming a deleted blob.
+    Each batch now has its own fence records: B lowers only what it sealed."""
+    monkeypatch.setattr(blob_gc_module, "MAX_FENCE_KEYS", 1)
+    k1, k2 = file_key("a"), file_key("b")
+    for k in (k1, k2):
+        await within(tl.blobs.put(k, b"x"))
+    session = tl.session
+    refs = tl.checkpoints.list_blob_references
+    a = blob_gc_module._Sweep(session, refs, 0, False)
+    b = blob_gc_module._Sweep(session, refs, 0, False)
+    seen: dict = {}
+    real_fence = a._fence
+
+    async def a_fence(sweep, keys, held, fence_keys=None):
+        if not held and keys == [k2] and seen:
+            # B's recovery lowering lands just before A lowers its second batch
+            # (exactly what _recover does with the fences it saw and sealed).
+            for s, fks in seen["fences"].items():
+                await b._fence(s, seen["keys"], False, fks)
+        await real_fence(sweep, keys, held, fence_keys)
+        if held and keys == [k1]:
+            # B starts now: A's first fence looks left behind; B seals its keys.
+            leftovers = gc.fences_of(await session.scan(gc.FENCE, None))
+            seen["keys"] = sorted({k for f in leftovers for k in f["keys"]})
+            seen["fences"] = {}
+            for f in leftovers:
+                seen["fences"].setdefault(f["sweepId"], []).append(f["fenceKey"])
+            for k in seen["keys"]:
+                await within(b._claim(k, b.id, None))
+
+    monkeypatch.setattr(a, "_fence", a_fence)
+    report = await within(a.run())
+    assert seen["keys"] == [k1] and report.deleted_keys == [k2]  # B sealed k1; A deleted k2
+    assert gc.standing_fences(tl.state) == []
+    lease = await within(tl.checkpoints.acquire_writer("namer"))
+    err = await refused(tl.checkpoints.append(checkpoint=cp_with("n-1", "namer", None, [k2]),
+                                              expected_head_id=None, writer=lease), "BLOB_BEING_COLLECTED")
+    assert "garbage-collected" in err.message
+    assert await within(tl.checkpoints.list_blob_references()) == []
 
 
 async def test_a_sweep_whose_last_step_fails_still_reports_what_it_deleted(tl, monkeypatch):

@@ -27,7 +27,6 @@ import json
 import logging
 import time
 import uuid
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -168,14 +167,17 @@ class _Sweep:
         if not r.dry_run:
             await self._recover(leftovers)
             tried = 0
-            for batch in fence_batches(candidates):
+            for n, batch in enumerate(fence_batches(candidates)):
                 tried += len(batch)
-                if not await self._collect({k: layouts[k]["version"] for k in batch}):
-                    # Its fences stay up for the next sweep to recover. Every batch of
-                    # a sweep raises and lowers the same fence records: a next batch
-                    # would find them standing (its own keys never fenced) and its
-                    # lowering would take this batch's fences down without their
-                    # markers. So the sweep stops here.
+                # Each batch is a sweep of its own to the judge (its own claims and
+                # fence records). Why: with one id for all, batches raised and lowered
+                # the same fence records, and a concurrent sweep recovering batch 1's
+                # fence (it looked left behind) lowered batch 2's instead -- unsealed,
+                # with no marker -- so a checkpoint naming a blob batch 2 then deleted
+                # was accepted (tried, a review).
+                if not await self._collect({k: layouts[k]["version"] for k in batch}, f"{self.id}.{n}"):
+                    # Its fences stay up for the next sweep to recover; stop rather
+                    # than pile more fenced keys on a cluster that did not answer.
                     log.warning("blob gc %s: stopped after a batch left fences up (%d candidates not tried)",
                                 self.id, len(candidates) - tried)
                     break
@@ -224,25 +226,25 @@ class _Sweep:
         self.report.fences_recovered = len(leftovers)
         log.info("blob gc %s: lowered %d fence(s) left by earlier sweeps", self.id, len(leftovers))
 
-    async def _collect(self, versions: dict[str, str]) -> bool:
-        """Claim, fence, collect and unfence one batch; False if its fences had to stay up."""
+    async def _collect(self, versions: dict[str, str], sweep: str) -> bool:
+        """Claim, fence, collect and unfence one batch as sweep id `sweep`; False if its fences had to stay up."""
         r = self.report
-        claimed = await asyncio.gather(*(self._bounded(self._claim(k, self.id, v))
+        claimed = await asyncio.gather(*(self._bounded(self._claim(k, sweep, v))
                                          for k, v in versions.items()))
         collectible = [k for k, ok in zip(versions, claimed, strict=True) if ok]
         if len(collectible) < len(versions):
             r.kept["young or replaced"] = r.kept.get("young or replaced", 0) + len(versions) - len(collectible)
         if not collectible:
             return True
-        await self._fence(self.id, collectible, True)
+        await self._fence(sweep, collectible, True)
         # Proposed only now: each collect's `seen` lies past every fence.
         results = await asyncio.gather(*(self._bounded(self.tl.send(
             "threadlog.cmd.CollectBlob", blob_state.partition_key(k),
-            {"key": k, "sweepId": self.id, "version": versions[k]})) for k in collectible), return_exceptions=True)
+            {"key": k, "sweepId": sweep, "version": versions[k]})) for k in collectible), return_exceptions=True)
         unsettled = []
         for k, res in zip(collectible, results, strict=True):
             if isinstance(res, BaseException):
-                log.warning("blob gc %s: collect of %r has no verdict (%s); sealing it", self.id, k, res)
+                log.warning("blob gc %s: collect of %r has no verdict (%s); sealing it", sweep, k, res)
                 unsettled.append(k)
             elif res["deleted"]:
                 r.deleted += 1
@@ -253,7 +255,7 @@ class _Sweep:
         if unsettled:
             # A second claim orders after any collect this producer wrote: once it
             # is judged, those collects are settled (judged, or refused when judged).
-            seals = await asyncio.gather(*(self._claim(k, f"{self.id}.seal", None) for k in unsettled),
+            seals = await asyncio.gather(*(self._claim(k, f"{sweep}.seal", None) for k in unsettled),
                                          return_exceptions=True)
             failed = [k for k, s in zip(unsettled, seals, strict=True) if isinstance(s, BaseException)]
             if failed:
@@ -261,7 +263,7 @@ class _Sweep:
                 log.warning("blob gc %s: %d collect(s) could not be settled; fences stay until the next sweep",
                             self.id, len(failed))
                 return False
-        await self._fence(self.id, collectible, False)
+        await self._fence(sweep, collectible, False)
         return True
 
     async def _abandoned(self, current: dict[str, str]) -> None:
@@ -275,9 +277,19 @@ class _Sweep:
             return
 
         async def abandon(key: str, version: str, info: dict) -> None:
+            # A version whose live chunks are dense from index 0 (what a put leaves)
+            # is abandoned by count: the verdict lists its tombstones. Any other
+            # shape -- the upper part of a version whose tombstones were only partly
+            # written (a proposer that died mid-way), one forged chunk "index
+            # 1048575" -- is abandoned with no count, and this sweep tombstones
+            # exactly the live chunk keys it read. Why not skip those: every
+            # sweep did, and such chunks stayed for good.
+            dense = info["count"] <= len(info["keys"]) + WINDOW
             done = await self.tl.send("threadlog.cmd.AbandonBlobVersion", blob_state.partition_key(key),
-                                      {"key": key, "version": version, "chunkCount": info["count"]})
+                                      {"key": key, "version": version, "chunkCount": info["count"] if dense else 0})
             if done:
+                if not dense:
+                    await self.tl.tombstone_blob_chunks(info["keys"])
                 r.abandoned_reclaimed += 1
                 r.abandoned_bytes += info["bytes"]
 
@@ -299,7 +311,7 @@ def _layouts(found: list[tuple[bytes, bytes]]) -> list[tuple[str, dict]]:
 
 def _scan_chunks(tl: Session) -> dict[tuple[str, str], dict]:
     """Every blob version with a live (not tombstoned) chunk on `<ns>.blobs`:
-    `(blob key, version) -> {"count": highest index + 1, "bytes", "newest_ms"}`.
+    `(blob key, version) -> {"count": highest index + 1, "bytes", "newest_ms", "keys": live chunk keys}`.
 
     Reads the topic from its start to its end as of the call (blocking: run it
     in a thread). A chunk key lands on one partition, so that partition's
@@ -356,17 +368,13 @@ def _scan_chunks(tl: Session) -> dict[tuple[str, str], dict]:
     finally:
         consumer.close()
     found: dict[tuple[str, str], dict] = {}
-    seen = Counter(chunk[:2] for chunk, _ in live.values())  # (blob key, version) -> live chunks
-    for (blob_key, version, index, size), ts in live.values():
-        info = found.setdefault((blob_key, version), {"count": 0, "bytes": 0, "newest_ms": 0})
+    for ck, ((blob_key, version, index, size), ts) in live.items():
+        info = found.setdefault((blob_key, version), {"count": 0, "bytes": 0, "newest_ms": 0, "keys": []})
         info["count"] = max(info["count"], index + 1)
         info["bytes"] += size
         info["newest_ms"] = max(info["newest_ms"], ts)
-    # A put has at most WINDOW chunks in flight, so every chunk more than WINDOW
-    # below its highest was acknowledged, and is here: a version missing more is
-    # not what a put leaves (one forged chunk "index 1048575" would otherwise have
-    # the sweep abandon, and tombstone, a million chunk keys).
-    return {v: info for v, info in found.items() if info["count"] <= seen[v] + WINDOW}
+        info["keys"].append(ck)
+    return found
 
 
 def _chunk_of(codec: Any, ck: str, value: bytes) -> tuple[str, str, int, int] | None:

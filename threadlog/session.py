@@ -54,6 +54,12 @@ class Session:
         assert self.bus is not None
         return await self.bus.send(type_name, key, payload, timeout)
 
+    async def tombstone_blob_chunks(self, keys: list[str]) -> None:
+        """Write tombstones for chunk keys of a blob version a judged abandon gave up."""
+        self.check_open()
+        assert self.bus is not None
+        await self.bus.tombstone_blob_chunks(keys)
+
     def left_of(self, began: float) -> float:
         """What is left of one request timeout for a call that began at `began`
         (time.monotonic()): the steps of one call share it."""
