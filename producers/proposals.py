@@ -264,22 +264,23 @@ class ProposalBus:
     async def _emit(self, effects: list[dict]) -> None:
         """Write the idempotent records a verdict derived (tombstones), awaiting their acks."""
         # Other topics: a newer judge's effect kind, not ours to write.
-        await self.tombstone_blob_chunks([eff["key"] for eff in effects if eff["topic"] == "blobs"])
+        await self.tombstone_blob_chunks([(eff["key"], None) for eff in effects if eff["topic"] == "blobs"])
 
-    async def tombstone_blob_chunks(self, keys: list[str]) -> None:
-        """Tombstones for these chunk keys on `<ns>.blobs`, awaiting their acks.
+    async def tombstone_blob_chunks(self, keys: list[tuple[str, int | None]]) -> None:
+        """Tombstones for these chunk keys on `<ns>.blobs` -- each on the partition
+        given (where its record was read), else on its key's -- awaiting their acks.
         Idempotent: only ever for chunks a judged verdict gave up."""
         loop = asyncio.get_running_loop()
         futures = []
-        for k in keys:
+        for k, partition in keys:
             fut: asyncio.Future = loop.create_future()
             futures.append(fut)
 
             def done(err: KafkaError | None, _msg: Message, fut: asyncio.Future = fut) -> None:
                 settle_threadsafe(loop, fut, None if err is None else unavailable(str(err)), None)
 
-            self.producer.produce(self.topics.blobs, None, k.encode("utf-8"),
-                                  partition=partition_for(k, self.layout.blobs), on_delivery=done)
+            where = partition_for(k, self.layout.blobs) if partition is None else partition
+            self.producer.produce(self.topics.blobs, None, k.encode("utf-8"), partition=where, on_delivery=done)
         if futures:
             await asyncio.wait_for(asyncio.gather(*futures), self.timeout)
 

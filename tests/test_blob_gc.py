@@ -576,12 +576,42 @@ async def test_a_concurrent_sweep_recovering_one_batch_never_lowers_the_next(tl,
     monkeypatch.setattr(a, "_fence", a_fence)
     report = await within(a.run())
     assert seen["keys"] == [k1] and report.deleted_keys == [k2]  # B sealed k1; A deleted k2
+    await within(session.read_barrier(None))
     assert gc.standing_fences(tl.state) == []
     lease = await within(tl.checkpoints.acquire_writer("namer"))
     err = await refused(tl.checkpoints.append(checkpoint=cp_with("n-1", "namer", None, [k2]),
                                               expected_head_id=None, writer=lease), "BLOB_BEING_COLLECTED")
     assert "garbage-collected" in err.message
     assert await within(tl.checkpoints.list_blob_references()) == []
+
+
+async def test_a_sweep_whose_fences_cannot_all_be_raised_lowers_those_it_raised(tl, monkeypatch):
+    # Tried (a review): raising the fence failed on one partition (UNAVAILABLE):
+    # gc raised and left the other partitions' fences up, so appends naming the key
+    # were refused BLOB_BEING_COLLECTED until someone ran another sweep.
+    key = file_key("f")
+    await within(tl.blobs.put(key, b"x"))
+    session = tl.session
+    real_send = session.send
+    failed: list[str] = []
+
+    async def send(type_name: str, k: str, payload: dict, timeout: float | None = None):
+        if type_name == "threadlog.cmd.FenceBlobsForGc" and payload["held"] and not failed:
+            failed.append(k)
+            raise ThreadLogError("UNAVAILABLE", "injected: this partition's fence was not written")
+        return await real_send(type_name, k, payload, timeout=timeout)
+
+    monkeypatch.setattr(session, "send", send)
+    with pytest.raises(ThreadLogError) as err:
+        await within(tl.blobs.gc(grace_ms=0))
+    assert "injected" in err.value.message and len(failed) == 1
+    monkeypatch.setattr(session, "send", real_send)
+    await within(session.read_barrier(None))
+    assert gc.standing_fences(tl.state) == []
+    lease = await within(tl.checkpoints.acquire_writer("namer"))
+    await within(tl.checkpoints.append(checkpoint=cp_with("n-1", "namer", None, [key]),
+                                       expected_head_id=None, writer=lease))
+    assert (await within(tl.blobs.get(key)))["body"] == b"x"
 
 
 async def test_a_sweep_whose_last_step_fails_still_reports_what_it_deleted(tl, monkeypatch):

@@ -236,7 +236,18 @@ class _Sweep:
             r.kept["young or replaced"] = r.kept.get("young or replaced", 0) + len(versions) - len(collectible)
         if not collectible:
             return True
-        await self._fence(sweep, collectible, True)
+        try:
+            await self._fence(sweep, collectible, True)
+        except BaseException:
+            # Some partitions' fences may stand. No collect was proposed, so
+            # lowering them now is safe and needs no marker; left up, they refused
+            # every append naming these keys until another sweep ran.
+            try:
+                await self._fence(sweep, collectible, False)
+            except Exception as exc:
+                log.warning("blob gc %s: raising the fences failed and lowering them too (%s); they stay until "
+                            "the next sweep", sweep, exc)
+            raise
         # Proposed only now: each collect's `seen` lies past every fence.
         results = await asyncio.gather(*(self._bounded(self.tl.send(
             "threadlog.cmd.CollectBlob", blob_state.partition_key(k),
@@ -311,7 +322,8 @@ def _layouts(found: list[tuple[bytes, bytes]]) -> list[tuple[str, dict]]:
 
 def _scan_chunks(tl: Session) -> dict[tuple[str, str], dict]:
     """Every blob version with a live (not tombstoned) chunk on `<ns>.blobs`:
-    `(blob key, version) -> {"count": highest index + 1, "bytes", "newest_ms", "keys": live chunk keys}`.
+    `(blob key, version) -> {"count": highest index + 1, "bytes", "newest_ms",
+    "keys": [(live chunk key, its partition)]}`.
 
     Reads the topic from its start to its end as of the call (blocking: run it
     in a thread). A chunk key lands on one partition, so that partition's
@@ -323,7 +335,9 @@ def _scan_chunks(tl: Session) -> dict[tuple[str, str], dict]:
     consumer = Consumer(kafka_config.consumer(
         tl.opts.bootstrap_servers, f"{rt.client_id}.blob-gc", tl.opts.kafka,
         **{"isolation.level": "read_uncommitted", "enable.partition.eof": True}))
-    live: dict[str, tuple[tuple[str, str, int, int], int]] = {}  # chunk key -> ((blob, version, index, bytes), ms)
+    # (chunk key, partition) -> ((blob, version, index, bytes), ms). By partition too: a
+    # chunk record written by another producer may sit on another partition than its key's.
+    live: dict[tuple[str, int], tuple[tuple[str, str, int, int], int]] = {}
     try:
         ends = {}
         for p in range(rt.layout.blobs):
@@ -356,24 +370,24 @@ def _scan_chunks(tl: Session) -> dict[tuple[str, str], dict]:
                     ck = k.decode("utf-8", "replace")
                     value = msg.value()
                     if value is None:
-                        live.pop(ck, None)
+                        live.pop((ck, part), None)
                     else:
                         chunk = _chunk_of(rt.codec, ck, value)
                         if chunk is None:
-                            live.pop(ck, None)  # not a chunk of ours (forged, or another tool's)
+                            live.pop((ck, part), None)  # not a chunk of ours (forged, or another tool's)
                         else:
-                            live[ck] = (chunk, msg.timestamp()[1])
+                            live[(ck, part)] = (chunk, msg.timestamp()[1])
                 if part in pending and offset + 1 >= pending[part]:
                     del pending[part]
     finally:
         consumer.close()
     found: dict[tuple[str, str], dict] = {}
-    for ck, ((blob_key, version, index, size), ts) in live.items():
+    for where, ((blob_key, version, index, size), ts) in live.items():
         info = found.setdefault((blob_key, version), {"count": 0, "bytes": 0, "newest_ms": 0, "keys": []})
         info["count"] = max(info["count"], index + 1)
         info["bytes"] += size
         info["newest_ms"] = max(info["newest_ms"], ts)
-        info["keys"].append(ck)
+        info["keys"].append(where)
     return found
 
 

@@ -54,8 +54,9 @@ class Session:
         assert self.bus is not None
         return await self.bus.send(type_name, key, payload, timeout)
 
-    async def tombstone_blob_chunks(self, keys: list[str]) -> None:
-        """Write tombstones for chunk keys of a blob version a judged abandon gave up."""
+    async def tombstone_blob_chunks(self, keys: list[tuple[str, int | None]]) -> None:
+        """Write tombstones for chunk keys (and the partition each was read on) of a
+        blob version a judged abandon gave up."""
         self.check_open()
         assert self.bus is not None
         await self.bus.tombstone_blob_chunks(keys)
