@@ -164,9 +164,15 @@ class Follower:
         try:
             await asyncio.wait_for(fut, timeout)
         except TimeoutError:
-            with self._cond:
-                self._async_waiters = [w for w in self._async_waiters if w[1] is not fut]
             raise unavailable(f"projection of {self.topic} did not reach {targets} in {timeout}s") from None
+        finally:
+            # A cancelled wait too (a worker's caller hung up): left registered, it
+            # stayed until its target was reached -- never, for a far-off floor --
+            # and every judged batch walked it under the lock (a review: 3 000
+            # hung-up requests, ~3 ms more per batch).
+            if not fut.done() or fut.cancelled():
+                with self._cond:
+                    self._async_waiters = [w for w in self._async_waiters if w[1] is not fut]
 
     # -- the loop --------------------------------------------------------------
     def _between_batches(self) -> None:

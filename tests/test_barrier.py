@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import pytest
 from confluent_kafka import Producer
-from support import raw_proposal, within
+from support import raw_proposal, until, within
 
+from threadlog import ThreadLogError
 from threadlog.kernel.partitioning import partition_for
 
 
@@ -153,3 +155,24 @@ async def test_rounds_of_a_closed_source_fail_unavailable(tl, bootstrap):
             assert exc.code == "UNAVAILABLE"
         else:
             raise AssertionError("end offsets read through a closed source")
+
+
+async def test_a_cancelled_wait_leaves_no_waiter_behind(tl):
+    # Tried (a review): a worker request waiting for a far-off position whose caller
+    # hung up (the request cancelled). Only a timed-out wait unregistered itself; a
+    # cancelled one stayed with the judge for good, walked on every judged batch.
+    judge = tl.runtime.judge
+    far = {0: 10**12}
+
+    def waiting() -> int:
+        return sum(1 for targets, *_ in judge._async_waiters if targets == far)
+
+    task = asyncio.ensure_future(judge.wait(far, 60))
+    await until(lambda: waiting() == 1, 10, "the wait registered")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await within(task)
+    assert waiting() == 0
+    with pytest.raises(ThreadLogError):  # and a timed-out one, as before
+        await within(judge.wait(far, 0.2))
+    assert waiting() == 0
