@@ -65,11 +65,14 @@ class Snapshotter:
             self.writer.forget(p)
 
     def halt(self) -> None:
-        """Take no more snapshots (from any thread, at once); `stop` still closes the writer."""
+        """Take no more snapshots (from any thread, at once), nor finish the one being
+        written; `stop` still closes the writer."""
         self._stop.set()
+        self.writer.abort()
 
     def stop(self) -> None:
         self._stop.set()
+        self.writer.abort()  # a snapshot being written would hold the stop (SnapshotWriter.abort says why)
         if self._thread.is_alive():
             self._thread.join(30)
         self.writer.close()

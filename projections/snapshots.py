@@ -366,6 +366,9 @@ class SnapshotWriter:
             # Cheap in librdkafka, no new dependency; state is mostly JSON.
             **{"linger.ms": 5, "compression.type": "lz4"}))
         self._lock = threading.Lock()
+        # Set by `abort` (any thread, no lock): a write in progress gives up at its
+        # next chunk or wait, and no new one starts.
+        self._aborting = threading.Event()
         # partition -> chunk keys live on the topic that the next snapshot supersedes
         self._stale: dict[int, set[bytes]] = {}
         self._last: dict[int, str] = {}
@@ -375,9 +378,24 @@ class SnapshotWriter:
         """A consistent copy of `store` to partition `partition`; returns once its
         manifest and the previous snapshot's tombstones are acknowledged."""
         with self._lock:
-            if self._closed:
+            if self._closed or self._aborting.is_set():
                 raise invalid_argument("the snapshot writer is closed")
             return self._write(partition, store, timeout if timeout is not None else self.timeout)
+
+    def abort(self) -> None:
+        """Give up the write in progress, if any, and take no more (from any thread).
+
+        Why: a worker stopping gracefully has already said it owns nothing, yet its
+        judge holds the partitions until it stops, and it stopped only after the
+        snapshot being written (seconds for a large store, up to twice the request
+        timeout): all that time no worker served them. A half-written snapshot is
+        never restored (it has no manifest), and the next owner's writer
+        tombstones its chunks."""
+        self._aborting.set()
+
+    def _check_abort(self, sid: str) -> None:
+        if self._aborting.is_set():
+            raise unavailable(f"snapshot {sid} abandoned: the writer is stopping")
 
     def forget(self, partition: int) -> None:
         """The partition was given up: what this writer knew of its topic partition
@@ -405,6 +423,7 @@ class SnapshotWriter:
         sid = run.snapshot_id
         with contextlib.closing(store.snapshot_items()) as items:
             for value in encode_chunks(items, self.chunk_bytes, run.on_pair):
+                self._check_abort(sid)
                 k = chunk_key(sid, len(run.keys))
                 self._produce(k, value, partition, run.delivered, deadline)
                 run.keys.append(k)
@@ -412,6 +431,7 @@ class SnapshotWriter:
                 if run.errors:
                     break
         self._await(f"snapshot {sid} chunks", run.errors, deadline)
+        self._check_abort(sid)
         first = min(run.offsets) if run.offsets else -1
         position = _tracking_position(run.positions, partition, None if self.origin is None else self.origin.topic)
         manifest = {
@@ -454,7 +474,10 @@ class SnapshotWriter:
                 self._producer.poll(0.05)
 
     def _await(self, what: str, errors: list[str], deadline: float) -> None:
-        left = self._producer.flush(max(0.0, deadline - time.monotonic()))
+        while True:  # in slices: an abort does not wait out the deadline
+            left = self._producer.flush(max(0.0, min(0.2, deadline - time.monotonic())))
+            if not left or time.monotonic() >= deadline or self._aborting.is_set():
+                break
         if left:
             raise unavailable(f"{what} not acknowledged by {self.topic} in time ({left} records pending)")
         if errors:
