@@ -34,12 +34,13 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
 FLUSH_EVERY = 2_000
 # Records asked of the consumer per poll.
 BATCH = 1_000
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -156,12 +158,13 @@ def _describe(codec: Codec, value: bytes | None) -> tuple[str | None, str | None
 
 
 def judge_into(store: Store, records: Iterator[Record], *, codec: Codec, partitions: int, topic: str,
-               others: Others, until_ms: float | None = None, key: str | None = None) -> list[Step]:
+               others: Others, until_ms: int | None = None, key: str | None = None) -> list[Step]:
     """Judge `records` (one partition, from offset 0) into the empty `store`;
     returns the steps judged (with `key`: only that key's, and the last one).
 
-    With `until_ms`, stops before the first record decided after that time
-    (decision time only moves forward on a partition) and leaves it out.
+    With `until_ms` (whole milliseconds), stops before the first record
+    decided in a later millisecond (decision time only moves forward on a
+    partition) and leaves it out.
     """
     base = View(store)
     steps: list[Step] = []
@@ -178,7 +181,11 @@ def judge_into(store: Store, records: Iterator[Record], *, codec: Codec, partiti
                               f"(it needs newer judging rules; blocked on {blocked.q})") from None
         raw = child.get(clock_key(rec.partition))
         decided = read_clock(raw)[0] if raw is not None else None
-        if until_ms is not None and decided is not None and decided > until_ms:
+        # Millisecond precision: a time covers its whole millisecond. Decision
+        # times carry fractions of one, and a time printed to the ms (inspect
+        # events) fed back as --at-time otherwise fell just before the very
+        # decision it showed, giving the state one proposal early.
+        if until_ms is not None and decided is not None and math.floor(decided) > until_ms:
             break
         child.merge()
         rkey, ptype, pid = _describe(codec, rec.value)
@@ -247,8 +254,8 @@ class Replayed:
     end: int  # the partition's end offset when the replay began
 
 
-def _target(at: Any) -> tuple[int | None, float | None]:
-    """(offset, time in ms) of an `at` argument: an offset, a datetime, or None (the latest)."""
+def _target(at: Any) -> tuple[int | None, int | None]:
+    """(offset, time in whole ms, rounded down) of an `at` argument: an offset, a datetime, or None (the latest)."""
     if at is None:
         return None, None
     if isinstance(at, bool):
@@ -260,7 +267,9 @@ def _target(at: Any) -> tuple[int | None, float | None]:
     if isinstance(at, datetime):
         if at.tzinfo is None:
             at = at.replace(tzinfo=UTC)  # naive: UTC
-        return None, at.timestamp() * 1000.0
+        # Exact integer arithmetic: `timestamp() * 1000` of 12:00:00.503 may be
+        # ...502.9999 and name the millisecond before the one asked for.
+        return None, (at - _EPOCH) // timedelta(milliseconds=1)
     raise invalid_argument(f"at must be an offset (int >= 0) or a datetime, got {type(at).__name__}")
 
 

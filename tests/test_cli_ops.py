@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -240,3 +241,104 @@ def test_serve_and_worker_on_a_busy_port_fail_in_one_line_before_connecting():
             proc = cli(*args, "--bootstrap", "127.0.0.1:1", "--namespace", "busy")
             line = one_error_line(proc, "UNAVAILABLE")
             assert proc.returncode == 2 and f"cannot listen on 127.0.0.1:{port} ({flag})" in line, line
+
+
+@pytest.mark.parametrize("name", ["..", ".", "my ns"])
+def test_demo_refuses_a_bad_namespace_before_anything_and_deletes_nothing(bootstrap, tmp_path, name):
+    """Tried (a review): `demo --namespace ..` / `.` with the default state root:
+    open refused the name, then the cleanup removed <root>/.. (the root's parent:
+    the broker's data next to it) or the root itself, and printed "removed
+    namespace" for a name never created. Refused up front now, nothing removed."""
+    home = tmp_path / "threadlog"
+    (home / "state" / "other-ns" / "slot-0").mkdir(parents=True)
+    (home / "state" / "other-ns" / "slot-0" / "CURRENT").write_text("another namespace's store")
+    (home / "broker").mkdir()
+    (home / "broker" / "broker.json").write_text("precious")
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    proc = cli("demo", "--namespace", name, "--request-timeout-ms", "10000",
+               env={"THREADLOG_BOOTSTRAP": bootstrap, "THREADLOG_STATE_DIR": str(home / "state")})
+    line = one_error_line(proc, "INVALID_ARGUMENT")
+    assert proc.returncode == 2 and repr(name) in line, line
+    assert "removed namespace" not in proc.stdout, proc.stdout
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+
+
+def test_the_demo_state_cleanup_removes_only_a_direct_child_of_the_root(tmp_path):
+    from threadlog.cli import _remove_state
+
+    root = tmp_path / "root"
+    (root / "ns").mkdir(parents=True)
+    (root / "ns" / "f").write_text("demo state")
+    (tmp_path / "outside").mkdir()
+    (root / "link").symlink_to(tmp_path / "outside")
+    for bad in ("..", ".", "link", "missing", "ns/.."):
+        assert _remove_state(root, bad) is False, bad
+    assert (tmp_path / "outside").is_dir() and (root / "ns" / "f").exists()
+    assert _remove_state(root, "ns") is True and not (root / "ns").exists() and root.is_dir()
+
+
+def test_namespaces_delete_refuses_what_list_does_not_call_a_namespace(bootstrap, namespace):
+    """Tried (a review): an application's topic `<x>.events`, alone. `namespaces
+    list` does not list `x` (not the full set), yet `delete x --yes` deleted the
+    topic. Now delete applies list's rule: NAMESPACE_NOT_FOUND naming what
+    exists; `--partial` deletes it when the operator says it is what is left of one."""
+    from confluent_kafka.admin import NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.create_topics([NewTopic(f"{namespace}.events", 1, 1)]).values():
+        fut.result(30)
+    assert namespace not in cli("namespaces", "list", "--bootstrap", bootstrap).stdout.splitlines()
+    refused = cli("namespaces", "delete", namespace, "--yes", "--bootstrap", bootstrap)
+    line = one_error_line(refused, "NAMESPACE_NOT_FOUND")
+    assert refused.returncode == 2 and f"{namespace}.events" in line and "--partial" in line, line
+    assert topics_of(bootstrap, namespace) == {f"{namespace}.events"}
+    deleted = cli("namespaces", "delete", namespace, "--yes", "--partial", "--bootstrap", bootstrap)
+    assert deleted.returncode == 0 and "(events)" in deleted.stdout, deleted
+    assert topics_of(bootstrap, namespace) == set()
+
+
+@pytest.mark.parametrize("args", [
+    ("serve", "--port", "99999"), ("serve", "--port", "-1"), ("serve", "--path", "api/chat"),
+    ("broker", "start", "--port", "65535"), ("broker", "start", "--port", "65534", "--sasl"),
+    ("broker", "start", "--port", "0"), ("broker", "start", "--port", "65531", "--nodes", "3"),
+    ("demo", "--bootstrap", "", "--port", "70000"),
+])
+def test_bad_ports_and_paths_are_invalid_argument_before_anything_binds(tmp_path, args):
+    """Tried (a review): ports past 65535 (the broker's controller is port+1) and a
+    route path without its '/' were an INTERNAL (OverflowError, AssertionError),
+    some after connecting. Now one INVALID_ARGUMENT line, exit 2, nothing started."""
+    extra = ["--data-dir", str(tmp_path / "b")] if args[0] == "broker" else \
+        ["--bootstrap", "127.0.0.1:1", "--request-timeout-ms", "3000"] if args[0] == "serve" else []
+    # The demo's broker would live in THREADLOG_BROKER_DIR: never the default one here.
+    env = {"THREADLOG_BOOTSTRAP": "", "THREADLOG_BROKER_DIR": str(tmp_path / "b")} if args[0] == "demo" else None
+    proc = cli(*args, *extra, env=env)
+    line = one_error_line(proc, "INVALID_ARGUMENT")
+    assert proc.returncode == 2 and ("--port" in line or "--path" in line), line
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("interval", ["nan", "inf", "-inf", "0"])
+def test_worker_refuses_a_snapshot_interval_that_is_not_a_finite_positive_number(interval):
+    # NaN passed `<= 0`: every partition that moved was snapshotted every second.
+    proc = cli("worker", f"--snapshot-interval={interval}", "--bootstrap", "127.0.0.1:1",
+               "--request-timeout-ms", "3000")
+    assert proc.returncode == 2 and "--snapshot-interval must be positive" in proc.stderr, proc
+
+
+async def test_a_reader_that_stops_reading_is_a_quiet_exit_141(bootstrap, namespace, tl, tmp_path):
+    """Tried (a review): `threadlog inspect ... | head -1` printed `threadlog:
+    INTERNAL: BrokenPipeError` and exited 1. The pipe's reader is closed before
+    the command writes, so every write fails: exit 141 (128 + SIGPIPE), no line."""
+    await within(tl.messages.save_thread("t", [{"n": 0}]))
+    await within(tl.messages.save_thread("t", [{"n": 1}]))
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        inherited = {k: v for k, v in os.environ.items() if k != "THREADLOG_KAFKA_CONFIG"}
+        proc = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "threadlog", "inspect", "events", "--thread", "t", "--bootstrap",
+                             bootstrap, "--namespace", namespace, "--state-dir", str(tmp_path)],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=90, env=inherited)
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (141, ""), proc

@@ -199,8 +199,35 @@ async def test_inspect_cli_prints_events_and_states(bootstrap, namespace, tl, tm
     when = datetime.fromtimestamp(hist[1]["decidedAt"] / 1000.0, UTC).isoformat()
     code, out, err = await cli(bootstrap, namespace, state_dir, "thread", thread, "--at-time", when, "--json")
     assert code == 0, err
-    # Microsecond rounding of the time may land just before step 1's decision.
-    assert json.loads(out)["offset"] in (hist[0]["offset"], hist[1]["offset"])
+    # A time covers its whole millisecond: microsecond rounding of the time cannot land before step 1.
+    assert json.loads(out)["offset"] == hist[1]["offset"]
+
+
+async def test_a_time_inspect_events_prints_gives_the_state_after_that_proposal(bootstrap, namespace, tl, tmp_path):
+    """Tried (a review): each decision time `inspect events` prints, fed back as
+    `inspect thread --at-time`, gave the state one proposal early: the time is
+    printed to the millisecond, decision times carry fractions of one. A time
+    covers its whole millisecond now, in the CLI and in `tl.state_at(at=datetime)` alike."""
+    thread = "tt-ms"
+    for n in range(3):
+        await within(tl.messages.save_thread(thread, [{"n": n}]))
+    hist = await within(tl.history(thread), 60)
+    assert any(row["decidedAt"] % 1 for row in hist), hist  # fractions of a ms: what made it go early
+    state_dir = str(tmp_path / "cli")
+    code, out, err = await cli(bootstrap, namespace, state_dir, "events", "--thread", thread)
+    assert code == 0, err
+    printed = [line.split("\t")[1] for line in out.splitlines()]
+    assert len(printed) == len(hist) == 3, out
+    for n, (row, when) in enumerate(zip(hist, printed, strict=True)):
+        # Two decisions in one millisecond are one time: the later one's state.
+        k = max(i for i, r in enumerate(hist) if int(r["decidedAt"]) <= int(row["decidedAt"]))
+        want = hist[k]["offset"]
+        at = datetime.fromisoformat(when.replace("Z", "+00:00"))
+        state = await within(tl.state_at(thread, at=at), 60)
+        assert (state["offset"], state["transcript"]) == (want, [{"n": k}]), (n, when, row, state)
+        code, out, err = await cli(bootstrap, namespace, state_dir, "thread", thread, "--at-time", when, "--json")
+        assert code == 0, err
+        assert json.loads(out)["offset"] == want, (n, when, row)
 
 
 async def test_inspect_unknown_namespace_creates_nothing(bootstrap, namespace, tmp_path):

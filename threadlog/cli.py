@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -11,6 +12,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 import traceback
 import uuid
@@ -56,6 +58,12 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
     data_dir = Path(args.data_dir) if args.data_dir else None
     if args.action == "start":
+        if args.port is not None:
+            # Every port the broker will take must exist: node i listens on
+            # port+2(i-1) and the next one (its controller), --sasl adds port+2.
+            # Unchecked, one past 65535 was bind()'s OverflowError, an INTERNAL.
+            nodes = max(args.nodes or broker.node_count(data_dir) or 1, 1)
+            _require_port(args.port, "--port", above=2 if args.sasl else 2 * nodes - 1, zero_ok=False)
         try:
             st = broker.start(port=args.port, data_dir=data_dir, nodes=args.nodes, sasl=args.sasl,
                               log=lambda m: print(m, file=sys.stderr))
@@ -82,6 +90,13 @@ def cmd_broker(args: argparse.Namespace) -> int:
         return _cluster_status(broker.nodes_status(data_dir), data_dir or broker.default_data_dir())
     single = broker.status(data_dir)
     if single is None or isinstance(single, broker.ClusterState):
+        # A process that runs but does not answer (a long GC pause, a wedged or
+        # SIGSTOPped JVM) is not "not running": `broker start` refuses to start
+        # another over it, so status must say what start will find.
+        silent = [n for n in broker.nodes_status(data_dir) if n.alive and not n.answers]
+        if silent:
+            print(f"alive (pid {silent[0].pid}), not answering (data {silent[0].data_dir})")
+            return 1
         print("not running")
         return 1
     sasl = f", SASL_PLAINTEXT (SCRAM) at {single.sasl_bootstrap}" if single.sasl_bootstrap else ""
@@ -124,8 +139,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     http = _host_port(args.http, "--http") if args.http else None
     if listen is None or (args.http and http is None):
         return 2
-    if args.snapshot_every < 1 or args.snapshot_interval <= 0:
-        print("threadlog worker: --snapshot-every and --snapshot-interval must be positive", file=sys.stderr)
+    # isfinite: NaN passed `<= 0` and made every comparison with it false, so a
+    # partition that moved was snapshotted every second; inf never snapshotted by time.
+    if args.snapshot_every < 1 or not (math.isfinite(args.snapshot_interval) and args.snapshot_interval > 0):
+        print("threadlog worker: --snapshot-every and --snapshot-interval must be positive (the interval a finite "
+              f"number of seconds), got {args.snapshot_every} and {args.snapshot_interval}", file=sys.stderr)
         return 2
     if not _drain_timeout_ok(args.drain_timeout):
         print("threadlog worker: --drain-timeout must be >= 0", file=sys.stderr)
@@ -154,6 +172,18 @@ def _drain_timeout_ok(seconds: float) -> bool:
     return math.isfinite(seconds) and seconds >= 0  # NaN and inf reached asyncio.timeout
 
 
+def _require_port(port: int, flag: str, above: int = 0, zero_ok: bool = True) -> None:
+    """INVALID_ARGUMENT unless `port` .. `port + above` are all TCP ports (0 picks
+    a free one where `zero_ok`). Checked before anything binds: bind() raised
+    OverflowError past 65535, which reached the user as INTERNAL."""
+    from threadlog.kernel.errors import invalid_argument
+
+    low = 0 if zero_ok else 1
+    if not low <= port <= 65535 - above:
+        takes = f" (it also takes the next {above})" if above else ""
+        raise invalid_argument(f"{flag} must be a port in {low}..{65535 - above}{takes}, got {port}")
+
+
 def _require_bindable(host: str, port: int, flag: str) -> None:
     """UNAVAILABLE, in one line, if `host:port` cannot be listened on. Checked before
     connecting: a busy port made uvicorn exit 3 with a traceback, and a worker
@@ -177,8 +207,6 @@ def _require_bindable(host: str, port: int, flag: str) -> None:
 def _uvicorn_server(app: Any, host: str, port: int, verbose: bool, graceful_s: float = 2.0) -> Any:
     """A uvicorn server that logs through our handlers (text or JSON) and leaves
     the signals to us (uvicorn re-raises SIGTERM after its shutdown: exit -15, not 0)."""
-    import contextlib
-
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -218,8 +246,14 @@ async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    signalled: list[int] = []
+
+    def on_signal(sig: int) -> None:
+        signalled.append(int(sig))
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     readiness = Readiness(rt, timeout=min(5.0, rt.opts.request_timeout))  # before the first assignment
     announcer: Announcer | None = None
 
@@ -241,11 +275,16 @@ async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None
         loop.call_soon_threadsafe(stop.set)
 
     rt.failure_listeners.append(state_invalid)
-    try:
-        await asyncio.to_thread(rt.start)
-    except BaseException:
-        await asyncio.to_thread(rt.stop)
-        raise
+    # After the handlers: a signal from the moment this line is out is heard.
+    # A log line (-v), not stdout: the first stdout line has been a started worker's.
+    logging.getLogger("threadlog.worker").info("worker starting: namespace %s at %s", rt.opts.namespace,
+                                               rt.opts.bootstrap_servers)
+    if not await _start_or_stop(rt, stop):
+        if failed:
+            print(f"threadlog worker: {failed[0]}", file=sys.stderr, flush=True)
+            return 1
+        # 130 for Ctrl-C, 143 for SIGTERM (128 + the signal, as the shell has it): stopped before it ran.
+        return 128 + (signalled[0] if signalled else int(signal.SIGTERM))
     _started()
     assert rt.stores is not None and rt.judge is not None and rt.barrier is not None
     server = QueryServer(rt.stores, rt.judge, rt.barrier, timeout=rt.opts.request_timeout,
@@ -298,8 +337,67 @@ async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None
     return 0
 
 
+# How long a signal during a worker's start waits for `rt.start` to return (to
+# stop what it started) before the worker exits without it.
+START_ABANDON_S = 3.0
+
+
+async def _start_or_stop(rt: Any, stop: asyncio.Event) -> bool:
+    """Start `rt`, or give up when `stop` is set first: False, promptly.
+
+    `rt.start` blocks (it connects, creates topics, joins the group: up to a
+    request timeout against a broker that does not answer) and cannot be
+    interrupted, so it runs on a daemon thread: asyncio.to_thread's executor
+    thread would hold the exit until it returned, and a Ctrl-C during startup
+    was ignored for the whole request timeout. Stopped, it gets START_ABANDON_S
+    to return so that what it started is stopped (the group left, the slot
+    released); else the process exits without it, which releases the slot's
+    lock too, and the group expires the member."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def settle(exc: BaseException | None) -> None:  # on the loop
+        if done.done():
+            return
+        if exc is not None:
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
+
+    def run() -> None:
+        try:
+            rt.start()
+        except BaseException as exc:
+            loop.call_soon_threadsafe(settle, exc)
+        else:
+            loop.call_soon_threadsafe(settle, None)
+
+    threading.Thread(target=run, name="threadlog-worker-start", daemon=True).start()
+    stopping = asyncio.ensure_future(stop.wait())
+    either: set[asyncio.Future[Any]] = {done, stopping}
+    try:
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if done.done() and not stop.is_set():
+        try:
+            done.result()
+        except BaseException:
+            await asyncio.to_thread(rt.stop)
+            raise
+        return True
+    print("worker stopping: signalled while starting", flush=True)
+    await asyncio.wait({done}, timeout=START_ABANDON_S)
+    if done.done():
+        if not done.cancelled():
+            done.exception()  # retrieved: a failed start is moot once stopped
+        await asyncio.to_thread(rt.stop)
+    return False
+
+
 async def _demo(bootstrap: str, namespace: str, state_dir: str | None, kafka: dict[str, Any],
-                request_timeout_ms: int = 30_000) -> None:
+                request_timeout_ms: int = 30_000, opened: list[bool] | None = None) -> None:
+    """The demo; `opened` gets True once its first open succeeded (what it then has to clean up)."""
     import threadlog
 
     transcript = [
@@ -309,6 +407,8 @@ async def _demo(bootstrap: str, namespace: str, state_dir: str | None, kafka: di
     t0 = time.perf_counter()
     async with threadlog.open(bootstrap, namespace=namespace, state_dir=state_dir, kafka=kafka,
                               request_timeout_ms=request_timeout_ms) as writer:
+        if opened is not None:
+            opened.append(True)
         print(f"[client A] opened namespace {namespace!r} in {time.perf_counter() - t0:.2f}s")
         t1 = time.perf_counter()
         await writer.messages.save_thread("thread-1", transcript)
@@ -332,11 +432,18 @@ async def _demo(bootstrap: str, namespace: str, state_dir: str | None, kafka: di
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from threadlog import broker
+    from threadlog.config import NAMESPACE
+    from threadlog.kernel.errors import invalid_argument
 
+    if args.namespace is not None and not NAMESPACE.match(args.namespace):
+        # Before anything: the demo removes <state root>/<namespace> when done,
+        # and `..` or `.` there is the state root's parent or the root itself.
+        raise invalid_argument(f"namespace must match [A-Za-z0-9._-]+ and not be only dots, got {args.namespace!r}")
     # As every command that connects: --bootstrap, else THREADLOG_BOOTSTRAP; only
     # without either does the demo start (or reuse) the local broker.
     bootstrap = args.bootstrap or os.environ.get("THREADLOG_BOOTSTRAP")
     if not bootstrap:
+        _require_port(args.port, "--port", above=1, zero_ok=False)
         st = broker.start(port=args.port, log=lambda m: print(m, file=sys.stderr))
         bootstrap = st.bootstrap
         print(f"local Kafka {broker.KAFKA_VERSION} (KRaft) at {bootstrap}")
@@ -344,26 +451,42 @@ def cmd_demo(args: argparse.Namespace) -> int:
     kafka = _kafka_props(args)
     if args.namespace and args.namespace in _namespaces(bootstrap, kafka, args.request_timeout_ms / 1000.0):
         # The demo deletes its namespace when done: never one it did not create
-        # (THREADLOG_BOOTSTRAP may well name a real cluster).
-        from threadlog.kernel.errors import invalid_argument
-
+        # (THREADLOG_BOOTSTRAP may well name a real cluster). Any of its topic
+        # names counts, a lone `x.events` of another application too.
         raise invalid_argument(f"namespace {args.namespace!r} already exists on {bootstrap}; the demo deletes "
                                "its namespace when done: name a new one (or none)")
+    opened: list[bool] = []
     try:
-        asyncio.run(_demo(bootstrap, namespace, args.state_dir, kafka, args.request_timeout_ms))
+        asyncio.run(_demo(bootstrap, namespace, args.state_dir, kafka, args.request_timeout_ms, opened))
     finally:
         # A demo leaves nothing behind unless asked to: its topics, and its
         # local state when that was in the default place (a given --state-dir
-        # is the caller's).
-        if not args.keep:
+        # is the caller's). Only once its open succeeded: before that, nothing
+        # under the name is known to be the demo's.
+        if opened and not args.keep:
             _delete_namespace(bootstrap, namespace, kafka, args.request_timeout_ms / 1000.0)
             if args.state_dir is None:
                 from threadlog.config import default_state_root
 
-                shutil.rmtree(default_state_root() / namespace, ignore_errors=True)
+                _remove_state(default_state_root(), namespace)
             print(f"removed namespace {namespace!r} (--keep keeps it)")
     print("demo ok")
     return 0
+
+
+def _remove_state(root: Path, namespace: str) -> bool:
+    """Delete `root/namespace`, the demo's local state, if it is a directory
+    directly under `root` (not a link, not `..`, not the root itself). False:
+    refused or not there. A second guard behind the namespace check: this
+    deletes a tree."""
+    target = root / namespace
+    try:
+        if target.is_symlink() or not target.is_dir() or target.resolve().parent != root.resolve():
+            return False
+    except OSError:
+        return False
+    shutil.rmtree(target, ignore_errors=True)
+    return True
 
 
 def _admin(bootstrap: str, kafka: dict[str, Any], client_id: str) -> Any:
@@ -375,8 +498,20 @@ def _admin(bootstrap: str, kafka: dict[str, Any], client_id: str) -> Any:
     return AdminClient(kafka_config.base(bootstrap, client_id, kafka, trap)), trap
 
 
+# What makes a prefix a threadlog namespace: all three of these topics (members
+# and snapshots come and go with workers). `namespaces list` and `delete` share
+# the rule, so delete never takes an application's `orders.events` for one.
+NAMESPACE_KINDS = ("events", "deliveries", "blobs")
+TOPIC_KINDS = ("events", "deliveries", "blobs", "members", "snapshots")  # Topics.all()
+
+
+def _is_namespace(kinds: set[str]) -> bool:
+    return set(NAMESPACE_KINDS) <= kinds
+
+
 def _namespaces(bootstrap: str, kafka: dict[str, Any], timeout: float) -> dict[str, set[str]]:
-    """Namespace -> which of its topics (events, deliveries, blobs) exist on the cluster."""
+    """Prefix -> which of a namespace's topic names (events, deliveries, blobs, members,
+    snapshots) exist under it on the cluster; `_is_namespace` says if it is one."""
     from confluent_kafka import KafkaException
 
     from threadlog.kernel import kafka_config
@@ -392,22 +527,27 @@ def _namespaces(bootstrap: str, kafka: dict[str, Any], timeout: float) -> dict[s
     found: dict[str, set[str]] = {}
     for name in md.topics:
         ns, _, kind = name.rpartition(".")
-        if ns and kind in ("events", "deliveries", "blobs"):
+        if ns and kind in TOPIC_KINDS:
             found.setdefault(ns, set()).add(kind)
     return found
 
 
-def _delete_namespace(bootstrap: str, namespace: str, kafka: dict[str, Any], timeout: float) -> None:
+def _delete_namespace(bootstrap: str, namespace: str, kafka: dict[str, Any], timeout: float,
+                      kinds: set[str] | None = None) -> list[str]:
+    """Delete the namespace's topics (only those of `kinds`, if given); returns the ones deleted."""
     from confluent_kafka import KafkaError, KafkaException
 
     from threadlog.kernel.errors import unavailable
     from threadlog.kernel.topics import Topics
 
+    names = [t for t in Topics(namespace).all() if kinds is None or t.rpartition(".")[2] in kinds]
     admin, trap = _admin(bootstrap, kafka, "threadlog.cli.admin")
-    futures = admin.delete_topics(Topics(namespace).all(), operation_timeout=timeout, request_timeout=timeout)
+    futures = admin.delete_topics(names, operation_timeout=timeout, request_timeout=timeout)
+    deleted = []
     for name, fut in futures.items():
         try:
             fut.result(timeout=timeout + 1)
+            deleted.append(name)
         except KafkaException as exc:
             err = exc.args[0] if exc.args else None
             if isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
@@ -417,6 +557,7 @@ def _delete_namespace(bootstrap: str, namespace: str, kafka: dict[str, Any], tim
         except Exception as exc:
             raise trap.explain(unavailable(f"cannot delete topic {name}: {exc or 'no answer'}"),
                                admin, kafka) from None
+    return sorted(deleted)
 
 
 def cmd_namespaces(args: argparse.Namespace) -> int:
@@ -428,20 +569,31 @@ def cmd_namespaces(args: argparse.Namespace) -> int:
     found = _namespaces(args.bootstrap, kafka, timeout)
     if args.action == "list":
         # Only full topic sets: any topic named `x.events` would otherwise list `x`.
-        for ns in sorted(n for n, kinds in found.items() if len(kinds) == 3):
+        for ns in sorted(n for n, kinds in found.items() if _is_namespace(kinds)):
             print(ns)
         return 0
     ns = args.namespace
     if not ns or not NAMESPACE.match(ns):
         raise invalid_argument(f"namespaces delete needs a namespace matching [A-Za-z0-9._-]+ (not only dots), "
                                f"got {ns!r}")
-    if ns not in found:
+    kinds = found.get(ns, set())
+    if not kinds:
         raise namespace_not_found(f"namespace {ns!r} does not exist")
+    if not _is_namespace(kinds) and not args.partial:
+        # The rule `list` uses: a lone `orders.events` is as likely an
+        # application's topic as what is left of a namespace, and a delete
+        # cannot be undone. --partial says the operator checked.
+        have = ", ".join(f"{ns}.{k}" for k in TOPIC_KINDS if k in kinds)
+        raise namespace_not_found(
+            f"{ns!r} is not a threadlog namespace: only {have} exist(s), a namespace has all of "
+            f"{', '.join(f'{ns}.{k}' for k in NAMESPACE_KINDS)}; if those are what is left of one, "
+            "--partial deletes them")
     if not args.yes:
         raise invalid_argument(
             f"deleting namespace {ns!r} destroys its events, deliveries, blobs and snapshots for good; add --yes")
-    _delete_namespace(args.bootstrap, ns, kafka, timeout)
-    print(f"deleted namespace {ns!r} ({', '.join(sorted(found[ns]))})")
+    # Partial: only the topics seen above, never one created since under a threadlog name.
+    deleted = _delete_namespace(args.bootstrap, ns, kafka, timeout, None if _is_namespace(kinds) else kinds)
+    print(f"deleted namespace {ns!r} ({', '.join(t.rpartition('.')[2] for t in deleted) or 'nothing left'})")
     return 0
 
 
@@ -481,6 +633,12 @@ async def _serve(args: argparse.Namespace) -> None:
         from threadlog.kernel.errors import invalid_argument
 
         raise invalid_argument(f"--drain-timeout must be a number of seconds >= 0, got {args.drain_timeout}")
+    _require_port(args.port, "--port")
+    if not args.path.startswith("/"):
+        from threadlog.kernel.errors import invalid_argument
+
+        # Starlette asserts it when routing (an INTERNAL after connecting): said here, up front.
+        raise invalid_argument(f"--path must start with '/', got {args.path!r}")
     _require_bindable(args.host, args.port, "--host/--port")
     # Opened here rather than in the app's lifespan: a failed open is then the
     # command's one error line (uvicorn would log a traceback), and serving a
@@ -616,9 +774,13 @@ async def _gc(args: argparse.Namespace) -> int:
                               state_dir=args.state_dir, request_timeout_ms=args.request_timeout_ms,
                               kafka=_kafka_props(args), create_topics=False) as tl:
         report = await tl.blobs.gc(grace_ms=args.grace_ms, dry_run=args.dry_run)
+    # A sweep whose abandoned-chunk step failed still reports what it deleted,
+    # but did not do all it was asked: exit 1 (as `reclaim --claim` with a run
+    # not claimed), so a cron job or script notices; the reason is printed.
+    status = 1 if report.abandoned_error is not None else 0
     if args.json:
         print(json.dumps(report.as_dict(), sort_keys=True), flush=True)
-        return 0
+        return status
     verb = "would be examined" if report.dry_run else "examined"
     print(f"blob gc{' (dry run: nothing written)' if report.dry_run else ''}, grace {report.grace_ms} ms")
     print(f"  blobs scanned:              {report.scanned} ({verb})")
@@ -630,11 +792,13 @@ async def _gc(args: argparse.Namespace) -> int:
         print(f"  kept ({reason}): {n}")
     print(f"  abandoned puts found:       {report.abandoned_found}")
     print(f"  abandoned puts reclaimed:   {report.abandoned_reclaimed} ({report.abandoned_bytes} bytes)")
+    if report.abandoned_error is not None:
+        print(f"  abandoned puts: NOT reclaimed ({report.abandoned_error})")
     if report.fences_recovered:
         print(f"  fences of earlier sweeps lowered: {report.fences_recovered}")
     if report.unsettled:
         print(f"  collects left unsettled (the next sweep recovers them): {report.unsettled}")
-    return 0
+    return status
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -654,11 +818,16 @@ def _at_time(text: str) -> Any:
 
 
 def _iso(ms: float | None) -> str:
+    """A decision time to the millisecond, rounded down: fed back to --at-time
+    it names the millisecond the decision fell in, which that time covers whole
+    (processors/time_travel.py). From integer ms: float seconds could land a
+    microsecond before the decision and print the millisecond before it."""
     if ms is None:
         return "-"
-    from datetime import UTC, datetime
+    from datetime import UTC, datetime, timedelta
 
-    return datetime.fromtimestamp(ms / 1000.0, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    when = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=math.floor(ms))
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 async def _inspect(args: argparse.Namespace) -> int:
@@ -918,6 +1087,9 @@ def build_parser() -> argparse.ArgumentParser:
     ns.add_argument("action", choices=["list", "delete"], help="list the namespaces, or delete one")
     ns.add_argument("namespace", nargs="?", help="the namespace to delete")
     ns.add_argument("--yes", action="store_true", help="confirm a delete (it cannot be undone)")
+    ns.add_argument("--partial", action="store_true",
+                    help="delete also a prefix without the full topic set <ns>.events, .deliveries, .blobs (what "
+                         "is left of a namespace): the threadlog topic names of it that exist")
     _connects(ns)
     ns.set_defaults(fn=cmd_namespaces)
 
@@ -951,6 +1123,14 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.fn(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # Whoever read stdout stopped (`threadlog inspect ... | head -1`): not an
+        # error to report. Quiet, with the status of a process SIGPIPE ended
+        # (128 + 13) as the shell's other tools give; stdout goes to /dev/null so
+        # the interpreter's last flush does not raise (and print) again.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as exc:
         if args.verbose and args.log_format != "json":
             traceback.print_exc()
