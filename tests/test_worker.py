@@ -64,6 +64,17 @@ async def test_a_worker_listening_on_every_interface_announces_the_host_it_is_to
         await worker.stop()
 
 
+async def test_a_worker_listening_on_every_interface_without_advertise_warns(bootstrap, namespace, tmp_path):
+    # Tried (a review): --listen 0.0.0.0:PORT with no --advertise was accepted
+    # silently, and clients on other hosts connected to their own loopback.
+    worker = WorkerProcess(bootstrap, namespace, tmp_path / "w", "w1", "--listen", "0.0.0.0:0")
+    try:
+        await worker.start()
+        assert "without --advertise" in worker.stderr() and worker.address.startswith("0.0.0.0:")
+    finally:
+        await worker.stop()
+
+
 async def test_a_worker_on_ipv6_announces_a_bracketed_address_thin_clients_reach(bootstrap, namespace, tmp_path,
                                                                                    open_client):
     # --advertise took no IPv6 address (a colon was refused as a port). Now it

@@ -309,6 +309,12 @@ async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None
             # Bound to every interface (0.0.0.0), the socket's own address is no
             # address another host can reach: announce the one the operator gave.
             address = addresses.join(addresses.bare(advertise), addresses.split(address)[1])
+        elif addresses.bare(addresses.split(address)[0]) in ("0.0.0.0", "::"):
+            # Announced as is, a client on another host reads it as its own
+            # loopback and never reaches this worker (NOT_OWNER, then UNAVAILABLE).
+            print(f"threadlog worker: warning: listening on every interface without --advertise: announcing "
+                  f"{address}, which only clients on this host can reach; say --advertise HOST",
+                  file=sys.stderr, flush=True)
         judge = rt.judge
         announcer = Announcer(rt.opts.bootstrap_servers, rt.topics.members, rt.client_id, address,
                               kafka=rt.opts.kafka, partitions=lambda: sorted(judge.owned),
