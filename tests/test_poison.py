@@ -108,3 +108,31 @@ async def test_a_rule_that_fails_refuses_its_proposal_and_only_that_one(tl, monk
         assert await within(tl.messages.load_thread(f"t{n}")) == ([] if n == 3 else [n])
     await within(tl.messages.save_thread("t3", [3]))
     assert await within(tl.messages.load_thread("t3")) == [3]
+
+
+async def test_a_proposal_written_under_a_clients_next_id_cannot_answer_for_its_write(tl, bootstrap):
+    # Tried (a review): proposal ids were a per-process prefix plus a visible counter.
+    # Anyone who can write `events` read a client's last id from the log, wrote a
+    # harmless accepted proposal under each of its next ids (one per partition), and
+    # the client's next save_thread was answered with that verdict ("already
+    # applied"): success, nothing stored. Ids are now a keyed hash of the counter.
+    from support import raw_proposal, read_topic
+
+    await within(tl.messages.save_thread("victim", ["v1"]))
+    n = tl.runtime.layout.events
+    codec = tl.runtime.codec
+    ids = [codec.decode(r.value(), expect="threadlog.Proposal")[1]["proposalId"]
+           for r in read_topic(bootstrap, tl.runtime.topics.events, n)]
+    last = ids[-1]
+    guesses = {f"{last[:24]}{int(last[24:], 16) + k:x}" for k in range(1, 4)}  # the old scheme's next ids
+    guesses |= {f"{last[:-1]}{c}" for c in "0123456789abcdef"}  # and anything one digit away
+    forger = Producer({"bootstrap.servers": bootstrap})
+    for pid in guesses:
+        for p in range(n):
+            key = next(f"atk-{i}" for i in range(10_000) if partition_for(f"atk-{i}", n) == p)
+            forger.produce(tl.runtime.topics.events, raw_proposal(
+                codec, "threadlog.cmd.SaveTranscript", key, {"threadId": key, "messages": "[]"}, rules=4,
+                proposal_id=pid), key.encode(), partition=p)
+    assert forger.flush(30) == 0
+    await within(tl.messages.save_thread("victim", ["v2"]))
+    assert await within(tl.messages.load_thread("victim")) == ["v2"]
