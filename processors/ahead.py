@@ -64,6 +64,7 @@ NO_CHECKPOINT_MARKS = frozenset("threadlog.cmd." + name for name in (
     "DeleteMetadata", "CreateOrResumeGenerationRun", "UpdateGenerationRun", "AgentSessionAddItems",
     "AgentSessionPopItem", "AgentSessionClear", "ClaimBlobForGc", "FenceBlobsForGc", "CollectBlob", "PutBlob",
     "DeleteBlob", "AbandonBlobVersion", "ForkCheckpoint", "AcquireCheckpointWriter", "RenewCheckpointWriter",
+    "RaiseRulesFloor",
     "ReleaseCheckpointWriter", "LangGraphStageChunk", "LangGraphPut", "LangGraphPutWrites",
     "LangGraphDeleteThread", "LangGraphPrune", "LangGraphDeleteRuns", "LangGraphCopyThread",
 ))

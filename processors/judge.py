@@ -89,7 +89,9 @@ Others = Callable[[int, str, str, int], "list[str] | None"]
 #    (threadlog.cmd.SaveArtifact, then ReleaseArtifactCopy on each other thread);
 #    a blob-GC fence's lowering names positions and marks only collects before them.
 # 6: a run claim removes the run's heartbeatAt (processors/handlers/runs.py `claim`).
-RULES = 6
+# 7: the rules floor marker a namespace's creator writes to each events partition
+#    (threadlog.cmd.RaiseRulesFloor, processors/handlers/rules_floor.py).
+RULES = 7
 # The first rules that raise a partition's floor. Logs written before it were
 # judged by the rules each proposal named: a floor from older versions would
 # make their rebuild reach other verdicts than their clients were told.

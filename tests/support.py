@@ -84,3 +84,14 @@ def raw_proposal(codec, type_name: str, key: str, body: dict, *, rules: int = 2,
     return codec.encode("threadlog.Proposal", {
         "proposalId": proposal_id or uuid.uuid4().hex, "key": key, "type": type_name, "at": at, "rules": rules,
         "seen": seen or [], "payload": codec.encode(type_name, body)})
+
+
+def namespace_of_an_earlier_version(bootstrap: str, namespace: str, partitions: int = 4) -> None:
+    """Create the namespace's topics as threadlog before judging rules 7 did: with
+    no rules floor marker, so its partitions judge each raw proposal by the rules
+    it names until one of rules >= 4 lands there (tests of older logs' verdicts)."""
+    from confluent_kafka.admin import AdminClient
+
+    from threadlog.kernel.topics import Topics, ensure_topics
+
+    ensure_topics(AdminClient({"bootstrap.servers": bootstrap}), Topics(namespace), partitions=partitions)

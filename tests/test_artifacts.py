@@ -7,7 +7,7 @@ import math
 
 import pytest
 from confluent_kafka import Producer
-from support import raw_proposal, state_of, within
+from support import namespace_of_an_earlier_version, raw_proposal, state_of, within
 
 from threadlog import ThreadLogError
 from threadlog.kernel.partitioning import partition_for
@@ -146,13 +146,17 @@ async def test_a_save_interrupted_between_its_steps_leaves_a_twin_the_next_save_
     assert await within(tl.artifacts.get("a1")) == third
 
 
-async def test_a_copy_release_naming_older_rules_is_judged_as_judges_of_those_rules_did(tl, bootstrap):
+async def test_a_copy_release_naming_older_rules_is_judged_as_judges_of_those_rules_did(open_client, bootstrap,
+                                                                                       namespace):
     """`ReleaseArtifactCopy` is new in judging rules 5. A judge of rules 4 did not
     know its schema and refused it (INVALID_MESSAGE); tried (a review): one sent
     raw naming rules 4 was accepted here and removed the artifact, so a rebuild by
     this code disagreed with what older judges told. Refused alike now, changing
     nothing; naming rules 5, it is judged. (On a partition that judged only rules
-    4 so far: one past rules 5 judges every proposal by at least those.)"""
+    4 so far: one past rules 5 judges every proposal by at least those.) A namespace
+    created by an earlier version: no rules floor marker."""
+    namespace_of_an_earlier_version(bootstrap, namespace)
+    tl = await open_client()
     codec, total = tl.runtime.codec, tl.runtime.layout.events
     p = partition_for("t1", total)
     saved = {"artifact": {"blobKey": None, "sourceUrl": None, **_art()}}

@@ -17,11 +17,12 @@ import os
 import subprocess
 import sys
 
+import pytest
 from checkpoint_helpers import MutableClock, checkpoint, refused, threads_on_distinct_partitions
 from confluent_kafka import Producer
 from delivery_support import chunk, collect
 from replay_support import replayed_verdicts
-from support import raw_proposal, state_of, within
+from support import namespace_of_an_earlier_version, raw_proposal, state_of, within
 from threadlog.processors.judge import all_verdicts, decision_time
 from threadlog.projections.partition_stores import PartitionStores
 
@@ -143,10 +144,12 @@ async def test_a_batch_failing_after_it_was_stored_still_answers_who_waits(tl, b
     batch stored hears it (it is never judged or published again)."""
     judge, topic = tl.runtime.judge, tl.runtime.topics.events
     p = 0
-    assert judge.applied(p) == 0  # a fresh namespace: the next record of p is at offset 0
+    await within(tl.read_barrier(None))
+    at = judge.applied(p)  # a fresh namespace: past its rules floor marker, the next record of p is here
+    assert at == 1
     loop = asyncio.get_running_loop()
     heard: asyncio.Future = loop.create_future()
-    judge.on_verdict(p, 0, lambda v: loop.call_soon_threadsafe(heard.set_result, v))
+    judge.on_verdict(p, at, lambda v: loop.call_soon_threadsafe(heard.set_result, v))
     real, failed = judge.ahead.judged, []
 
     def judged_then_fail(part: int, nxt: int) -> None:
@@ -160,10 +163,10 @@ async def test_a_batch_failing_after_it_was_stored_still_answers_who_waits(tl, b
     sent = []
     producer.produce(topic, b"\xc3\x01garbage", b"t", partition=p,
                      on_delivery=lambda err, msg: sent.append(msg.offset()))
-    assert producer.flush(30) == 0 and sent == [0]
+    assert producer.flush(30) == 0 and sent == [at]
     verdict = await within(heard, 10)
-    assert failed == [(p, 1)] and verdict["ok"] is False and verdict["code"] == INVALID_MESSAGE
-    assert judge.applied(p) == 1
+    assert failed == [(p, at + 1)] and verdict["ok"] is False and verdict["code"] == INVALID_MESSAGE
+    assert judge.applied(p) == at + 1
     # The judge is still judging.
     await within(tl.messages.save_thread("t", [{"n": 1}]))
     assert await within(tl.messages.load_thread("t")) == [{"n": 1}]
@@ -243,7 +246,39 @@ async def test_one_proposal_id_on_two_partitions_is_judged_alike_by_every_judge(
     replayed = await asyncio.to_thread(replayed_verdicts, bootstrap, topic, total, tmp_path / "replayed")
     for p in (0, 1):
         assert all_verdicts(tl.runtime.store, p) == replayed[p]
-    assert "duplicateOf" not in replayed[1][0][1] and "duplicateOf" in replayed[0][1][1]
+    # Each partition's first record is its rules floor marker (a namespace threadlog created).
+    assert "duplicateOf" not in replayed[1][1][1] and "duplicateOf" in replayed[0][2][1]
+
+
+@pytest.mark.parametrize("earlier", [False, True], ids=["new namespace", "namespace of an earlier version"])
+async def test_a_new_namespace_judges_raw_proposals_naming_older_rules_by_the_newest(
+        open_client, bootstrap, namespace, tmp_path, earlier):
+    """Tried (a review): on a fresh partition (floor 0 until a proposal of rules >= 4
+    landed there) a raw SaveTranscript naming rules 3 was judged by rules 3: a
+    transcript holding 1e400, which every current check refuses, was accepted,
+    then loaded as inf, could not be written back nor served as JSON. A namespace
+    threadlog creates now starts each events partition with a rules floor marker.
+    One created by an earlier version has none and is judged as before -- and a
+    replay of either log agrees with its judge."""
+    if earlier:
+        namespace_of_an_earlier_version(bootstrap, namespace)
+    tl = await open_client()
+    total, topic = tl.runtime.layout.events, tl.runtime.topics.events
+    forged = raw_proposal(tl.runtime.codec, "threadlog.cmd.SaveTranscript", "victim",
+                          {"threadId": "victim", "messages": '["forged", 1e400]'}, rules=3)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce(topic, forged, b"victim", partition=partition_for("victim", total))
+    assert producer.flush(30) == 0
+    await within(tl.read_barrier(None))
+    verdict = (await within(tl.history("victim")))[-1]["verdict"]
+    if earlier:
+        assert verdict == {"ok": True} and (await within(tl.messages.load_thread("victim")))[0] == "forged"
+    else:
+        assert verdict["code"] == INVALID_ARGUMENT and "1e400" in verdict["message"]
+        assert await within(tl.messages.load_thread("victim")) == []
+    replayed = await asyncio.to_thread(replayed_verdicts, bootstrap, topic, total, tmp_path / "replayed")
+    p = partition_for("victim", total)
+    assert all_verdicts(tl.runtime.store, p) == replayed[p]
 
 
 SCRIPT = """

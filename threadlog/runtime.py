@@ -41,6 +41,7 @@ from .processors.handlers import load_all as load_handlers
 from .processors.judge import Judge
 from .processors.lookups import Lookups
 from .processors.snapshotter import EVERY_RECORDS, INTERVAL_S, Snapshotter
+from .producers.rules_floor import write_floor_markers
 from .projections import incarnation
 from .projections.barrier import EndOffsets, LatestOffsets, ReadBarrier
 from .projections.delivery_follower import DeliveryIndex
@@ -110,16 +111,22 @@ class Runtime:
         # Fails within about a second on wrong credentials, not after request_timeout;
         # its errors already name librdkafka's cause.
         kafka_config.reach(self.admin, trap, self.opts.request_timeout, kafka)
+        created: list[str] = []
         try:
             self.layout = ensure_topics(
                 self.admin, self.topics, self.opts.partitions, self.opts.delivery_retention_ms,
                 timeout=self.opts.request_timeout, replication_factor=self.opts.replication_factor,
-                min_insync_replicas=self.opts.min_insync_replicas,
+                min_insync_replicas=self.opts.min_insync_replicas, created=created,
             ) if self.opts.create_topics else require_topics(
                 self.admin, self.topics, self.opts.request_timeout,
                 replication_factor=self.opts.replication_factor, min_insync_replicas=self.opts.min_insync_replicas)
         except ThreadLogError as exc:
             raise trap.explain(exc, self.admin, kafka) from None
+        if self.topics.events in created:
+            # First, before this client proposes anything: a new namespace is judged
+            # by the newest rules from its start (producers/rules_floor.py says why).
+            write_floor_markers(self.opts.bootstrap_servers, self.topics.events, self.layout.events, self.codec,
+                                self.client_id, kafka, self.opts.clock, self.opts.request_timeout)
         self.timings["topics"] = time.monotonic() - t0
         if not self.thin:
             # A thin client keeps no state: it takes no slot (the one it took sat

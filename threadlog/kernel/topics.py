@@ -155,9 +155,10 @@ def ensure_topics(
     timeout: float = 30.0,
     replication_factor: int | None = None,
     min_insync_replicas: int | None = None,
+    created: list[str] | None = None,
 ) -> TopicLayout:
     """Create missing topics (idempotent), check the existing ones, and return
-    the layout the cluster has."""
+    the layout the cluster has. `created` gets the names this call created."""
     deadline = time.monotonic() + timeout
     try:
         md0 = admin.list_topics(timeout=timeout)
@@ -179,6 +180,8 @@ def ensure_topics(
     for name, fut in futures.items():
         try:
             fut.result(timeout=max(0.1, deadline - time.monotonic()))
+            if created is not None:
+                created.append(name)
         except KafkaException as exc:
             err = exc.args[0] if exc.args else None
             if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
