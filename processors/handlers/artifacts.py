@@ -10,12 +10,14 @@ rules 5 a save is a saga of two steps:
    names; on this partition, as of now) gets step 2;
 2. `ReleaseArtifactCopy`, on each such thread's partition: its copy is removed.
 
-Saved first, removed second: a client that dies in between leaves a twin, never
-no artifact, and the next save of the id (anywhere) removes the twin. Why the
-removal needs no condition: a save of the id on the other thread judged before
-step 2 was concurrent with this save (whose call returns only after step 2),
-so "that one, then this one" is a valid order; one begun after this call
-returned is judged after step 2 and stays. Before rules 5 a save naming
+Saved first, removed second: a client that dies in between leaves a twin, and
+the next save of the id (anywhere) removes the twin. The removal has no
+condition, which holds for one save against any other call, but not for two
+saves of one id racing on two threads (a review, reproduced): each first step
+sees the other's copy, each removal takes the other's new copy, and no thread
+holds the artifact, though both calls succeeded. The fix, not built yet: step
+2 names the position step 1 saw on that partition and spares a copy saved
+after it (a new judging rule; README "Choices where the SPEC is silent"). Before rules 5 a save naming
 another thread was refused (INVALID_ARGUMENT), and such logs are judged so.
 """
 
