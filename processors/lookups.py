@@ -18,6 +18,7 @@ asked again after a pause; the judge waits, it never guesses.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -25,6 +26,13 @@ from collections import OrderedDict
 
 from threadlog.kernel.errors import ThreadLogError
 from threadlog.remote import QueryClient
+
+# Questions per `holders_many` request (the owner refuses more). Why bounded:
+# they are answered on the owner's event loop, and one request of 1.5 M
+# questions (a 40 MB line) held every other request of that worker for 10 s (a
+# review). A proposal asks about its few ids on each other partition; `_many`
+# splits anything larger.
+MAX_HOLDERS = 10_000
 
 log = logging.getLogger("threadlog.lookups")
 
@@ -117,6 +125,14 @@ class Lookups:
                 self._answers.popitem(last=False)
 
     async def _many(self, questions: list[Question]) -> list[list[str]]:
+        # In requests of at most MAX_HOLDERS questions (what an owner answers at once).
+        found: dict[Question, list[str]] = {}
+        for part in await asyncio.gather(*(self._many_at_most(questions[i:i + MAX_HOLDERS])
+                                           for i in range(0, len(questions), MAX_HOLDERS))):
+            found.update(part)
+        return [found[x] for x in questions]
+
+    async def _many_at_most(self, questions: list[Question]) -> dict[Question, list[str]]:
         self.requests += 1
         asked = [[q, kind, ident, asof] for q, kind, ident, asof in questions]
         results = await self.query.call("holders_many", {"asked": asked}, sorted({x[0] for x in questions}))
@@ -126,7 +142,7 @@ class Lookups:
             mine = [x for x in questions if x[0] in parts]
             for question, threads in zip(mine, result["threads"], strict=True):
                 found[question] = [str(t) for t in threads]
-        return [found[x] for x in questions]
+        return found
 
     async def _one(self, question: Question) -> list[str]:
         self.requests += 1

@@ -78,6 +78,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from threadlog.processors.judge import Judge
+from threadlog.processors.lookups import MAX_HOLDERS
 from threadlog.processors.snapshotter import Snapshotter
 from threadlog.processors.verdict_push import VerdictPush, reply_token
 from threadlog.producers.pump import settle_threadsafe
@@ -102,6 +103,7 @@ LINE_LIMIT = 64 * 1024 * 1024
 MAX_ANSWER_BYTES = 48 * 1024 * 1024
 SCAN_PAGE = 512
 MAX_GETS = 1024  # keys per `gets` request
+
 SCAN_PAGE_BYTES = 4 * 1024 * 1024
 MAX_VERDICTS = 10_000  # offsets per `verdicts` request
 # Answer bytes of one connection built and not sent yet. Past it the server reads
@@ -502,6 +504,9 @@ class QueryServer:
         """`holders` of several ids: of those asked about the partitions routed
         here (`partitions`), {"threads": [...]} in the order asked."""
         parts = {int(p) for p in args.get("partitions") or ()}
+        if len(args["asked"]) > MAX_HOLDERS:
+            raise ThreadLogError(INVALID_ARGUMENT, f"holders_many takes at most {MAX_HOLDERS} questions, "
+                                                   f"got {len(args['asked'])}")
         asked = [(int(q), str(kind), str(ident), int(asof)) for q, kind, ident, asof in args["asked"]
                  if int(q) in parts]
         return {"threads": await self._holders_of(asked, args.get("wait"))}

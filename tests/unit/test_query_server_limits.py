@@ -81,3 +81,46 @@ async def test_a_read_answered_at_once_is_not_held_behind_requests_that_wait(mon
     finally:
         writer.close()
         await server.close()
+
+
+async def test_holders_many_past_its_bound_is_refused_before_any_is_answered():
+    # Tried (a review): one holders_many of 1.5 M questions (a 40 MB line) was answered
+    # on the worker's loop and held every other request for ~10 s. Refused now past
+    # MAX_HOLDERS (processors/lookups.py splits a proposal's questions to fit).
+    from threadlog.processors.lookups import MAX_HOLDERS
+
+    server = QueryServer(Stores(), Judge(), barrier=None, timeout=5.0)
+    host, port = (await server.start("127.0.0.1", 0)).split(":")
+    reader, writer = await asyncio.open_connection(host, int(port), limit=64 * 1024 * 1024)
+    try:
+        asked = [[0, "cp", f"id-{n}", 5] for n in range(MAX_HOLDERS + 1)]
+        writer.write(orjson.dumps({"id": 1, "op": "holders_many", "args": {"asked": asked, "partitions": [0]}})
+                     + b"\n")
+        writer.write(orjson.dumps({"id": 2, "op": "get", "args": {"key": "AA==", "partitions": [0]}}) + b"\n")
+        await writer.drain()
+        answers = {}
+        while len(answers) < 2:
+            msg = orjson.loads(await asyncio.wait_for(reader.readline(), 10))
+            answers[msg["id"]] = msg
+        assert answers[1]["ok"] is False and answers[1]["code"] == "INVALID_ARGUMENT"
+        assert str(MAX_HOLDERS) in answers[1]["message"] and answers[2]["ok"] is True
+    finally:
+        writer.close()
+        await server.close()
+
+
+async def test_a_proposals_questions_past_the_bound_go_in_several_requests(monkeypatch):
+    from threadlog.processors import lookups
+
+    monkeypatch.setattr(lookups, "MAX_HOLDERS", 3)
+    sent: list[list] = []
+
+    class Query:  # the owners of partitions 0 and 1 answer with the id asked about
+        async def call(self, op, args, partitions):
+            assert op == "holders_many" and len(args["asked"]) <= 3
+            sent.append(args["asked"])
+            return {(p,): {"threads": [[f"t-{x[2]}"] for x in args["asked"] if x[0] == p]} for p in partitions}
+
+    questions = [(n % 2, "cp", f"id{n}", 7) for n in range(7)]
+    answers = await lookups.Lookups(Query())._many(questions)
+    assert answers == [[f"t-id{n}"] for n in range(7)] and [len(a) for a in sent] == [3, 3, 1]
