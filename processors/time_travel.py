@@ -55,6 +55,7 @@ from threadlog.kernel import kafka_config
 from threadlog.kernel.errors import invalid_argument, unavailable
 from threadlog.kernel.validation import require_id
 
+from .handlers.rules_floor import MARKER_TYPE
 from .judge import Others, Record, _Blocked, clock_key, judge_record, read_clock
 
 if TYPE_CHECKING:
@@ -189,9 +190,13 @@ def judge_into(store: Store, records: Iterator[Record], *, codec: Codec, partiti
             break
         child.merge()
         rkey, ptype, pid = _describe(codec, rec.value)
-        last = Step(rec.offset, rkey, ptype, pid, decided, verdict)
+        step = Step(rec.offset, rkey, ptype, pid, decided, verdict)
+        if ptype != MARKER_TYPE:
+            # A namespace's rules floor marker (decided at time 0) changes no state:
+            # "the state before anything" stays before it.
+            last = step
         if key is None or rkey == key:
-            steps.append(last)
+            steps.append(step)
         position = {(topic, rec.partition): rec.offset + 1}
         pending += 1
         if pending >= FLUSH_EVERY:
@@ -200,7 +205,7 @@ def judge_into(store: Store, records: Iterator[Record], *, codec: Codec, partiti
             pending = 0
     if base.buffer or position:
         store.apply(base.buffer, position)
-    if last is not None and (not steps or steps[-1] is not last):
+    if key is not None and last is not None and (not steps or steps[-1] is not last):
         steps.append(last)
     # As stored (JSON), so they compare equal to `all_verdicts` of a live store.
     return [dataclasses.replace(st, verdict=json.loads(json.dumps(st.verdict))) for st in steps]

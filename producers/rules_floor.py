@@ -7,19 +7,15 @@ rules >= 4 happened to land there.
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Callable
 
 from confluent_kafka import Producer
-from threadlog.processors.handlers.rules_floor import FLOOR_MARKER_RULES
+from threadlog.processors.handlers.rules_floor import FLOOR_MARKER_RULES, MARKER_TYPE
 from threadlog.schemas import Codec
 
 from threadlog.kernel import kafka_config
 from threadlog.kernel.errors import unavailable
 from threadlog.kernel.partitioning import partition_for
-
-MARKER_TYPE = "threadlog.cmd.RaiseRulesFloor"
 
 
 def marker_key(partition: int, partitions: int) -> str:
@@ -29,11 +25,13 @@ def marker_key(partition: int, partitions: int) -> str:
 
 
 def write_floor_markers(bootstrap: str, topic: str, partitions: int, codec: Codec, client_id: str,
-                        kafka: kafka_config.Props | None, clock: Callable[[], float] | None,
-                        timeout: float) -> None:
+                        kafka: kafka_config.Props | None, timeout: float) -> None:
     """One marker per partition, acknowledged (UNAVAILABLE if not within `timeout`)."""
     producer = Producer(kafka_config.producer(bootstrap, f"{client_id}.rules-floor", kafka))
-    at = float(clock()) if clock is not None else time.time() * 1000.0
+    # Time 0: a partition's decision time is the latest any proposal brought, and the
+    # marker must not move it (a client's injected clock behind the creator's would
+    # have its leases judged at the creator's time).
+    at = 0.0
     failures: list[str] = []
     payload = codec.encode(MARKER_TYPE, {})
     for p in range(partitions):

@@ -81,6 +81,7 @@ async def test_worker_metrics_scraped_under_load(bootstrap, namespace, tmp_path,
         async with httpx.AsyncClient(timeout=30) as http:
             assert (await http.get(f"{base}/healthz")).status_code == 200
             await owned_by([worker], 4)  # "judging" is printed before the group assigns anything
+            await within(thin.read_barrier(None))  # each partition's rules floor marker judged, before counting
             before = await scrape(http, base)
             n = 40
             load_done = asyncio.Event()
@@ -115,7 +116,8 @@ async def test_worker_metrics_scraped_under_load(bootstrap, namespace, tmp_path,
             for p in range(4):
                 assert ("threadlog_fold_lag_records", (("partition", str(p)),)) in after
                 assert value(after, "threadlog_fold_lag_records", partition=str(p)) == 0
-            assert sum(value(after, "threadlog_fold_applied_offset", partition=str(p)) for p in range(4)) == n + 3
+            # n + 3 proposals and, first on each partition, its rules floor marker
+            assert sum(value(after, "threadlog_fold_applied_offset", partition=str(p)) for p in range(4)) == n + 3 + 4
             r = await http.get(f"{base}/readyz")
             assert r.status_code == 200 and r.json()["ready"] is True and r.json()["owned"] == [0, 1, 2, 3]
         theirs = samples(generate_latest(mine.registry).decode())

@@ -126,7 +126,7 @@ class Runtime:
             # First, before this client proposes anything: a new namespace is judged
             # by the newest rules from its start (producers/rules_floor.py says why).
             write_floor_markers(self.opts.bootstrap_servers, self.topics.events, self.layout.events, self.codec,
-                                self.client_id, kafka, self.opts.clock, self.opts.request_timeout)
+                                self.client_id, kafka, self.opts.request_timeout)
         self.timings["topics"] = time.monotonic() - t0
         if not self.thin:
             # A thin client keeps no state: it takes no slot (the one it took sat

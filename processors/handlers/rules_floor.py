@@ -20,8 +20,9 @@ from . import Context, Decision, handles
 # partition (as on any proposal naming rules it does not know) rather than
 # judge the namespace by a floor it cannot raise.
 FLOOR_MARKER_RULES = 7
+MARKER_TYPE = "threadlog.cmd.RaiseRulesFloor"
 
 
-@handles("threadlog.cmd.RaiseRulesFloor", rules=FLOOR_MARKER_RULES, new=True)
+@handles(MARKER_TYPE, rules=FLOOR_MARKER_RULES, new=True)
 def raise_rules_floor(ctx: Context, cmd: dict) -> Decision:
     return Decision()  # the floor itself is the judge's (it raises it for every proposal of rules >= 4)
