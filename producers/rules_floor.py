@@ -10,12 +10,20 @@ from __future__ import annotations
 import uuid
 
 from confluent_kafka import Producer
-from threadlog.processors.handlers.rules_floor import FLOOR_MARKER_RULES, MARKER_TYPE
+from threadlog.processors.handlers.rules_floor import MARKER_TYPE
+from threadlog.processors.judge import RULES
 from threadlog.schemas import Codec
 
 from threadlog.kernel import kafka_config
 from threadlog.kernel.errors import unavailable
 from threadlog.kernel.partitioning import partition_for
+
+# The least time the markers get, whatever the client's request timeout. They go
+# to topics created a moment before, whose leaders a loaded broker may take
+# seconds to elect; a client opened with a short request timeout (tests of
+# outages use 1 s) is bounding requests to a live namespace, not its creation.
+# A CI run met a 1 s bound here: all four markers unacknowledged.
+MIN_TIMEOUT = 30.0
 
 
 def marker_key(partition: int, partitions: int) -> str:
@@ -26,7 +34,9 @@ def marker_key(partition: int, partitions: int) -> str:
 
 def write_floor_markers(bootstrap: str, topic: str, partitions: int, codec: Codec, client_id: str,
                         kafka: kafka_config.Props | None, timeout: float) -> None:
-    """One marker per partition, acknowledged (UNAVAILABLE if not within `timeout`)."""
+    """One marker per partition, acknowledged (UNAVAILABLE if not within `timeout`,
+    raised to MIN_TIMEOUT)."""
+    timeout = max(timeout, MIN_TIMEOUT)
     producer = Producer(kafka_config.producer(bootstrap, f"{client_id}.rules-floor", kafka))
     # Time 0: a partition's decision time is the latest any proposal brought, and the
     # marker must not move it (a client's injected clock behind the creator's would
@@ -40,7 +50,9 @@ def write_floor_markers(bootstrap: str, topic: str, partitions: int, codec: Code
             # Random: a duplicate id is answered before the floor is raised, and a
             # forger must not be able to write one ahead of the marker.
             "proposalId": uuid.uuid4().hex, "key": key, "type": MARKER_TYPE, "at": at,
-            "rules": FLOOR_MARKER_RULES, "seen": [], "payload": payload})
+            # The newest rules this code knows: a namespace is judged by them from
+            # its start (a client of older code, naming older rules, included).
+            "rules": RULES, "seen": [], "payload": payload})
         producer.produce(topic, value, key.encode("utf-8"), partition=p,
                          on_delivery=lambda err, _msg: failures.append(str(err)) if err is not None else None)
     left = producer.flush(timeout)
