@@ -25,6 +25,7 @@ at its stored position. A record that cannot be decoded is judged refused
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -63,7 +64,7 @@ from threadlog.kernel.topics import reply_of
 from threadlog.kernel.validation import dumps, int_digits_problem
 
 from .ahead import Ahead
-from .handlers import GLOBAL_READS, HANDLERS, INTRODUCED, Context, Decision, reads_other_partitions
+from .handlers import GLOBAL_READS, HANDLERS, INTRODUCED, SCHEMA_INTRODUCED, Context, Decision, reads_other_partitions
 from .verdict_push import VerdictPush
 
 if TYPE_CHECKING:
@@ -91,7 +92,9 @@ Others = Callable[[int, str, str, int], "list[str] | None"]
 # 6: a run claim removes the run's heartbeatAt (processors/handlers/runs.py `claim`).
 # 7: the rules floor marker a namespace's creator writes to each events partition
 #    (threadlog.cmd.RaiseRulesFloor, processors/handlers/rules_floor.py).
-RULES = 7
+# 8: an artifact copy's removal (ReleaseArtifactCopy v2) names the position its
+#    save saw and spares a copy saved at or after it (processors/handlers/artifacts.py).
+RULES = 8
 # The first rules that raise a partition's floor. Logs written before it were
 # judged by the rules each proposal named: a floor from older versions would
 # make their rebuild reach other verdicts than their clients were told.
@@ -850,6 +853,18 @@ def _forget(view: View, p: int, old: int) -> None:
         view.delete(applied_key(pid.decode()))
 
 
+@functools.lru_cache(maxsize=8)
+def _newer_schemas(codec: Codec) -> dict[bytes, int]:
+    """Writer fingerprint -> the rules that introduced that schema version (SCHEMA_INTRODUCED)."""
+    out: dict[bytes, int] = {}
+    for (name, version), rules in SCHEMA_INTRODUCED.items():
+        fp = codec.history_fingerprint(name, version)
+        if fp is None:  # a registration without its frozen file: a bug, not a verdict
+            raise RuntimeError(f"{name} v{version} is registered for rules {rules} but not frozen")
+        out[fp] = rules
+    return out
+
+
 def _local_others(view: View, progress: dict[int, int], partitions: int) -> Others:
     def others(q: int, kind: str, ident: str, need: int) -> list[str] | None:
         if progress.get(q, 0) < need:
@@ -915,6 +930,10 @@ def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: di
         # a judge of those rules judged it -- its codec did not know the payload's
         # schema. Else a raw proposal naming old rules was accepted here and refused
         # there, and a rebuild by newer code disagreed with the verdicts given.
+        return refusal(INVALID_MESSAGE, f"proposal payload undecodable: unknown schema fingerprint "
+                                        f"{env['payload'][2:10].hex()}")
+    if _newer_schemas(codec).get(env["payload"][2:10], 0) > rules:
+        # The same for a schema version newer than the rules named (SCHEMA_INTRODUCED).
         return refusal(INVALID_MESSAGE, f"proposal payload undecodable: unknown schema fingerprint "
                                         f"{env['payload'][2:10].hex()}")
     seen = env["seen"]

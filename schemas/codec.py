@@ -92,7 +92,8 @@ class Codec:
     def __init__(self, schema_dir: Path = SCHEMA_DIR, history_dir: Path = HISTORY_DIR) -> None:
         self.current = load_current(schema_dir)
         self._writers: dict[bytes, SchemaVersion] = {}
-        for version in load_history(history_dir):
+        self._history = load_history(history_dir)
+        for version in self._history:
             self._writers[version.fingerprint] = version
         for version in self.current.values():
             self._writers[version.fingerprint] = version
@@ -103,6 +104,11 @@ class Codec:
     def writer(self, fingerprint: bytes) -> SchemaVersion | None:
         """The schema (current or historical) with this fingerprint, if known."""
         return self._writers.get(fingerprint)
+
+    def history_fingerprint(self, name: str, version: int) -> bytes | None:
+        """The fingerprint of frozen version `version` of schema `name`, if frozen."""
+        source = f"{name}.v{version}.avsc"
+        return next((v.fingerprint for v in self._history if v.source == source), None)
 
     def encode(self, name: str, record: dict) -> bytes:
         try:

@@ -77,13 +77,30 @@ async def state_of(tl) -> dict[bytes, bytes]:
     return {k: v for k, v in tl.runtime.store.scan(b"") if not k.startswith(_BOOKKEEPING)}
 
 
-def raw_proposal(codec, type_name: str, key: str, body: dict, *, rules: int = 2, seen: list[int] | None = None,
-                 proposal_id: str | None = None, at: float = 1.0) -> bytes:
+def raw_proposal(codec, type_name: str, key: str, body: dict | bytes, *, rules: int = 2,
+                 seen: list[int] | None = None, proposal_id: str | None = None, at: float = 1.0) -> bytes:
     """A `threadlog.Proposal` as any producer could write it to `events`: `body`
-    encoded as `type_name`, naming `rules` and the positions `seen` (none by default)."""
+    encoded as `type_name` (bytes: already encoded), naming `rules` and the
+    positions `seen` (none by default)."""
     return codec.encode("threadlog.Proposal", {
         "proposalId": proposal_id or uuid.uuid4().hex, "key": key, "type": type_name, "at": at, "rules": rules,
-        "seen": seen or [], "payload": codec.encode(type_name, body)})
+        "seen": seen or [], "payload": body if isinstance(body, bytes) else codec.encode(type_name, body)})
+
+
+def encode_frozen(name: str, version: int, record: dict) -> bytes:
+    """`record` encoded with frozen version `version` of schema `name` (what a
+    writer of that version wrote), as the codec frames it."""
+    import io
+
+    from fastavro import schemaless_writer
+    from threadlog.schemas.codec import MARKER, load_history
+
+    source = f"{name}.v{version}.avsc"
+    frozen = next(v for v in load_history() if v.source == source)
+    buf = io.BytesIO()
+    buf.write(MARKER + frozen.fingerprint)
+    schemaless_writer(buf, frozen.schema, record)
+    return buf.getvalue()
 
 
 def namespace_of_an_earlier_version(bootstrap: str, namespace: str, partitions: int = 4) -> None:

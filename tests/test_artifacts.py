@@ -3,11 +3,14 @@ conformance behaviours, plus thread ownership, validation and cross-host reads."
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest
 from confluent_kafka import Producer
-from support import namespace_of_an_earlier_version, raw_proposal, state_of, within
+from replay_support import replayed_verdicts
+from support import encode_frozen, namespace_of_an_earlier_version, raw_proposal, state_of, within
+from threadlog.processors.judge import all_verdicts
 
 from threadlog import ThreadLogError
 from threadlog.kernel.partitioning import partition_for
@@ -152,36 +155,78 @@ async def test_a_copy_release_naming_older_rules_is_judged_as_judges_of_those_ru
     know its schema and refused it (INVALID_MESSAGE); tried (a review): one sent
     raw naming rules 4 was accepted here and removed the artifact, so a rebuild by
     this code disagreed with what older judges told. Refused alike now, changing
-    nothing; naming rules 5, it is judged. (On a partition that judged only rules
-    4 so far: one past rules 5 judges every proposal by at least those.) A namespace
-    created by an earlier version: no rules floor marker."""
+    nothing; naming rules 5, it is judged. Its second schema version (`before`)
+    came with rules 8: written with it and naming rules 5, it is refused as judges
+    of rules 5 to 7 refused it (they could not decode it). (On a partition that
+    judged only rules 4 so far: one past rules 5 judges every proposal by at least
+    those.) A namespace created by an earlier version: no rules floor marker."""
     namespace_of_an_earlier_version(bootstrap, namespace)
     tl = await open_client()
     codec, total = tl.runtime.codec, tl.runtime.layout.events
     p = partition_for("t1", total)
-    saved = {"artifact": {"blobKey": None, "sourceUrl": None, **_art()}}
+    saved = codec.encode("threadlog.cmd.SaveArtifact", {"artifact": {"blobKey": None, "sourceUrl": None, **_art()}})
     release = {"artifactId": "a1", "threadId": "t1", "savedOn": "t-other"}
+    v1 = encode_frozen("threadlog.cmd.ReleaseArtifactCopy", 1, release)
+    v2 = codec.encode("threadlog.cmd.ReleaseArtifactCopy", release)  # `before` null: what rules 5-7 meant
+    assert v1[2:10] != v2[2:10]
     sent: list[int] = []
     producer = Producer({"bootstrap.servers": bootstrap})
-    for n, (kind, body, rules) in enumerate([("SaveArtifact", saved, 4), ("ReleaseArtifactCopy", release, 4),
-                                             ("ReleaseArtifactCopy", release, 5)]):
+    for n, (kind, body, rules) in enumerate([("SaveArtifact", saved, 4), ("ReleaseArtifactCopy", v1, 4),
+                                             ("ReleaseArtifactCopy", v2, 4), ("ReleaseArtifactCopy", v2, 5),
+                                             ("ReleaseArtifactCopy", v1, 5)]):
         producer.produce(tl.runtime.topics.events,
                          raw_proposal(codec, f"threadlog.cmd.{kind}", "t1", body, rules=rules, seen=[0] * total),
                          b"t1", partition=p, on_delivery=lambda err, msg: sent.append(msg.offset()))
         assert producer.flush(30) == 0
+        await within(tl.read_barrier(None))
         if n == 0:
-            await within(tl.read_barrier(None))
             assert await within(tl.artifacts.get("a1")) == _art()
             continue
-        await within(tl.read_barrier(None))
         verdict = tl.runtime.judge.verdict(p, sent[-1])
-        if rules == 4:
+        if n < 4:
             assert verdict == {"ok": False, "code": "INVALID_MESSAGE",
                                "message": f"proposal payload undecodable: unknown schema fingerprint "
-                                          f"{codec.encode('threadlog.cmd.ReleaseArtifactCopy', release)[2:10].hex()}"}
+                                          f"{body[2:10].hex()}"}, (n, verdict)
             assert await within(tl.artifacts.get("a1")) == _art()
         else:
             assert verdict["ok"] and await within(tl.artifacts.get("a1")) is None
+
+
+@pytest.mark.parametrize("same_partition", [False, True], ids=["across-partitions", "one-partition"])
+async def test_two_saves_of_one_id_racing_on_two_threads_never_leave_none(open_client, bootstrap, namespace,
+                                                                           tmp_path, same_partition):
+    """Tried (a review, reproduced before judging rules 8): the artifact lives on A;
+    X saves it on B while Y saves it again on A. X's first step (on B) saw A's old
+    copy; Y's first step ran after it, saw X's copy on B and removed it; then X's
+    second step removed A's copy -- Y's new one. Both calls succeeded and no thread
+    held the artifact. X's removal now names the position it saw and spares Y's
+    copy, saved after it: serial order X then Y. Driven step by step (X's second
+    step held back as a client between its steps would); a fresh client rebuilding
+    the log, and a replay of the verdicts, agree."""
+    tl = await open_client()
+    a, b = _threads(tl, same_partition)
+    await within(tl.artifacts.save(_art(thread_id=a)))
+    x = _art(thread_id=b, name="x.png")
+    step1 = await within(tl.bus.propose("threadlog.cmd.SaveArtifact", b, tl.runtime.codec.encode(
+        "threadlog.cmd.SaveArtifact", {"artifact": {"blobKey": None, "sourceUrl": None, **x}})))
+    assert step1["ok"] and [(f["key"], f["type"]) for f in step1["follow"]] == [
+        (a, "threadlog.cmd.ReleaseArtifactCopy")]
+    y = _art(thread_id=a, name="y.png", size=9)
+    await within(tl.artifacts.save(y))  # Y, whole: its removal of X's copy on B included
+    assert await within(tl.artifacts.list_for_thread(b)) == []
+    step2 = step1["follow"][0]
+    verdict = await within(tl.bus.propose(step2["type"], step2["key"],
+                                          tl.runtime.codec.encode(step2["type"], step2["payload"])))
+    assert verdict["ok"]
+    fresh = await open_client()
+    for client in (tl, fresh):
+        assert await within(client.artifacts.get("a1")) == y
+        assert await within(client.artifacts.list_for_thread(a)) == [y]
+        assert await within(client.artifacts.list_for_thread(b)) == []
+    total, topic = tl.runtime.layout.events, tl.runtime.topics.events
+    replayed = await asyncio.to_thread(replayed_verdicts, bootstrap, topic, total, tmp_path / "replayed")
+    for p in {partition_for(a, total), partition_for(b, total)}:
+        assert all_verdicts(tl.runtime.store, p) == replayed[p]
 
 
 BAD = [

@@ -113,9 +113,24 @@ NAMES_POSITIONS: set[str] = set()
 # named, and logs holding such proposals are rebuilt as they were judged.
 INTRODUCED: dict[str, int] = {}
 
+# Schema versions of a type added by a later rules version than the type
+# (`introduces_schema`): (full schema name, history version) -> rules. A judge
+# of older rules did not know that schema and refused the proposal as
+# undecodable, so a proposal written with it and naming older rules is refused
+# alike (processors/judge.py), whatever the new fields hold.
+SCHEMA_INTRODUCED: dict[tuple[str, int], int] = {}
+
+
+def introduces_schema(type_name: str, *, version: int, rules: int) -> None:
+    """Register that `schemas/avro/history/<type_name>.v<version>.avsc` came with `rules`."""
+    SCHEMA_INTRODUCED[(type_name, version)] = rules
+
 
 def handles(type_name: str, *, global_ids: bool = False, names_positions: bool = False,
-            rules: int = BASE_RULES, new: bool = False) -> Callable[[Handler], Handler]:
+            rules: int = BASE_RULES, new: bool = False, introduced: int | None = None,
+            ) -> Callable[[Handler], Handler]:
+    """`new`: the type was added by `rules`; `introduced`: by that earlier version
+    (judged otherwise since `rules`)."""
     def register(fn: Handler) -> Handler:
         if type_name in HANDLERS:
             raise RuntimeError(f"two handlers for {type_name}")
@@ -124,8 +139,8 @@ def handles(type_name: str, *, global_ids: bool = False, names_positions: bool =
             GLOBAL_READS.add(type_name)
         if names_positions:
             NAMES_POSITIONS.add(type_name)
-        if new:
-            INTRODUCED[type_name] = rules
+        if new or introduced is not None:
+            INTRODUCED[type_name] = rules if introduced is None else introduced
         if rules != BASE_RULES:
             NEWER_RULES[type_name] = rules
         return fn

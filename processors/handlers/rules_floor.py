@@ -7,8 +7,9 @@ honest proposal of rules >= 4 landed there, and some types still name rules 2
 or 3. Meanwhile a raw proposal naming rules 3 was judged by rules 3: a
 transcript holding 1e400, which every current check refuses, was accepted
 (tried, a review). The client that creates a namespace's topics now writes this
-marker to each events partition first; the judge raises the floor to the rules
-it names, like any proposal's. A log position, so every judge and every rebuild
+marker to each events partition first, naming the newest rules it knows
+(processors/judge.py RULES); the judge raises the floor to them, like any
+proposal's. A log position, so every judge and every rebuild
 agree; logs without one are judged as before.
 """
 
