@@ -92,7 +92,12 @@ READ_THREADS = 16  # blocking reads of a thin client at once (off_loop); more wa
 # harmless, so this only bounds how late such a verdict can be.
 PUSH_GRACE_S = 1.0
 EARLY_KEEP_S = 30.0  # a pushed verdict whose ack never came is dropped after this
-MAX_EARLY = 10_000  # unclaimed pushed delivery answers kept at most
+# Unclaimed pushed verdicts (and delivery answers) kept at most, each. Why:
+# anyone who may write `events` can copy a client's reply token (a header on
+# its proposals) onto forged ones, and every verdict pushed for those is above
+# the client's last ack: uncapped, a flood of them grew its memory for 30 s
+# at a time. Over the cap they are dropped: asking is always right.
+MAX_EARLY = 10_000
 REFUSED_PAUSE_S = 60.0  # a worker that does not push (an earlier version) is asked again after this
 
 
@@ -1044,6 +1049,8 @@ class RemoteVerdicts:
                 # else at or below the last ack of its partition (acks of a partition
                 # come in offset order) was answered already, e.g. verdicts a new
                 # owner pushes again while catching up: not kept.
+                if len(self._early) >= MAX_EARLY:
+                    self._early.clear()  # a flood (MAX_EARLY): the acks still to come ask
                 self._early[(p, o)] = (verdict, now)
                 self._arm_sweep()
 

@@ -154,6 +154,21 @@ async def test_verdicts_pushed_again_below_the_last_ack_are_not_kept(setup):
     assert set(verdicts._early) == {(0, 51)}
 
 
+async def test_unclaimed_pushed_verdicts_are_capped_and_an_ack_past_the_cap_asks(setup, monkeypatch):
+    """Forged proposals carrying a client's reply token have their verdicts pushed
+    to it. Tried: 30 000 pushed above its last ack were all kept (for 30 s each,
+    uncounted). At most MAX_EARLY are kept now; one dropped is asked for when its
+    ack comes."""
+    monkeypatch.setattr(remote, "PUSH_GRACE_S", 0.05)
+    client, verdicts = setup
+    verdicts._pushed([[0, 100 + n, {"ok": True}] for n in range(3 * remote.MAX_EARLY)])
+    assert 0 < len(verdicts._early) <= remote.MAX_EARLY
+    dropped = next(100 + n for n in range(3 * remote.MAX_EARLY) if (0, 100 + n) not in verdicts._early)
+    client.judged[(0, dropped)] = {"ok": True, "result": "asked"}
+    fut, _ = _waiter(verdicts, 0, dropped)
+    assert (await asyncio.wait_for(fut, 5))["result"] == "asked"
+
+
 async def test_without_a_live_push_stream_it_asks_at_once(setup):
     client, verdicts = setup
     verdicts._streams[ADDRESS].live = False
