@@ -181,6 +181,9 @@ async def test_an_epoch_claim_never_granted_is_refused_and_never_read(tl, bootst
     # A driver that makes an epoch up holds nothing.
     made_up = await refused(tl.delivery("r", epoch=7).append([chunk(99)]), RUN_CLAIM_LOST)
     assert "never granted" in made_up.message and "epoch 2" in made_up.message, made_up  # not "superseded"
+    # Its close too (tried: it returned as if closed, and the log stayed open).
+    made_up = await refused(tl.delivery("r", epoch=7).close(), RUN_CLAIM_LOST)
+    assert "never granted" in made_up.message, made_up
     # Nor does a record of that epoch forged straight onto the topic, nor a
     # forged claim marker: a claim is granted by the fold, it never names its epoch.
     svc = tl._delivery

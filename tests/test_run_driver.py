@@ -156,6 +156,33 @@ async def test_a_superseded_driver_learns_it_from_its_next_heartbeat(open_client
     await within(new.close())
 
 
+async def test_a_run_its_old_driver_finishes_before_a_drives_first_heartbeat_has_its_log_ended(open_client):
+    """Tried (a review): B's `drive` claimed the run (granted and mirrored while it
+    ran), then A -- its old driver, not yet aware -- completed it and closed its
+    log; that close was dropped (A was fenced by B's grant) and B's first
+    heartbeat was refused RUN_TERMINAL, so `drive` raised and nobody held the epoch
+    that could end the log: readers waited forever. The interleaving is forced by
+    running A's finish right after B's claim returns. `drive` now ends the log."""
+    a = await open_client()
+    b = await open_client()
+    await within(a.runs.create_or_resume(run_id="r", thread_id="t", started_at=1))
+    old = await within(a.runs.drive("r", heartbeat_ms=60_000))
+    [o0] = await within(old.log.append([{"n": 0}]))
+    claim = b.runs._claim
+
+    async def claimed_then_finished_by_the_old_driver(run_id: str) -> tuple[str, int]:
+        got = await claim(run_id)
+        await within(a.runs.update("r", {"status": "completed", "finishedAt": 2}))
+        await within(old.log.close())  # dropped: fenced by the grant
+        await within(old.close())
+        return got
+
+    b.runs._claim = claimed_then_finished_by_the_old_driver
+    await refused(b.runs.drive("r", heartbeat_ms=60_000), "RUN_TERMINAL")
+    for client in (a, b):
+        assert await within(collect(client.delivery("r").read("-1"), 15)) == [(o0, {"n": 0})]
+
+
 async def test_a_finished_run_stops_its_heartbeat_and_bad_input_changes_nothing(open_client):
     tl = await open_client()
     await within(tl.runs.create_or_resume(run_id="r", thread_id="t", started_at=1))

@@ -159,7 +159,13 @@ class DeliveryLog:
             return  # a superseded driver's close is ignored; closing twice is harmless
         # Folded before returning: from here on this client's appends and reads see it
         # (a superseded driver's or a second close is dropped there, harmlessly).
-        await svc.write_decided(self.run_id, records.written(self.run_id, self.epoch, records.CLOSE), self.epoch)
+        _, verdict, fence = await svc.write_decided(self.run_id, records.written(self.run_id, self.epoch,
+                                                                                 records.CLOSE), self.epoch)
+        if verdict is not None and verdict.get("drop") == RUN_CLAIM_LOST and fence is not None and fence < self.epoch:
+            # An epoch no claim granted (SPEC: only a *superseded* driver's close is
+            # ignored). Tried (a review): it returned as if closed, while `append`
+            # with the same epoch raised and the log stayed open for every reader.
+            raise self._lost(fence)
 
     # -- reads --------------------------------------------------------------------------
     def read(self, after: Offset, *, follow: bool = True) -> AsyncIterator[tuple[Offset, dict]]:

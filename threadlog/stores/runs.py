@@ -157,7 +157,17 @@ class RunStore(StoreFacade):
             raise invalid_argument(f"heartbeat_ms must be a number >= {MIN_HEARTBEAT_MS}, got {heartbeat_ms!r}")
         thread_id, epoch = await self._claim(run_id)
         driver = RunDriver(self, run_id, thread_id, epoch, heartbeat_ms, None)
-        await driver._start()  # attached (detachedSince cleared) before it is returned
+        try:
+            await driver._start()  # attached (detachedSince cleared) before it is returned
+        except ThreadLogError as exc:
+            if exc.code == RUN_TERMINAL:
+                # Finished between the grant and this first heartbeat (a review,
+                # reproduced: the old driver, not yet aware of the claim, completed
+                # the run; its close was dropped, fenced by our grant). Nobody else
+                # holds this epoch -- the caller never gets it -- so end the log
+                # here, as `_grant` does, or readers wait for its end forever.
+                await self._end_log(run_id, epoch, exc)
+            raise
         return driver
 
     async def _claim(self, run_id: str) -> tuple[str, int]:
@@ -214,17 +224,22 @@ class RunStore(StoreFacade):
                                                        f"(the claim's last step: {exc.code}: {exc.message})")
             if refused.code == RUN_TERMINAL:
                 # The run finished between our read and the grant, and the grant has
-                # fenced its driver: the close that driver writes now is dropped, and
-                # readers would wait for the log's end forever. End it under the epoch
-                # just granted (a log its driver closed first is left as it is).
-                try:
-                    await DeliveryLog(self._session, run_id, epoch=epoch).close()
-                except ThreadLogError as closing:
-                    refused.add_note(f"and closing its delivery log failed: {closing.code}: {closing.message}")
+                # fenced its driver: the close that driver writes now is dropped.
+                await self._end_log(run_id, epoch, refused)
             if refused is exc:
                 raise
             raise refused from exc
         return epoch
+
+    async def _end_log(self, run_id: str, epoch: int, refused: ThreadLogError) -> None:
+        """Close the log of a run that finished while `epoch` was granted: its old
+        driver's close is dropped (fenced by the grant), and readers would wait
+        for the log's end forever. A log its driver closed first is left as it is;
+        a failure to close is a note on `refused`."""
+        try:
+            await DeliveryLog(self._session, run_id, epoch=epoch).close()
+        except ThreadLogError as closing:
+            refused.add_note(f"and closing its delivery log failed: {closing.code}: {closing.message}")
 
     def _granted(self, task: asyncio.Task[int]) -> None:
         self._granting.discard(task)
