@@ -47,11 +47,20 @@ def emit(**fields) -> None:
 
 async def drive(tl: threadlog.ThreadLog, run_id: str, thread_id: str, delay: float) -> int:
     await tl.runs.create_or_resume(run_id=run_id, thread_id=thread_id, started_at=int(time.time() * 1000))
-    epoch = await tl.runs.claim(run_id)
+    try:
+        epoch = await tl.runs.claim(run_id)
+    except ThreadLogError as exc:
+        if exc.code != "RUN_TERMINAL":
+            raise
+        emit(event="already finished")  # its driver completed it: nothing to take over
+        return 0
     log = tl.delivery(run_id, epoch)
     # After the claim nothing older can be added, so what stands now is exactly where to go on from.
     stored = [chunk for _, chunk in await log.snapshot()]
     done = sum(1 for c in stored if c.get("type") == "TEXT_MESSAGE_CONTENT")
+    # The last append (END + FINISHED, one record) stood, but its driver died before
+    # finishing the run: only the run's status and the log's close are left to do.
+    streamed = any(c.get("type") == "RUN_FINISHED" for c in stored)
     emit(event="claimed", epoch=epoch, resume_at=done)
     message_id = f"msg-{run_id}"
     try:
@@ -63,8 +72,10 @@ async def drive(tl: threadlog.ThreadLog, run_id: str, thread_id: str, delay: flo
             (offset,) = await log.append([{"type": "TEXT_MESSAGE_CONTENT", "messageId": message_id,
                                            "delta": word, "index": i}])
             emit(event="appended", index=i, offset=offset)
-        await log.append([{"type": "TEXT_MESSAGE_END", "messageId": message_id},
-                          {"type": "RUN_FINISHED", "threadId": thread_id, "runId": run_id, "finishReason": "stop"}])
+        if not streamed:
+            await log.append([{"type": "TEXT_MESSAGE_END", "messageId": message_id},
+                              {"type": "RUN_FINISHED", "threadId": thread_id, "runId": run_id,
+                               "finishReason": "stop"}])
     except ThreadLogError as exc:
         if exc.code != "RUN_CLAIM_LOST":
             raise

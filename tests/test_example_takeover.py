@@ -71,3 +71,32 @@ async def test_killed_driver_taken_over_reader_sees_one_stream(open_client, boot
 
     run = await within(reader.runs.get(RUN))
     assert run["status"] == "completed" and run["driverEpoch"] == 2
+
+
+async def test_a_driver_that_died_after_its_last_append_is_finished_without_writing_it_twice(
+        open_client, bootstrap, namespace, tmp_path):
+    """Tried (a review): host A's last append (END + FINISHED) stood, then A died
+    before finishing the run; host B found every word there and appended END and
+    FINISHED again, so readers saw the run finish twice. And a run finished already
+    made the command crash with RUN_TERMINAL."""
+    tl = await open_client()
+    await within(tl.runs.create_or_resume(run_id=RUN, thread_id=THREAD, started_at=1))
+    log = tl.delivery(RUN, await within(tl.runs.claim(RUN)))
+    message = {"messageId": f"msg-{RUN}"}
+    await within(log.append([{"type": "RUN_STARTED", "threadId": THREAD, "runId": RUN},
+                             {"type": "TEXT_MESSAGE_START", **message, "role": "assistant"}]))
+    await within(log.append([{"type": "TEXT_MESSAGE_CONTENT", **message, "delta": w, "index": i}
+                             for i, w in enumerate(words())]))
+    await within(log.append([{"type": "TEXT_MESSAGE_END", **message},
+                             {"type": "RUN_FINISHED", "threadId": THREAD, "runId": RUN, "finishReason": "stop"}]))
+    common = ["--bootstrap", bootstrap, "--namespace", namespace]
+    drive = ["drive", "--run", RUN, "--thread", THREAD, "--delay", "0"]
+    host_b = await run_example("takeover.py", *common, "--state-dir", str(tmp_path / "host-b"), *drive,
+                               log_dir=tmp_path)
+    assert [json.loads(line) for line in host_b.lines] == [
+        {"event": "claimed", "epoch": 2, "resume_at": len(words())}, {"event": "finished", "epoch": 2}]
+    chunks = [c for _, c in await within(collect(tl.delivery(RUN).read("-1")))]
+    assert [c["type"] for c in chunks].count("RUN_FINISHED") == 1 and chunks[-1]["type"] == "RUN_FINISHED"
+    again = await run_example("takeover.py", *common, "--state-dir", str(tmp_path / "host-c"), *drive,
+                              log_dir=tmp_path)
+    assert [json.loads(line) for line in again.lines] == [{"event": "already finished"}]
