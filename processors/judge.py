@@ -49,6 +49,7 @@ from threadlog.projections.snapshots import RestoreInfo, summary
 from threadlog.projections.store import Store
 from threadlog.projections.view import View
 from threadlog.schemas import Codec, CodecError
+from threadlog.schemas.codec import MARKER
 
 from threadlog.kernel import kafka_config
 from threadlog.kernel.errors import (
@@ -92,8 +93,10 @@ Others = Callable[[int, str, str, int], "list[str] | None"]
 # 6: a run claim removes the run's heartbeatAt (processors/handlers/runs.py `claim`).
 # 7: the rules floor marker a namespace's creator writes to each events partition
 #    (threadlog.cmd.RaiseRulesFloor, processors/handlers/rules_floor.py).
-# 8: an artifact copy's removal (ReleaseArtifactCopy v2) names the position its
-#    save saw and spares a copy saved at or after it (processors/handlers/artifacts.py).
+# 8: an artifact save records what it saw, and a copy's removal (ReleaseArtifactCopy
+#    v2, `savedAt`) spares a copy whose save saw the save asking for it
+#    (processors/handlers/artifacts.py). Every artifact save names rules 8, so a
+#    judge of rules 7 stops on any save of a client of this version.
 RULES = 8
 # The first rules that raise a partition's floor. Logs written before it were
 # judged by the rules each proposal named: a floor from older versions would
@@ -855,13 +858,17 @@ def _forget(view: View, p: int, old: int) -> None:
 
 @functools.lru_cache(maxsize=8)
 def _newer_schemas(codec: Codec) -> dict[bytes, int]:
-    """Writer fingerprint -> the rules that introduced that schema version (SCHEMA_INTRODUCED)."""
+    """Writer fingerprint -> the rules that introduced that schema (version), for
+    the types added after rules 2 (INTRODUCED) and later versions (SCHEMA_INTRODUCED)."""
     out: dict[bytes, int] = {}
+    for name, rules in INTRODUCED.items():
+        for fp in codec.fingerprints(name):
+            out[fp] = rules
     for (name, version), rules in SCHEMA_INTRODUCED.items():
-        fp = codec.history_fingerprint(name, version)
-        if fp is None:  # a registration without its frozen file: a bug, not a verdict
+        frozen = codec.history_fingerprint(name, version)
+        if frozen is None:  # a registration without its frozen file: a bug, not a verdict
             raise RuntimeError(f"{name} v{version} is registered for rules {rules} but not frozen")
-        out[fp] = rules
+        out[frozen] = rules
     return out
 
 
@@ -918,6 +925,16 @@ def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: di
         earlier = view.get(verdict_key(where["p"], where["o"]))
         answer = json.loads(earlier) if earlier is not None else {"ok": True}
         return {**answer, "effects": [], "follow": [], "duplicateOf": where}
+    if env["payload"][:2] == MARKER and _newer_schemas(codec).get(bytes(env["payload"][2:10]), 0) > rules:
+        # A payload schema newer than the rules the proposal (and partition) names
+        # (a type added later, INTRODUCED, or a later version of one,
+        # SCHEMA_INTRODUCED): judged as a judge of those rules judged it -- its
+        # codec did not know the schema. Else a raw proposal naming old rules was
+        # accepted here and refused there, and a rebuild by newer code disagreed
+        # with the verdicts given. Before decoding, as theirs: a payload that is
+        # also corrupt is refused with the same message.
+        return refusal(INVALID_MESSAGE, f"proposal payload undecodable: unknown schema fingerprint "
+                                        f"{env['payload'][2:10].hex()}")
     try:
         ptype, payload = codec.decode(env["payload"], expect=env["type"])
     except CodecError as exc:
@@ -925,17 +942,6 @@ def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: di
     handler = HANDLERS.get(ptype)
     if handler is None:
         return refusal(INVALID_ARGUMENT, f"unknown proposal type {ptype}")
-    if INTRODUCED.get(ptype, 0) > rules:
-        # A type newer than the rules the proposal (and partition) names: judged as
-        # a judge of those rules judged it -- its codec did not know the payload's
-        # schema. Else a raw proposal naming old rules was accepted here and refused
-        # there, and a rebuild by newer code disagreed with the verdicts given.
-        return refusal(INVALID_MESSAGE, f"proposal payload undecodable: unknown schema fingerprint "
-                                        f"{env['payload'][2:10].hex()}")
-    if _newer_schemas(codec).get(env["payload"][2:10], 0) > rules:
-        # The same for a schema version newer than the rules named (SCHEMA_INTRODUCED).
-        return refusal(INVALID_MESSAGE, f"proposal payload undecodable: unknown schema fingerprint "
-                                        f"{env['payload'][2:10].hex()}")
     seen = env["seen"]
     if len(seen) != partitions and ptype in GLOBAL_READS:
         # Its rules ask other partitions as of these positions; without them the

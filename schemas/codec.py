@@ -110,6 +110,10 @@ class Codec:
         source = f"{name}.v{version}.avsc"
         return next((v.fingerprint for v in self._history if v.source == source), None)
 
+    def fingerprints(self, name: str) -> set[bytes]:
+        """Every version of schema `name` this codec decodes (frozen and current)."""
+        return {fp for fp, v in self._writers.items() if v.name == name}
+
     def encode(self, name: str, record: dict) -> bytes:
         try:
             version = self.current[name]

@@ -155,9 +155,11 @@ async def test_a_copy_release_naming_older_rules_is_judged_as_judges_of_those_ru
     know its schema and refused it (INVALID_MESSAGE); tried (a review): one sent
     raw naming rules 4 was accepted here and removed the artifact, so a rebuild by
     this code disagreed with what older judges told. Refused alike now, changing
-    nothing; naming rules 5, it is judged. Its second schema version (`before`)
+    nothing; naming rules 5, it is judged. Its second schema version (`savedAt`)
     came with rules 8: written with it and naming rules 5, it is refused as judges
-    of rules 5 to 7 refused it (they could not decode it). (On a partition that
+    of rules 5 to 7 refused it (they could not decode it), with their message also
+    when the payload is corrupt besides (tried, a review: decoded first, it got
+    another). (On a partition that
     judged only rules 4 so far: one past rules 5 judges every proposal by at least
     those.) A namespace created by an earlier version: no rules floor marker."""
     namespace_of_an_earlier_version(bootstrap, namespace)
@@ -173,6 +175,7 @@ async def test_a_copy_release_naming_older_rules_is_judged_as_judges_of_those_ru
     producer = Producer({"bootstrap.servers": bootstrap})
     for n, (kind, body, rules) in enumerate([("SaveArtifact", saved, 4), ("ReleaseArtifactCopy", v1, 4),
                                              ("ReleaseArtifactCopy", v2, 4), ("ReleaseArtifactCopy", v2, 5),
+                                             ("ReleaseArtifactCopy", v2 + b"\x00", 5),
                                              ("ReleaseArtifactCopy", v1, 5)]):
         producer.produce(tl.runtime.topics.events,
                          raw_proposal(codec, f"threadlog.cmd.{kind}", "t1", body, rules=rules, seen=[0] * total),
@@ -183,7 +186,7 @@ async def test_a_copy_release_naming_older_rules_is_judged_as_judges_of_those_ru
             assert await within(tl.artifacts.get("a1")) == _art()
             continue
         verdict = tl.runtime.judge.verdict(p, sent[-1])
-        if n < 4:
+        if n < 5:  # corrupt too (n == 4): refused as those judges did, not decoded first
             assert verdict == {"ok": False, "code": "INVALID_MESSAGE",
                                "message": f"proposal payload undecodable: unknown schema fingerprint "
                                           f"{body[2:10].hex()}"}, (n, verdict)
@@ -227,6 +230,89 @@ async def test_two_saves_of_one_id_racing_on_two_threads_never_leave_none(open_c
     replayed = await asyncio.to_thread(replayed_verdicts, bootstrap, topic, total, tmp_path / "replayed")
     for p in {partition_for(a, total), partition_for(b, total)}:
         assert all_verdicts(tl.runtime.store, p) == replayed[p]
+
+
+async def _judged(tl, bootstrap, type_name: str, key: str, body: bytes, *, rules: int, seen: list[int]) -> dict:
+    """Write a proposal raw (naming `seen` as its proposer would have) and return its verdict."""
+    total = tl.runtime.layout.events
+    p, sent = partition_for(key, total), []
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce(tl.runtime.topics.events, raw_proposal(tl.runtime.codec, type_name, key, body, rules=rules,
+                                                            seen=seen),
+                     key.encode(), partition=p, on_delivery=lambda err, msg: sent.append(msg.offset()))
+    assert producer.flush(30) == 0
+    await within(tl.read_barrier(None))
+    return tl.runtime.judge.verdict(p, sent[-1])
+
+
+async def test_a_move_racing_a_save_in_place_that_neither_saw_leaves_one_copy(open_client, bootstrap):
+    """Tried (a review of the first form of rules 8, which spared every copy saved at
+    or after the position the move saw): X moves the artifact from A to B while Y
+    saves it again on A, neither seeing the other. The move's removal spared Y's
+    copy: a twin no serial order makes (`get` answered one, `delete` brought the
+    other back). Only a copy whose save saw the move is spared now: serial order
+    Y then X, one copy, on B."""
+    tl = await open_client()
+    codec, total = tl.runtime.codec, tl.runtime.layout.events
+    a, b = _threads(tl, False)
+    await within(tl.artifacts.save(_art(thread_id=a)))
+    y_began = await within(tl.bus.end_offsets())  # Y reads the positions before X's first step lands
+
+    def save(record: dict) -> bytes:
+        return codec.encode("threadlog.cmd.SaveArtifact", {"artifact": {"blobKey": None, "sourceUrl": None, **record}})
+
+    x = _art(thread_id=b, name="x.png")
+    step1 = await _judged(tl, bootstrap, "threadlog.cmd.SaveArtifact", b, save(x), rules=8,
+                          seen=[(await within(tl.bus.end_offsets()))[q] for q in range(total)])
+    y = _art(thread_id=a, name="y.png", size=9)
+    assert (await _judged(tl, bootstrap, "threadlog.cmd.SaveArtifact", a, save(y), rules=8,
+                          seen=[y_began[q] for q in range(total)])).get("follow") is None  # Y saw no copy elsewhere
+    [step2] = step1["follow"]
+    assert (await _judged(tl, bootstrap, step2["type"], step2["key"], codec.encode(step2["type"], step2["payload"]),
+                          rules=8, seen=[]))["ok"]
+    fresh = await open_client()
+    for client in (tl, fresh):
+        assert await within(client.artifacts.list_for_thread(a)) == []
+        assert await within(client.artifacts.list_for_thread(b)) == [x]
+    await within(tl.artifacts.delete("a1"))
+    assert await within(tl.artifacts.get("a1")) is None
+
+
+async def test_two_saves_on_twins_that_neither_saw_leave_exactly_one_copy(open_client, bootstrap):
+    """The artifact has a twin (A and B each hold a copy: a save interrupted between
+    its steps). X saves it again on B and Y on A, each seeing the other thread's
+    old copy but not the other's save, and each asks for the other's copy to go.
+    Reasoned through (a third reading of the rules-8 cases): sparing only copies
+    that saw the asking save removed both, and sparing every copy the asking save
+    did not see kept both. Neither saw the other, so the later by (offset,
+    partition) wins on both partitions: exactly one copy."""
+    tl = await open_client()
+    codec, total = tl.runtime.codec, tl.runtime.layout.events
+    a, b = _threads(tl, False)
+
+    def save(record: dict) -> bytes:
+        return codec.encode("threadlog.cmd.SaveArtifact", {"artifact": {"blobKey": None, "sourceUrl": None, **record}})
+
+    await within(tl.artifacts.save(_art(thread_id=a)))
+    assert (await within(tl.bus.propose("threadlog.cmd.SaveArtifact", b, save(_art(thread_id=b)))))["ok"]
+    for t in (a, b):  # the twin (its step 2 never sent)
+        assert len(await within(tl.artifacts.list_for_thread(t))) == 1
+    began = await within(tl.bus.end_offsets())
+    seen = [began[q] for q in range(total)]
+    x, y = _art(thread_id=b, name="x.png"), _art(thread_id=a, name="y.png")
+    steps = []
+    for thread, record in ((b, x), (a, y)):
+        verdict = await _judged(tl, bootstrap, "threadlog.cmd.SaveArtifact", thread, save(record), rules=8, seen=seen)
+        steps += verdict["follow"]
+    assert sorted(step["key"] for step in steps) == sorted([a, b])
+    for step in steps:
+        assert (await _judged(tl, bootstrap, step["type"], step["key"], codec.encode(step["type"], step["payload"]),
+                              rules=8, seen=[]))["ok"]
+    fresh = await open_client()
+    for client in (tl, fresh):
+        left = [r for t in (a, b) for r in await within(client.artifacts.list_for_thread(t))]
+        assert len(left) == 1 and left[0] in (x, y), left
+        assert await within(client.artifacts.get("a1")) == left[0]
 
 
 BAD = [
