@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 
 from threadlog.projections.snapshots import SnapshotWriter, summary
 
@@ -28,6 +29,7 @@ log = logging.getLogger("threadlog.snapshotter")
 EVERY_RECORDS = 50_000
 INTERVAL_S = 300.0
 CHECK_S = 1.0
+KEEP_WRITTEN = 100  # summaries of the last snapshots kept (`written`)
 
 
 class Snapshotter:
@@ -39,7 +41,10 @@ class Snapshotter:
         self.interval_s = interval_s
         self._last: dict[int, int] = {}  # partition -> position of the last snapshot known
         self._at: dict[int, float] = {}
-        self.written: list[dict] = []  # what was written (operators, tests)
+        # The last snapshots written (operators, tests) and how many in all: a list of
+        # every one grew with uptime, and `stats` answered all of it (a review).
+        self.written: deque[dict] = deque(maxlen=KEEP_WRITTEN)
+        self.written_total = 0
         self._given_up: set[int] = set()  # partitions revoked since the last round
         self._given_up_lock = threading.Lock()
         self._stop = threading.Event()
@@ -52,7 +57,9 @@ class Snapshotter:
         """On the judge's thread: note what was given up (handled on this thread,
         which may be writing a snapshot of it right now)."""
         with self._given_up_lock:
-            self._given_up |= set(self._last) - set(owned)
+            gone = set(self._last) - set(owned)
+            self._given_up |= gone
+        self.writer.abandon(gone, set(owned))  # a write of one in progress gives up now
 
     def _forget_given_up(self) -> None:
         # A partition given up and taken back has a new history on the topic
@@ -106,5 +113,6 @@ class Snapshotter:
         self._last[p] = info.position or applied
         self._at[p] = now
         self.written.append(summary(info))
+        self.written_total += 1
         log.info("snapshot of partition %d at %s: %d keys, %d bytes in %.2fs", p, info.position, info.keys,
                  info.bytes, info.seconds)

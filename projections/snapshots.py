@@ -369,6 +369,8 @@ class SnapshotWriter:
         # Set by `abort` (any thread, no lock): a write in progress gives up at its
         # next chunk or wait, and no new one starts.
         self._aborting = threading.Event()
+        # Partitions given up (`abandon`, any thread): a write of one gives up as above.
+        self._abandoned: frozenset[int] = frozenset()
         # partition -> chunk keys live on the topic that the next snapshot supersedes
         self._stale: dict[int, set[bytes]] = {}
         self._last: dict[int, str] = {}
@@ -393,9 +395,22 @@ class SnapshotWriter:
         tombstones its chunks."""
         self._aborting.set()
 
-    def _check_abort(self, sid: str) -> None:
+    def abandon(self, given_up: set[int], owned: set[int]) -> None:
+        """Ownership moved (any thread): a write of a partition given up gives up at its
+        next chunk (none starts), one owned again may be written.
+
+        Why (a review, reproduced): a write in progress when its partition moved
+        finished, and its manifest was then the newest on the topic while the new
+        owner -- which looks at the topic on its first write only -- never
+        tombstoned it: a whole snapshot kept on the compacted topic for good, and
+        read by every restore."""
+        self._abandoned = (self._abandoned | given_up) - owned  # one assignment: readers see either
+
+    def _check_abort(self, sid: str, partition: int) -> None:
         if self._aborting.is_set():
             raise unavailable(f"snapshot {sid} abandoned: the writer is stopping")
+        if partition in self._abandoned:
+            raise unavailable(f"snapshot {sid} abandoned: partition {partition} moved to another owner")
 
     def forget(self, partition: int) -> None:
         """The partition was given up: what this writer knew of its topic partition
@@ -423,7 +438,7 @@ class SnapshotWriter:
         sid = run.snapshot_id
         with contextlib.closing(store.snapshot_items()) as items:
             for value in encode_chunks(items, self.chunk_bytes, run.on_pair):
-                self._check_abort(sid)
+                self._check_abort(sid, partition)
                 k = chunk_key(sid, len(run.keys))
                 self._produce(k, value, partition, run.delivered, deadline)
                 run.keys.append(k)
@@ -431,7 +446,7 @@ class SnapshotWriter:
                 if run.errors:
                     break
         self._await(f"snapshot {sid} chunks", run.errors, deadline)
-        self._check_abort(sid)
+        self._check_abort(sid, partition)
         first = min(run.offsets) if run.offsets else -1
         position = _tracking_position(run.positions, partition, None if self.origin is None else self.origin.topic)
         manifest = {

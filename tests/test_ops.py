@@ -173,6 +173,15 @@ async def test_serve_app_metrics_sse_readers_appends_and_access_log(tl, open_cli
         got = await scrape(http, base)
         assert value(got, "threadlog_delivery_appends_total") == 2
         assert value(got, "threadlog_http_requests_total", method="GET", status="200") >= 5
+        # Any token is a method to the HTTP parser; each label value is a series kept for
+        # good. Tried (a review): 3 000 made-up methods made 3 000 series.
+        for n in range(3):
+            assert (await within(http.request(f"MADEUP{n}", f"{base}/healthz"))).status_code == 405
+        got = await scrape(http, base)
+        assert value(got, "threadlog_http_requests_total", method="other", status="405") == 3
+        assert total(got, "threadlog_http_requests_total") == sum(
+            v for (n, labels), v in got.items() if n == "threadlog_http_requests_total"
+            and dict(labels)["method"] in {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "other"})
         _, events = await read_stream(http, f"{base}/api/chat?runId=run-m&offset=-1&token=s3cret")
         assert events[-1].data == FINISHED
     access = [rec for rec in caplog.records if rec.name == "threadlog.access"]

@@ -305,15 +305,20 @@ def test_a_failed_write_leaves_nothing_behind(bootstrap, topics, writer, tmp_pat
 
 class _Aborted(Store):
     """A store whose snapshot read aborts the writer after `after` pairs (a worker
-    stopping while the snapshotter thread writes)."""
+    stopping while the snapshotter thread writes), or, with `moved`, tells it that
+    partition moved to another owner."""
 
     after = 0
     writer: SnapshotWriter | None = None
+    moved: int | None = None
 
     def snapshot_items(self):
         for i, kv in enumerate(super().snapshot_items()):
             if i == self.after and self.writer is not None:
-                self.writer.abort()
+                if self.moved is None:
+                    self.writer.abort()
+                else:
+                    self.writer.abandon({self.moved}, set())
             yield kv
 
 
@@ -335,6 +340,26 @@ def test_an_aborted_write_gives_up_at_once_and_is_never_restored(bootstrap, topi
     assert got is not None and got.snapshot_id == good.snapshot_id
     with pytest.raises(ThreadLogError):  # and no write starts after an abort
         writer.write(1, src)
+
+
+def test_a_write_of_a_partition_that_moved_gives_up_and_it_is_written_again_once_owned(bootstrap, topics, writer,
+                                                                                        tmp_path):
+    # Tried (a review): a write in progress when its partition moved to another worker
+    # finished; its manifest was then the newest on the topic, and the new owner (which
+    # looks at the topic on its first write only) never tombstoned it. It gives up now.
+    src = _Aborted(tmp_path / "src")
+    fill(src, 4000, seed=4, events=topics.events, partition=0, position=12)
+    good = writer.write(0, src)
+    src.writer, src.after, src.moved = writer, 2500, 0
+    with pytest.raises(ThreadLogError) as err:
+        writer.write(0, src)
+    assert err.value.code == "UNAVAILABLE" and "moved" in err.value.message
+    manifests = [v for _, k, v in read_raw(bootstrap, topics.snapshots, 0) if k == MANIFEST_KEY and v is not None]
+    assert len(manifests) == 1
+    src.moved = None
+    src.writer = None
+    writer.abandon(set(), {0})  # owned again: written as any
+    assert writer.write(0, src).snapshot_id != good.snapshot_id
 
 
 def test_the_snapshots_topic_follows_the_events_topic(bootstrap, namespace):
