@@ -93,10 +93,10 @@ Others = Callable[[int, str, str, int], "list[str] | None"]
 # 6: a run claim removes the run's heartbeatAt (processors/handlers/runs.py `claim`).
 # 7: the rules floor marker a namespace's creator writes to each events partition
 #    (threadlog.cmd.RaiseRulesFloor, processors/handlers/rules_floor.py).
-# 8: an artifact save records what it saw, and a copy's removal (ReleaseArtifactCopy
-#    v2, `savedAt`) spares a copy whose save saw the save asking for it
-#    (processors/handlers/artifacts.py). Every artifact save names rules 8, so a
-#    judge of rules 7 stops on any save of a client of this version.
+# 8: an artifact copy's removal (ReleaseArtifactCopy v2, `before`) names the position
+#    its save saw and spares a copy saved at or after it (processors/handlers/artifacts.py).
+#    Every artifact save names rules 8, so a judge of rules 7 stops on any save of
+#    a client of this version.
 RULES = 8
 # The first rules that raise a partition's floor. Logs written before it were
 # judged by the rules each proposal named: a floor from older versions would

@@ -8,17 +8,17 @@
   collection keeps a blob an artifact names (global_ids.ARTIFACT_BLOB). Saves
   of judging rules 4 on hold their blob; an older save holds none (its log was
   judged without it, and a rebuild must reach the same GC verdicts).
-- `artV` (thread, artifact) -> what the copy's last save saw, JSON: `v`, per events
-  partition the position it was judged as of (its own offset on its own
-  partition), and `r`, the other threads it found holding the id (it removes
-  their copies). A copy removal of judging rules 8 reads them to tell which of
-  two saves came later (processors/handlers/artifacts.py). Written only by
-  saves judged by rules 8 on (the event's `view`), so state folded by older
-  code -- a store or snapshot an upgraded judge starts from -- holds exactly
-  what a rebuild of the same log by this code holds.
+- `artO` (thread, artifact) -> the offset of the copy's last save, 8 bytes big-endian:
+  a copy removal of judging rules 8 spares a copy saved at or after the position
+  its save saw (processors/handlers/artifacts.py). Written only by saves judged by
+  rules 8 on (the event's `tracksOffset`), so state folded by older code -- a
+  store or snapshot an upgraded judge starts from -- holds exactly what a
+  rebuild of the same log by this code holds.
 """
 
 from __future__ import annotations
+
+import struct
 
 from .. import global_ids
 from ..fold import EventMeta, folds
@@ -33,7 +33,7 @@ ARTIFACT_BY_RUN = b"artB"
 
 ARTIFACT_HOLD = b"artH"
 BLOB_HOLDS = b"artC"
-SAVED_VIEW = b"artV"
+SAVED_AT = b"artO"
 
 OPTIONAL = ("blobKey", "sourceUrl")
 
@@ -71,14 +71,14 @@ def holds_key(blob_key: str, thread_id: str) -> bytes:
     return key(BLOB_HOLDS, blob_key, thread_id)
 
 
-def saved_view_key(thread_id: str, artifact_id: str) -> bytes:
-    return key(SAVED_VIEW, thread_id, artifact_id)
+def saved_at_key(thread_id: str, artifact_id: str) -> bytes:
+    return key(SAVED_AT, thread_id, artifact_id)
 
 
-def saved_view(view: StateReader, thread_id: str, artifact_id: str) -> dict | None:
-    """What the thread's copy's last save saw (`artV`: {"v": positions, "r": threads}),
-    if it was judged by rules 8 on."""
-    return view.get_json(saved_view_key(thread_id, artifact_id))
+def saved_at(view: StateReader, thread_id: str, artifact_id: str) -> int | None:
+    """Where the thread's copy was last saved, if by judging rules 8 on."""
+    raw = view.get(saved_at_key(thread_id, artifact_id))
+    return None if raw is None else struct.unpack(">Q", raw)[0]
 
 
 def split_holds(k: bytes) -> tuple[str, str]:
@@ -122,11 +122,10 @@ def artifact_saved(view: View, meta: EventMeta, ev: dict) -> None:
     if old is None:
         global_ids.mark(view, meta, global_ids.ARTIFACT, artifact_id, thread_id, True)
     _hold(view, meta, thread_id, artifact_id, record.get("blobKey") if ev.get("holdsBlob") else None)
-    seen = ev.get("view")
-    if seen is not None:
-        view.put_json(saved_view_key(thread_id, artifact_id), seen)
-    else:  # never after one that had a view (a partition's rules only go up); kept exact all the same
-        view.delete(saved_view_key(thread_id, artifact_id))
+    if ev.get("tracksOffset"):
+        view.put(saved_at_key(thread_id, artifact_id), struct.pack(">Q", meta.offset))
+    else:  # never after one that tracked (a partition's rules only go up); kept exact all the same
+        view.delete(saved_at_key(thread_id, artifact_id))
 
 
 @folds("threadlog.evt.ArtifactDeleted")
@@ -141,5 +140,5 @@ def artifact_deleted(view: View, meta: EventMeta, ev: dict) -> None:
         view.delete(index_key(artifact_id))
     global_ids.mark(view, meta, global_ids.ARTIFACT, artifact_id, thread_id, False)
     _hold(view, meta, thread_id, artifact_id, None)
-    view.delete(saved_view_key(thread_id, artifact_id))
+    view.delete(saved_at_key(thread_id, artifact_id))
     presence.add(view, thread_id, presence.ARTIFACT, -1)
