@@ -925,7 +925,8 @@ def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: di
         earlier = view.get(verdict_key(where["p"], where["o"]))
         answer = json.loads(earlier) if earlier is not None else {"ok": True}
         return {**answer, "effects": [], "follow": [], "duplicateOf": where}
-    if env["payload"][:2] == MARKER and _newer_schemas(codec).get(bytes(env["payload"][2:10]), 0) > rules:
+    fingerprint = env["payload"][2:10]
+    if env["payload"][:2] == MARKER and _newer_schemas(codec).get(fingerprint, 0) > rules:
         # A payload schema newer than the rules the proposal (and partition) names
         # (a type added later, INTRODUCED, or a later version of one,
         # SCHEMA_INTRODUCED): judged as a judge of those rules judged it -- its
@@ -934,7 +935,7 @@ def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: di
         # with the verdicts given. Before decoding, as theirs: a payload that is
         # also corrupt is refused with the same message.
         return refusal(INVALID_MESSAGE, f"proposal payload undecodable: unknown schema fingerprint "
-                                        f"{env['payload'][2:10].hex()}")
+                                        f"{fingerprint.hex()}")
     try:
         ptype, payload = codec.decode(env["payload"], expect=env["type"])
     except CodecError as exc:

@@ -122,10 +122,10 @@ def artifact_saved(view: View, meta: EventMeta, ev: dict) -> None:
     if old is None:
         global_ids.mark(view, meta, global_ids.ARTIFACT, artifact_id, thread_id, True)
     _hold(view, meta, thread_id, artifact_id, record.get("blobKey") if ev.get("holdsBlob") else None)
+    # No save of older rules follows one that tracked (a partition's rules only go
+    # up), so an untracked save has no offset to clear.
     if ev.get("tracksOffset"):
         view.put(saved_at_key(thread_id, artifact_id), struct.pack(">Q", meta.offset))
-    else:  # never after one that tracked (a partition's rules only go up); kept exact all the same
-        view.delete(saved_at_key(thread_id, artifact_id))
 
 
 @folds("threadlog.evt.ArtifactDeleted")
