@@ -701,3 +701,74 @@ async def test_a_saver_built_off_its_clients_loop_serves_sync_callers(open_clien
     cp = generate_checkpoint(channel_values={"k": "w"}, channel_versions={"k": "2"})
     await within(asyncio.to_thread(saver.put, stored, cp, generate_metadata(), {"k": "2"}))
     assert (await within(saver.aget_tuple(generate_config("t")))).checkpoint["id"] == cp["id"]
+
+
+def scan_hook(tl, monkeypatch, prefix: bytes, before) -> list[bool]:
+    """tl.session.scan, with `before()` awaited once, just before the first scan of `prefix`."""
+    scan, fired = tl.session.scan, []
+
+    async def hooked(p, on):
+        if p == prefix and not fired:
+            fired.append(True)
+            await before()
+        return await scan(p, on)
+
+    monkeypatch.setattr(tl.session, "scan", hooked)
+    return fired
+
+
+async def test_a_put_racing_a_copy_is_copied_with_its_values_or_not_at_all(open_client, monkeypatch):
+    """Tried (a review): copy_thread through a thin client while puts landed on
+    the source; the scans of checkpoints, values and writes ran at once, so the
+    copy took a put's checkpoint without the values it wrote (4 torn copies of
+    12; the target's latest read empty channels). Here a put lands just before
+    the checkpoint scan, after the value scan had begun: before the fix the
+    copy's latest checkpoint had no value for `a` at its new version."""
+    tl = await open_client()
+    saver = AsyncThreadLogSaver(tl)
+    first = await put(saver, "src", {"a": "one", "b": "kept"}, versions={"a": "1", "b": "1"})
+    cp2 = generate_checkpoint(channel_values={"a": "two", "b": "kept"}, channel_versions={"a": "2", "b": "1"})
+
+    async def racing_put():
+        await within(saver.aput(first, cp2, generate_metadata(step=1), {"a": "2"}))
+
+    fired = scan_hook(tl, monkeypatch, state.ckpt_prefix("src"), racing_put)
+    await within(saver.acopy_thread("src", "dst"))
+    assert fired
+    copied = [t.checkpoint async for t in saver.alist(generate_config("dst"))]
+    assert copied == [t.checkpoint async for t in saver.alist(generate_config("src"))]
+    assert copied[0]["id"] == cp2["id"] and copied[0]["channel_values"] == {"a": "two", "b": "kept"}
+
+
+async def test_a_delete_racing_a_copy_leaves_no_checkpoint_without_its_values(open_client, monkeypatch):
+    """Tried: the source deleted after the copy read its checkpoints and before it
+    read their values. Before, the copy sent the checkpoints with no values, and
+    the target's tuple read every channel empty (LangGraph would resume from
+    nothing). The checkpoints are scanned again after the values: gone, so the
+    copy reads again and copies what is there now -- nothing."""
+    tl = await open_client()
+    saver = AsyncThreadLogSaver(tl)
+    await put(saver, "src", {"a": "one", "b": [1, 2]})
+
+    async def racing_delete():
+        await within(saver.adelete_thread("src"))
+
+    fired = scan_hook(tl, monkeypatch, state.blob_prefix("src"), racing_delete)
+    await within(saver.acopy_thread("src", "dst"))
+    assert fired
+    assert await within(saver.aget_tuple(generate_config("dst"))) is None
+    assert [t async for t in saver.alist(generate_config("dst"))] == []
+
+
+async def test_a_config_naming_checkpoint_id_empty_puts_with_no_parent(open_client):
+    """Found by a review: a graph invoked with `checkpoint_id: ""` (read as "the
+    latest" by get_tuple) failed its first put, INVALID_ARGUMENT for the parent
+    id ""; LangGraph's savers store it as no parent. And a put returns the thread
+    id as the config gave it (LangGraph's savers do), stored as text."""
+    saver = AsyncThreadLogSaver(await open_client())
+    cp = generate_checkpoint(channel_values={"k": "v"}, channel_versions={"k": "1"})
+    config = {"configurable": {"thread_id": 77, "checkpoint_ns": "", "checkpoint_id": ""}}
+    stored = await within(saver.aput(config, cp, generate_metadata(), {"k": "1"}))
+    assert stored["configurable"]["thread_id"] == 77
+    tup = await within(saver.aget_tuple(generate_config("77")))
+    assert tup.checkpoint["id"] == cp["id"] and tup.parent_config is None

@@ -173,7 +173,7 @@ def _timed_out(seconds: float, write: bool) -> ThreadLogError:
     return unavailable(f"no answer from threadlog within {seconds}s")
 
 
-def _config(thread: str, ns: str, checkpoint_id: str) -> RunnableConfig:
+def _config(thread: Any, ns: str, checkpoint_id: str) -> RunnableConfig:
     return {"configurable": {"thread_id": thread, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
 
 
@@ -476,7 +476,9 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         cp: dict[str, Any] = {
             "checkpointNs": ns,
             "checkpointId": require_id(checkpoint["id"], "checkpoint id"),
-            "parentCheckpointId": config["configurable"].get("checkpoint_id"),
+            # "" names no checkpoint, as in aget_tuple and LangGraph's savers (a put
+            # from a config of checkpoint_id "" was refused as an invalid parent id).
+            "parentCheckpointId": config["configurable"].get("checkpoint_id") or None,
             "runId": None if run_id is None else str(run_id),
             "channelVersions": {ch: _version_key(v) for ch, v in checkpoint["channel_versions"].items()},
             "body": self._wire(body),
@@ -485,7 +487,8 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         await self._pack(thread, [cp["body"], cp["metadata"], *(b["value"] for b in blobs)])
         await self.tl.send("threadlog.cmd.LangGraphPut", thread,
                            {"threadId": thread, "checkpoint": cp, "blobs": blobs})
-        return _config(thread, ns, checkpoint["id"])
+        # The thread id as given (stored as text), as LangGraph's savers return it.
+        return _config(config["configurable"]["thread_id"], ns, checkpoint["id"])
 
     async def aput_writes(
         self,
@@ -614,8 +617,23 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
     async def _read_thread(self, thread: str) -> tuple[list[dict], list[dict], list[dict]]:
         """Everything of a thread as wire records, values as the serde wrote them (never re-serialized)."""
         on = [thread]
-        ckpts, blob_recs, write_recs = await asyncio.gather(*(self.tl.session.scan(prefix, on) for prefix in (
-            state.ckpt_prefix(thread), state.blob_prefix(thread), state.write_prefix(thread))))
+        scan = self.tl.session.scan
+        # Checkpoints, then the values and writes, then the checkpoints again. Why:
+        # the scans are not one snapshot (through a thin client each is paged
+        # requests), and a put writes its checkpoint and its channel values in one
+        # event: scanned together, a review copied a put's checkpoint without the
+        # values it wrote (4 copies of 12, the target's latest read empty
+        # channels). Values are only added while checkpoints stay, so values read
+        # after the checkpoints include theirs -- unless a delete, prune or
+        # replacing put removed some in between, which the second scan shows: a
+        # checkpoint read first that is gone or changed is torn, read again.
+        ckpts = await scan(state.ckpt_prefix(thread), on)
+        blob_recs, write_recs = await asyncio.gather(scan(state.blob_prefix(thread), on),
+                                                     scan(state.write_prefix(thread), on))
+        if ckpts:
+            again = dict(await scan(state.ckpt_prefix(thread), on))
+            if any(again.get(k) != raw for k, raw in ckpts):
+                raise _Torn
         recs = [(k, json.loads(raw)) for k, raw in ckpts]
         blob_refs = [(k, json.loads(raw)) for k, raw in blob_recs]
         writes_of = [(k, json.loads(raw)) for k, raw in write_recs]
