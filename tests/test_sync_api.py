@@ -801,3 +801,106 @@ def test_a_reader_closed_as_its_next_starts_in_another_thread_reads_nothing_more
     waiting.join(10)  # well inside the 30 s request timeout
     assert not waiting.is_alive() and outcome == ["ended"]
     assert reader._it is None  # no read left behind
+
+
+# -- found by a review of the blocking client (2026-12-04) ----------------------------------------------------
+def test_a_streamed_put_from_an_iterator_reusing_its_buffer_stores_every_chunk(tl):
+    """Tried (a review): a body read with readinto into one buffer, yielding views
+    of it. Up to 4 chunks waited in the hand-off queue while the iterator went on
+    overwriting the buffer: the blob stored had the right size and the wrong
+    bytes, with no error (the async put copies each chunk before asking the
+    next). Each chunk is copied at the hand-off now. (24 MiB: more than the put
+    keeps in flight, so it waits for acknowledgements while chunks queue.)"""
+    data = os.urandom(24 * 1024 * 1024 + 123)
+
+    def reads():
+        buf = bytearray(64 * 1024)
+        for start in range(0, len(data), len(buf)):
+            n = len(data[start:start + len(buf)])
+            buf[:n] = data[start:start + n]
+            yield memoryview(buf)[:n]
+
+    tl.blobs.put("reused", reads())
+    got = tl.blobs.get("reused")
+    assert got is not None and got["size"] == len(data)
+    assert bytes(got["body"]) == data
+
+
+def test_a_streamed_put_refused_up_front_reads_nothing_of_the_body(tl):
+    """Tried (a review): a streamed put with expected_length -1 (INVALID_ARGUMENT)
+    pulled 3 chunks of the caller's iterator before raising, where the async
+    put pulls none; an iterator may read a socket or a cursor."""
+    pulled: list[int] = []
+
+    def body():
+        for n in range(10):
+            pulled.append(n)
+            yield b"x" * 1024
+
+    assert code_of(tl.blobs.put, "refused", body(), expected_length=-1) == "INVALID_ARGUMENT"
+    assert pulled == []
+    assert tl.blobs.head("refused") is None
+
+
+def test_a_read_cut_by_the_backstop_is_unavailable_not_outcome_unknown(connect, monkeypatch):
+    """Tried (a review): a read that ran past the blocking wait's backstop (4
+    request timeouts + 5 s) raised OUTCOME_UNKNOWN, "a write may still apply",
+    for a call that writes nothing."""
+    tl = connect(request_timeout_ms=250)
+    store = tl._async().checkpoints
+
+    async def slow_get(checkpoint_id):
+        await asyncio.sleep(30)
+
+    monkeypatch.setattr(store, "get", slow_get)
+    started = time.monotonic()
+    assert code_of(tl.checkpoints.get, "c") == "UNAVAILABLE"
+    assert time.monotonic() - started < 15
+
+
+def test_history_is_not_cut_by_the_backstop_while_it_progresses(connect, monkeypatch):
+    """Tried (a review): history re-judges the thread's partition from offset 0,
+    which grows with the partition; the blocking wait cut it at 4 request
+    timeouts + 5 s with OUTCOME_UNKNOWN (80 000 records at a 1 s timeout). Its
+    every wait inside is bounded, so the blocking call waits for it."""
+    tl = connect(request_timeout_ms=250)  # backstop: 6 s
+    client = tl._async()
+
+    async def long_history(thread_id):
+        for _ in range(9):  # 9 s of progress, each step well within a timeout of its own
+            await asyncio.sleep(1)
+        return [{"thread": thread_id}]
+
+    monkeypatch.setattr(client, "history", long_history)
+    assert tl.history("t") == [{"thread": "t"}]
+
+
+def test_a_client_used_after_os_fork_fails_at_once_in_the_child(tl):
+    """Tried (a review): gunicorn --preload / Celery prefork. The child has no loop
+    thread: its calls waited out the whole backstop (125 s by default), then said
+    OUTCOME_UNKNOWN even for a read, and its close() waited a request timeout
+    for UNAVAILABLE. The child's calls are UNAVAILABLE at once; its close()
+    forgets the client; the parent's client goes on."""
+    tl.metadata.set("ns", "k", 1)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no pytest, no Kafka; report and leave at once
+        try:
+            started = time.monotonic()
+            try:
+                tl.metadata.get("ns", "k")
+                outcome = "no error"
+            except ThreadLogError as exc:
+                outcome = exc.code
+            elapsed = time.monotonic() - started
+            tl.close()
+            os.write(write_end, f"{outcome} {elapsed:.3f} {tl.closed}".encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    _, status = os.waitpid(pid, 0)
+    with os.fdopen(read_end) as reader:
+        code, elapsed, closed = reader.read().split()
+    assert status == 0
+    assert code == "UNAVAILABLE" and float(elapsed) < 1.0 and closed == "True"
+    assert tl.metadata.get("ns", "k") == 1

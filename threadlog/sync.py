@@ -11,7 +11,10 @@ client's request timeout, `request_timeout_ms`, 30 s by default) and its own
 error comes through: `UNAVAILABLE` when nothing was written, `OUTCOME_UNKNOWN`
 when a write's fate is unknown. A blocking call waits for it up to four times the
 request timeout plus 5 s (a fork is two proposals, a drive more); past that the call is
-cancelled on the loop and raises `OUTCOME_UNKNOWN`. A delivery reader applies
+cancelled on the loop and raises `OUTCOME_UNKNOWN`, or `UNAVAILABLE` for a read
+(it wrote nothing). `history` and `state_at` are not cut so: they judge the
+thread's partition again, which takes as long as its history, and every wait
+inside is bounded. A delivery reader applies
 the request timeout itself to
 each step: a `next()` that gets no chunk within the timeout raises UNAVAILABLE,
 and the caller resumes with `read(<last offset it holds>)`; the first step of a
@@ -21,6 +24,11 @@ end, is waited for as any call. `close()` cancels calls in flight: UNAVAILABLE,
 or OUTCOME_UNKNOWN for one with a write sent and not yet judged.
 Opening waits at most the request timeout plus `_OPEN_GRACE_S` (topic creation
 is bounded by the request timeout; the group's first assignment by open itself).
+
+Processes. A client belongs to the process that connected it. In a child of
+`os.fork` (gunicorn `--preload`, Celery prefork) its loop thread does not
+exist: calls raise `UNAVAILABLE` at once and `close()` only forgets it;
+connect in the child (e.g. in gunicorn's `post_fork`).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import asyncio
 import builtins
 import concurrent.futures
 import contextlib
+import os
 import threading
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
@@ -100,6 +109,8 @@ _OPEN_GRACE_S = 30.0
 # the producer busy while the caller's iterator makes the next chunk, small
 # enough that a large body is never held in memory.
 _FEED_DEPTH = 4
+_FORKED = ("this client was connected in another process (before os.fork): its loop thread and "
+           "connections are not in this one; connect again here")
 
 
 class _End:
@@ -130,6 +141,10 @@ class SyncThreadLog:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._readers: weakref.WeakSet[SyncDeliveryReader] = weakref.WeakSet()
         self._closed = False
+        # The process this client's loop thread runs in. Why: after os.fork (gunicorn
+        # --preload, Celery prefork) the child has no loop thread, and its calls
+        # waited out the whole backstop (125 s by default) to say OUTCOME_UNKNOWN.
+        self._pid = os.getpid()
         self._tl: ThreadLog | None = None
         self.messages = SyncMessageStore(self)
         self.checkpoints = SyncCheckpointStore(self)
@@ -177,6 +192,9 @@ class SyncThreadLog:
             coro.close()
             raise RuntimeError("a threadlog sync client was called from its own event loop; "
                                "it would wait for itself (use the async client there)")
+        if os.getpid() != self._pid:
+            coro.close()
+            raise unavailable(_FORKED)
         with self._lock:
             if self._closed:
                 coro.close()
@@ -202,7 +220,7 @@ class SyncThreadLog:
             self._tasks.discard(task)
 
     def _wait(self, fut: concurrent.futures.Future[T], what: str = "the call", *, backstop: bool = False,
-              extra: float = 0.0) -> T:
+              extra: float = 0.0, read: bool = False, total: bool = True) -> T:
         """The result of `fut`, waiting at most the request timeout (UNAVAILABLE).
 
         `backstop`: a call that bounds itself (every API call does: each step
@@ -212,15 +230,20 @@ class SyncThreadLog:
         way. So the wait is longer, and the call's own error comes through
         (OUTCOME_UNKNOWN when a write's fate is unknown); if even that long
         passes, the outcome is unknown too. `extra`: seconds the call may wait on
-        purpose before its own deadlines start (a "-1" read's first chunk)."""
+        purpose before its own deadlines start (a "-1" read's first chunk).
+        `read`: the call writes nothing, so giving up on it is UNAVAILABLE.
+        `total` False: no limit on the whole call, whose every wait is bounded
+        and whose work grows with the data (re-judging a partition)."""
         limit = (self.request_timeout * 4 + 5.0 if backstop else self.request_timeout) + extra
         try:
-            done, _ = concurrent.futures.wait([fut], limit)
+            done, _ = concurrent.futures.wait([fut], limit if total else None)
         except BaseException:
             fut.cancel()  # e.g. KeyboardInterrupt in the waiting thread: do not leave the call running
             raise
         if not done:
             fut.cancel()
+            if backstop and read:
+                raise unavailable(f"{what} did not finish within {limit:g} s (a read: nothing was written)")
             if backstop:
                 raise ThreadLogError(OUTCOME_UNKNOWN, f"{what} did not finish within {limit:g} s: "
                                                       "a write may still apply")
@@ -231,8 +254,8 @@ class SyncThreadLog:
             why = "the client was closed" if self._closed else "cancelled on the loop"
             raise unavailable(f"{what} did not finish: {why}") from None
 
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self._wait(self._submit(coro), backstop=True)
+    def _run(self, coro: Coroutine[Any, Any, T], *, read: bool = False) -> T:
+        return self._wait(self._submit(coro), backstop=True, read=read)
 
     def _async(self) -> ThreadLog:
         # Only read on the loop thread, after open succeeded.
@@ -254,6 +277,8 @@ class SyncThreadLog:
             if self._closed:
                 return
             self._closed = True
+        if os.getpid() != self._pid:
+            return  # a forked child: the loop and connections are the parent's, not ours to close
         done = asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
         try:
             finished, _ = concurrent.futures.wait([done], self.request_timeout)
@@ -297,32 +322,35 @@ class SyncThreadLog:
         async def make() -> DeliveryLog:
             return self._async().delivery(run_id, epoch)
 
-        return SyncDeliveryLog(self, self._run(make()))
+        return SyncDeliveryLog(self, self._run(make(), read=True))
 
     # -- time travel --------------------------------------------------------------------------------
     def history(self, thread_id: str) -> builtins.list[dict[str, Any]]:
-        """`ThreadLog.history`: the thread's proposals with their verdicts (bounded by the request timeout)."""
+        """`ThreadLog.history`: the thread's proposals with their verdicts. It takes as long as
+        judging the thread's partition again takes: each wait inside is bounded by the request
+        timeout, the whole call is not (it grows with the partition's history)."""
 
         async def call() -> builtins.list[dict[str, Any]]:
             return await self._async().history(thread_id)
 
-        return self._run(call())
+        return self._wait(self._submit(call()), "history", backstop=True, read=True, total=False)
 
     def state_at(self, thread_id: str, at: int | datetime | None = None) -> dict[str, Any]:
-        """`ThreadLog.state_at`: the thread's state after offset `at`, or at time `at`."""
+        """`ThreadLog.state_at`: the thread's state after offset `at`, or at time `at` (as long
+        as `history` takes)."""
 
         async def call() -> dict[str, Any]:
             return await self._async().state_at(thread_id, at)
 
-        return self._run(call())
+        return self._wait(self._submit(call()), "state_at", backstop=True, read=True, total=False)
 
 
 class _SyncStore:
     def __init__(self, client: SyncThreadLog) -> None:
         self._c = client
 
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self._c._run(coro)
+    def _run(self, coro: Coroutine[Any, Any, T], *, read: bool = False) -> T:
+        return self._c._run(coro, read=read)
 
     def _tl(self) -> ThreadLog:
         return self._c._async()
@@ -338,7 +366,7 @@ class SyncMessageStore(_SyncStore):
         async def call() -> builtins.list[Any]:
             return await self._tl().messages.load_thread(thread_id)
 
-        return self._run(call())
+        return self._run(call(), read=True)
 
     def save_thread(self, thread_id: str, messages: builtins.list[Any]) -> None:
         async def call() -> None:
@@ -441,25 +469,25 @@ class SyncCheckpointStore(_SyncStore):
         async def call() -> Checkpoint | None:
             return await self._tl().checkpoints.get(checkpoint_id)
 
-        return self._run(call())
+        return self._run(call(), read=True)
 
     def list(self, thread_id: str) -> builtins.list[Checkpoint]:
         async def call() -> builtins.list[Checkpoint]:
             return await self._tl().checkpoints.list(thread_id)
 
-        return self._run(call())
+        return self._run(call(), read=True)
 
     def get_head(self, thread_id: str) -> str | None:
         async def call() -> str | None:
             return await self._tl().checkpoints.get_head(thread_id)
 
-        return self._run(call())
+        return self._run(call(), read=True)
 
     def list_blob_references(self) -> builtins.list[BlobReference]:
         async def call() -> builtins.list[BlobReference]:
             return await self._tl().checkpoints.list_blob_references()
 
-        return self._run(call())
+        return self._run(call(), read=True)
 
 
 class SyncRunStore(_SyncStore):
@@ -481,25 +509,25 @@ class SyncRunStore(_SyncStore):
         async def call() -> Run | None:
             return await self._tl().runs.get(run_id)
 
-        return self._run(call())
+        return self._run(call(), read=True)
 
     def list_by_thread(self, thread_id: str) -> builtins.list[Run]:
         async def call() -> builtins.list[Run]:
             return await self._tl().runs.list_by_thread(thread_id)
 
-        return self._run(call())
+        return self._run(call(), read=True)
 
     def find_active_run(self, thread_id: str) -> Run | None:
         async def call() -> Run | None:
             return await self._tl().runs.find_active_run(thread_id)
 
-        return self._run(call())
+        return self._run(call(), read=True)
 
     def list_reclaimable(self, *, now: Timestamp, ttl_ms: float) -> builtins.list[Run]:
         async def call() -> builtins.list[Run]:
             return await self._tl().runs.list_reclaimable(now=now, ttl_ms=ttl_ms)
 
-        return self._run(call())
+        return self._run(call(), read=True)
 
     def claim(self, run_id: str) -> int:
         async def call() -> int:
@@ -603,31 +631,31 @@ class SyncInterruptStore(_SyncStore):
         async def call() -> Interrupt | None:
             return await self._tl().interrupts.get(interrupt_id)
 
-        return self._run(call())
+        return self._run(call(), read=True)
 
     def list(self, thread_id: str) -> builtins.list[Interrupt]:
         async def call() -> builtins.list[Interrupt]:
             return await self._tl().interrupts.list(thread_id)
 
-        return self._run(call())
+        return self._run(call(), read=True)
 
     def list_pending(self, thread_id: str) -> builtins.list[Interrupt]:
         async def call() -> builtins.list[Interrupt]:
             return await self._tl().interrupts.list_pending(thread_id)
 
-        return self._run(call())
+        return self._run(call(), read=True)
 
     def list_by_run(self, run_id: str) -> builtins.list[Interrupt]:
         async def call() -> builtins.list[Interrupt]:
             return await self._tl().interrupts.list_by_run(run_id)
 
-        return self._run(call())
+        return self._run(call(), read=True)
 
     def list_pending_by_run(self, run_id: str) -> builtins.list[Interrupt]:
         async def call() -> builtins.list[Interrupt]:
             return await self._tl().interrupts.list_pending_by_run(run_id)
 
-        return self._run(call())
+        return self._run(call(), read=True)
 
 
 class SyncGenerationRunStore(_SyncStore):
@@ -650,13 +678,13 @@ class SyncGenerationRunStore(_SyncStore):
         async def call() -> GenerationRun | None:
             return await self._tl().generation_runs.get(run_id)
 
-        return self._run(call())
+        return self._run(call(), read=True)
 
     def find_latest_for_thread(self, thread_id: str) -> GenerationRun | None:
         async def call() -> GenerationRun | None:
             return await self._tl().generation_runs.find_latest_for_thread(thread_id)
 
-        return self._run(call())
+        return self._run(call(), read=True)
 
 
 class SyncMetadataStore(_SyncStore):
@@ -664,7 +692,7 @@ class SyncMetadataStore(_SyncStore):
         async def call() -> Any:
             return await self._tl().metadata.get(namespace, key)
 
-        return self._run(call())
+        return self._run(call(), read=True)
 
     def set(self, namespace: str, key: str, value: Any) -> None:
         async def call() -> None:
@@ -690,19 +718,19 @@ class SyncArtifactStore(_SyncStore):
         async def call() -> Artifact | None:
             return await self._tl().artifacts.get(artifact_id)
 
-        return self._run(call())
+        return self._run(call(), read=True)
 
     def list(self, run_id: str) -> builtins.list[Artifact]:
         async def call() -> builtins.list[Artifact]:
             return await self._tl().artifacts.list(run_id)
 
-        return self._run(call())
+        return self._run(call(), read=True)
 
     def list_for_thread(self, thread_id: str) -> builtins.list[Artifact]:
         async def call() -> builtins.list[Artifact]:
             return await self._tl().artifacts.list_for_thread(thread_id)
 
-        return self._run(call())
+        return self._run(call(), read=True)
 
     def delete(self, artifact_id: str) -> None:
         async def call() -> None:
@@ -728,11 +756,15 @@ class _Feed:
     def __init__(self) -> None:
         # Only touched on the loop thread (asyncio.Queue binds to it on first use).
         self._queue: asyncio.Queue[Any] = asyncio.Queue(_FEED_DEPTH)
+        # Done once the put asks for its first chunk: it checked its arguments.
+        self.reading: concurrent.futures.Future[None] = concurrent.futures.Future()
 
     async def push(self, item: Any) -> None:
         await self._queue.put(item)
 
     async def chunks(self) -> AsyncIterator[Any]:
+        if not self.reading.done():
+            self.reading.set_result(None)
         while True:
             item = await self._queue.get()
             if item is _END:
@@ -765,7 +797,21 @@ class SyncBlobStore(_SyncStore):
 
         put_fut = self._c._submit(put())
         try:
-            for chunk in body:
+            # The caller's iterator is not touched before the put asks for a chunk: a
+            # put refused up front (a bad key or length) read 3 chunks of it first.
+            both: builtins.list[concurrent.futures.Future[Any]] = [feed.reading, put_fut]
+            done, _ = concurrent.futures.wait(both, self._c.request_timeout,
+                                              return_when=concurrent.futures.FIRST_COMPLETED)
+            if not done:
+                raise unavailable(f"the blob put did not start within the request timeout "
+                                  f"({self._c.request_timeout:g} s)")
+            for chunk in body if not put_fut.done() else ():
+                # A copy of a mutable chunk. Why: up to _FEED_DEPTH chunks wait in the
+                # queue after the caller's iterator moved on, and an iterator that
+                # reuses its buffer (readinto) had overwritten them: a review stored a
+                # 24 MiB blob of the right size and the wrong bytes, with no error.
+                if isinstance(chunk, (bytearray, memoryview)):
+                    chunk = bytes(chunk)
                 if not self._hand_over(feed, chunk, put_fut):
                     break  # the put ended early (refused): its result says why
             else:
@@ -804,13 +850,13 @@ class SyncBlobStore(_SyncStore):
         async def call() -> Blob | None:
             return await self._tl().blobs.get(key, range=range)
 
-        return self._run(call())
+        return self._run(call(), read=True)
 
     def head(self, key: str) -> BlobInfo | None:
         async def call() -> BlobInfo | None:
             return await self._tl().blobs.head(key)
 
-        return self._run(call())
+        return self._run(call(), read=True)
 
     def delete(self, key: str) -> None:
         async def call() -> None:
@@ -823,7 +869,7 @@ class SyncBlobStore(_SyncStore):
         async def call() -> BlobListPage:
             return await self._tl().blobs.list(prefix=prefix, cursor=cursor, limit=limit)
 
-        return self._run(call())
+        return self._run(call(), read=True)
 
     def gc(self, *, grace_ms: int = DEFAULT_GRACE_MS, dry_run: bool = False) -> GcReport:
         async def call() -> GcReport:
@@ -864,7 +910,7 @@ class SyncDeliveryLog:
         async def call() -> builtins.list[DeliveryEntry]:
             return await self._log.snapshot()
 
-        return self._c._run(call())
+        return self._c._run(call(), read=True)
 
     def read(self, after: DeliveryPosition, *, follow: bool = True) -> SyncDeliveryReader:
         """A blocking iterator of (offset, chunk) strictly after `after`; errors
