@@ -37,6 +37,7 @@ import json
 import math
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ from threadlog.kernel import kafka_config
 from threadlog.kernel.errors import invalid_argument, unavailable
 from threadlog.kernel.validation import require_id
 
+from .handlers.agent_sessions import TYPE_PREFIX as SESSION_TYPES
 from .handlers.rules_floor import MARKER_TYPE
 from .judge import Others, Record, _Blocked, clock_key, judge_record, read_clock
 
@@ -133,6 +135,13 @@ class PartitionReader:
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
+                        if msg.offset() >= end:
+                            # The end was passed without a record at end-1: the last
+                            # offsets are a transaction's marker or aborted records,
+                            # which no read_committed consumer yields (the classic
+                            # barrier bug, projections/barrier.py). Waiting for end-1
+                            # stalled a whole timeout, then failed.
+                            return
                         continue
                     raise unavailable(f"reading {self.topic}[{self.partition}]: {err.str()}")
                 if msg.offset() < nxt:
@@ -159,9 +168,11 @@ def _describe(codec: Codec, value: bytes | None) -> tuple[str | None, str | None
 
 
 def judge_into(store: Store, records: Iterator[Record], *, codec: Codec, partitions: int, topic: str,
-               others: Others, until_ms: int | None = None, key: str | None = None) -> list[Step]:
+               others: Others, until_ms: int | None = None, key: str | None = None,
+               stop: threading.Event | None = None) -> list[Step]:
     """Judge `records` (one partition, from offset 0) into the empty `store`;
     returns the steps judged (with `key`: only that key's, and the last one).
+    `stop` set: gives up (UNAVAILABLE) before the next record.
 
     With `until_ms` (whole milliseconds), stops before the first record
     decided in a later millisecond (decision time only moves forward on a
@@ -173,6 +184,8 @@ def judge_into(store: Store, records: Iterator[Record], *, codec: Codec, partiti
     pending = 0
     position: dict[tuple[str, int], int] = {}
     for rec in records:
+        if stop is not None and stop.is_set():
+            raise unavailable("time travel was cancelled")
         child = base.child()
         try:
             verdict = judge_record(child, rec, codec=codec, partitions=partitions, progress={}, topic=topic,
@@ -304,9 +317,21 @@ async def replayed(tl: ThreadLog, partition: int, at: Any = None, key: str | Non
                                    f"(the partition ends at {high})")
         end = high if offset is None else offset + 1
         store = Store(tmp / f"events-{partition}")
-        steps = await asyncio.to_thread(
+        stop = threading.Event()
+        judging = asyncio.ensure_future(asyncio.to_thread(
             judge_into, store, reader.records(end), codec=rt.codec, partitions=rt.layout.events, topic=topic,
-            others=live_others(tl), until_ms=until_ms, key=key)
+            others=live_others(tl), until_ms=until_ms, key=key, stop=stop))
+        try:
+            steps = await asyncio.shield(judging)
+        except asyncio.CancelledError:
+            # A thread cannot be cancelled: tell it to stop, and wait until it has
+            # before the cleanup below closes its store and reader. Before, a
+            # cancelled call left the whole replay running (a review: a core busy
+            # after the call was cut, once per retry), racing the cleanup.
+            stop.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(judging), tl.opts.request_timeout + 5.0)
+            raise
         yield Replayed(partition, store, steps, high)
     finally:
         await asyncio.to_thread(_cleanup, reader, store, tmp)
@@ -368,11 +393,17 @@ async def thread_state(tl: ThreadLog, store: Store, thread_id: str) -> dict:
 
 
 # -- the API (ThreadLog.history / ThreadLog.state_at) ------------------------------------------
+def _session_type(type_name: str | None) -> bool:
+    return type_name is not None and type_name.startswith(SESSION_TYPES)
+
+
 async def history(tl: ThreadLog, thread_id: str) -> list[dict]:
     require_id(thread_id, "thread_id")
     partition = tl.runtime.partition_of(thread_id)
     async with replayed(tl, partition, key=thread_id) as r:
-        return [s.entry() for s in r.steps if s.key == thread_id]
+        # Not an agent session's records: a session is keyed `agents:<id>`, which is
+        # also a valid thread id, and a thread so named listed the session's items.
+        return [s.entry() for s in r.steps if s.key == thread_id and not _session_type(s.type)]
 
 
 async def state_at(tl: ThreadLog, thread_id: str, at: Any = None) -> dict:

@@ -11,16 +11,21 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
+import uuid
 from datetime import UTC, datetime
 
+import pytest
 from checkpoint_helpers import checkpoint, threads_on_distinct_partitions
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
-from support import within
+from support import raw_proposal, until, within
 from threadlog.processors import time_travel
 from threadlog.processors.judge import all_verdicts
 from threadlog.projections.store import Store
 
 from threadlog.kernel.errors import DUPLICATE_ID, STALE_HEAD, ThreadLogError
+from threadlog.kernel.partitioning import partition_for
 
 FIELDS = ("head", "checkpoints", "runs", "interrupts", "transcript")
 
@@ -297,3 +302,69 @@ def test_the_blocking_client_has_history_and_state_at(bootstrap, namespace, tmp_
         assert [r["verdict"] for r in rows] == [{"ok": True}, {"ok": True}]
         assert tl.state_at("tt-sync", rows[0]["offset"])["transcript"] == [{"n": 1}]
         assert tl.state_at("tt-sync")["transcript"] == [{"n": 2}]
+
+
+# -- found by a review of time travel (2026-12-04) ------------------------------------------------
+async def test_history_passes_a_transaction_marker_at_the_end_of_the_partition(tl, bootstrap):
+    """Tried (a review): the thread's partition ends with a commit marker (a
+    proposal written inside a Kafka transaction, which anyone may do). The
+    replay waited for a record at the last offset, which no read_committed
+    consumer yields: a whole request timeout, then UNAVAILABLE, for history and
+    state_at alike. It ends at the partition's end now, as the read barrier does."""
+    await within(tl.messages.save_thread("t", ["before"]))
+    part = partition_for("t", tl.runtime.layout.events)
+    base = tl.runtime.barrier.end_offsets_sync()[part]
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tt-commit-{uuid.uuid4().hex[:6]}"})
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(tl.runtime.topics.events, raw_proposal(tl.runtime.codec, "threadlog.cmd.SaveTranscript", "t",
+                                                     {"threadId": "t", "messages": '["in a transaction"]'}),
+              b"t", partition=part)
+    p.commit_transaction(30)
+    await within(until(lambda: tl.runtime.barrier.end_offsets_sync()[part] >= base + 2), 20)  # record + marker
+    rows = await within(tl.history("t"), 10)  # the request timeout is 30 s: before, it waited it out
+    assert [r["type"] for r in rows] == ["threadlog.cmd.SaveTranscript"] * 2
+    assert (await within(tl.state_at("t"), 10))["transcript"] == ["in a transaction"]
+
+
+async def test_a_cancelled_replay_stops_judging_before_its_store_goes(tl, bootstrap, monkeypatch):
+    """Tried (a review): a history call cut short (a timeout, a blocking client's
+    backstop). The judging thread cannot be cancelled: it judged the rest of the
+    partition after the call had returned, a core busy per retry, while the
+    cleanup closed its store and reader under it. It stops at the next record
+    now, and the call returns only once it has."""
+    part = partition_for("t", tl.runtime.layout.events)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for n in range(3_000):
+        producer.produce(tl.runtime.topics.events, raw_proposal(
+            tl.runtime.codec, "threadlog.cmd.SaveTranscript", "t", {"threadId": "t", "messages": f"[{n}]"}),
+            b"t", partition=part)
+        producer.poll(0)
+    assert producer.flush(30) == 0
+    judged: list[float] = []
+    real = time_travel.judge_record
+
+    def slow_judge(*args, **kwargs):
+        judged.append(time.monotonic())
+        time.sleep(0.001)  # a partition that takes a few seconds to judge again
+        return real(*args, **kwargs)
+
+    cleaned: list[float] = []
+    real_cleanup = time_travel._cleanup
+
+    def cleanup(*args):
+        cleaned.append(time.monotonic())
+        real_cleanup(*args)
+
+    monkeypatch.setattr(time_travel, "judge_record", slow_judge)
+    monkeypatch.setattr(time_travel, "_cleanup", cleanup)
+    call = asyncio.ensure_future(tl.history("t"))
+    await within(until(lambda: len(judged) > 100), 30)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await within(call, 20)
+    returned, count = time.monotonic(), len(judged)
+    await asyncio.sleep(0.5)  # a window to see more judging, were any still going on (not a synchronization)
+    assert len(judged) == count and judged[-1] < returned
+    assert count < 3_000
+    assert len(cleaned) == 1 and judged[-1] < cleaned[0]  # judging had stopped when its store was closed

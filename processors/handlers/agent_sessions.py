@@ -20,6 +20,9 @@ from threadlog.kernel.validation import is_text, loads_json_value, require_id, r
 from . import Context, Decision, handles
 
 PREFIX = "agents:"
+# Every command type of a session starts so. A session's key is also a valid
+# thread id, so what reads a thread's records by key tells them apart by type.
+TYPE_PREFIX = "threadlog.cmd.AgentSession"
 
 
 def partition_key(session_id: str) -> str:
