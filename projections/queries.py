@@ -21,9 +21,10 @@ import base64
 from collections.abc import Callable
 from typing import Any
 
-from .folds import checkpoints, interrupts, langgraph, runs
+from .folds import agent_sessions, checkpoints, interrupts, langgraph, runs
 
 QUERIES: dict[str, Callable[..., Any]] = {
+    "agents.items": agent_sessions.read_items,
     "checkpoints.get": checkpoints.find_record,
     "interrupts.of_run": interrupts.records_of_run,
     "langgraph.tuple": langgraph.read_tuple,

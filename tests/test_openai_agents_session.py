@@ -279,3 +279,39 @@ async def test_runner_keeps_history_in_the_session_across_clients(open_client):
     stored = await within(ThreadLogSession("run", one).get_items())
     assert len(stored) == 4
     assert stored[-1]["role"] == "assistant" and stored[-1]["content"][0]["text"] == "seen 3"
+
+
+# -- found by a review (2026-12-04) -----------------------------------------------------------------
+@pytest.mark.parametrize("processors", ["embedded", "external"])
+async def test_get_items_is_one_read_while_others_keep_writing(open_client, monkeypatch, processors):
+    """Tried (a review): a session written to by 12 tasks while a thin client
+    read it: 5 of 12 `get_items` failed, UNAVAILABLE "kept changing during 16
+    reads" (each try was round trips per 64 items, then the positions again),
+    where SQLiteSession never fails for writers. Here a write lands between
+    every two key reads a reader makes; the items are read at the session's
+    owner as one query now, which such writes cannot split."""
+    tl = await open_client(processors=processors)
+    writer = ThreadLogSession("busy", await open_client())
+    await within(writer.add_items([msg(n) for n in range(5)]))
+    session = ThreadLogSession("busy", tl)
+    read_many, added = tl.session.read_many, []
+
+    async def read_many_racing_a_writer(keys, on, barrier=True):
+        added.append(len(added) + 5)
+        await within(writer.add_items([msg(added[-1])]))
+        return await read_many(keys, on, barrier)
+
+    monkeypatch.setattr(tl.session, "read_many", read_many_racing_a_writer)
+    for _ in range(3):
+        got = await within(session.get_items())
+        assert got == [msg(n) for n in range(5 + len(added))]
+    assert await within(session.get_items(limit=2)) == [msg(3 + len(added)), msg(4 + len(added))]
+
+
+async def test_a_thread_named_like_a_session_key_lists_only_its_own_history(tl):
+    """Tried (a review): `agents:col` is a valid thread id and also the key of
+    session `col`; the thread's history listed the session's items."""
+    await within(ThreadLogSession("col", tl).add_items([msg(0)]))
+    await within(tl.messages.save_thread(partition_key("col"), [{"n": 1}]))
+    rows = await within(tl.history(partition_key("col")), 60)
+    assert [r["type"] for r in rows] == ["threadlog.cmd.SaveTranscript"]

@@ -746,7 +746,9 @@ class QueryClient:
         try:
             results = await self.acall("query", body, self._asked(partitions))
         except ThreadLogError as exc:
-            if self._unsupported(exc, "query") or exc.code == ANSWER_TOO_LARGE:
+            if self._unsupported(exc, "query") or exc.code == ANSWER_TOO_LARGE or (
+                    # A worker of an earlier version, without this query (added later).
+                    exc.code == INVALID_ARGUMENT and exc.message.startswith("unknown query ")):
                 raise NoQueries from None
             raise
         if barrier:

@@ -120,7 +120,15 @@ class ThreadLogSession(SessionABC):
             raise invalid_argument(f"session_settings.limit must be None or an int, got {limit!r}")
         session = self.tl.session
         on = (self._key,)
-        meta = state.decode_meta(await session.read(state.meta_key(self.session_id), on))  # with its read barrier
+        # One query at the session's owner, its read barrier included (projections/
+        # folds/agent_sessions.py: read_items); the keys one by one only when
+        # it answers None (a session too large for one answer, or changing
+        # under every try there).
+        [texts] = await session.query("agents.items", on, {
+            "session": self.session_id, "limit": None if limit is None or limit < 0 else limit})
+        if texts is not None:
+            return [loads(t) for t in texts]
+        meta = state.decode_meta(await session.read(state.meta_key(self.session_id), on, barrier=False))
         for _ in range(READ_ATTEMPTS):
             first = meta["first"] if limit is None or limit < 0 else max(meta["first"], meta["next"] - limit)
             # The items (one request per owner and 64 items through a thin client),
