@@ -4,6 +4,7 @@ cross-host reads, the sync saver, and state that folds identically on every host
 from __future__ import annotations
 
 import asyncio
+import json
 import operator
 import os
 import queue
@@ -772,3 +773,58 @@ async def test_a_config_naming_checkpoint_id_empty_puts_with_no_parent(open_clie
     assert stored["configurable"]["thread_id"] == 77
     tup = await within(saver.aget_tuple(generate_config("77")))
     assert tup.checkpoint["id"] == cp["id"] and tup.parent_config is None
+
+
+class _ReplacedMidRead:
+    """The thread's state, where a replacement of one value (a batch) is folded as
+    the tuple read reaches the second chunk of that value."""
+
+    def __init__(self, store, home, chunk_key: bytes, batch: dict) -> None:
+        self.store, self.home, self.chunk_key, self.batch, self.fired = store, home, chunk_key, batch, False
+
+    def get(self, k: bytes):
+        if k == self.chunk_key and not self.fired:
+            self.fired = True
+            self.home.apply(self.batch, {})
+        return self.store.get(k)
+
+    def scan(self, prefix: bytes):
+        return self.store.scan(prefix)
+
+
+async def test_a_value_replaced_during_one_tuple_query_is_never_read_mixed(open_client, monkeypatch):
+    """Suspected by a review: the tuple query at the owner read a special write's
+    ref, then its chunks; a replacement of the same size folded in between
+    (chunks keep their keys) gave bytes never written, as the record read again
+    last had not changed. Made to happen here: the state before the replacement
+    is put back, and the replacement folded again when the query reads the
+    value's second chunk. The refs are read again too now: the query reads
+    again, and answers the new value whole."""
+    tl = await open_client()
+    saver = AsyncThreadLogSaver(tl, **SMALL)
+    stored = await put(saver, "t-mid", {})
+    old, new = b"1" * (256 * 1024), b"2" * (256 * 1024)  # staged: 8 chunks of 32 KiB each
+    await within(saver.aput_writes(stored, [(ERROR, old)], "task"))
+    await tl.read_barrier(None)
+    store = tl.runtime.store
+    home = store.store_of(partition_for("t-mid", tl.runtime.layout.events))
+    before = dict(store.scan(LG_PREFIX))
+    await within(saver.aput_writes(stored, [(ERROR, new)], "task"))
+    await tl.read_barrier(None)
+    after = dict(store.scan(LG_PREFIX))
+    replacement = {k: v for k, v in after.items() if before.get(k) != v}
+    replacement.update({k: None for k in before if k not in after})
+    home.apply({**{k: v for k, v in before.items() if after.get(k) != v}, **{k: None for k in after
+                                                                             if k not in before}}, {})
+    cid = stored["configurable"]["checkpoint_id"]
+    [(wkey, wraw)] = list(store.scan(state.write_prefix("t-mid", "", cid)))
+    ref = json.loads(wraw)["value"]
+    second = state.chunk_keys("t-mid", wkey, state.SLOT_VALUE, ref)[1]
+    reader = _ReplacedMidRead(store, home, second, replacement)
+    got = state.read_tuple(reader, "t-mid", "", cid)
+    assert reader.fired
+    [(k, raw)] = got["writes"]
+    ref = json.loads(raw)["value"]
+    chunks = dict((bytes(ck), c) for ck, c in got["chunks"])
+    data = state.joined(ref, [chunks.get(ck) for ck in state.chunk_keys("t-mid", k, state.SLOT_VALUE, ref)])
+    assert data == new  # before: the first 32 KiB of "1"s, then "2"s
