@@ -315,3 +315,28 @@ async def test_a_thread_named_like_a_session_key_lists_only_its_own_history(tl):
     await within(tl.messages.save_thread(partition_key("col"), [{"n": 1}]))
     rows = await within(tl.history(partition_key("col")), 60)
     assert [r["type"] for r in rows] == ["threadlog.cmd.SaveTranscript"]
+
+
+async def test_a_worker_without_the_items_query_is_read_in_batches(open_client, monkeypatch):
+    """A worker of an earlier version answers `unknown query` to `agents.items`.
+    Tried (a review): the client then ran the query itself over one request per
+    key (2 002 requests for 2 000 items: 35 x slower than the version before),
+    and asked the query again on every call. It reads the items in batches
+    (`gets`) as before, and does not ask that worker the query again for a while."""
+    thin = await open_client(processors="external")
+    session = ThreadLogSession("old-worker", thin)
+    items = [msg(n) for n in range(300)]
+    await within(session.add_items(items))
+    asked: list[str] = []
+    real = remote.QueryClient.call
+
+    async def call(self, op, args, partitions=None, timeout=None):
+        asked.append(op)
+        if op == "query" and args.get("name") == "agents.items":
+            raise ThreadLogError("INVALID_ARGUMENT", "unknown query 'agents.items'")
+        return await real(self, op, args, partitions, timeout)
+
+    monkeypatch.setattr(remote.QueryClient, "call", call)
+    assert await within(session.get_items()) == items
+    assert await within(session.get_items(limit=2)) == items[-2:]
+    assert asked.count("query") == 1 and asked.count("get") <= 4 and asked.count("gets") >= 2

@@ -639,3 +639,34 @@ async def test_a_renewal_keeps_the_length_the_lease_was_granted_with_when_its_pa
         assert fresh.expires_at - clock.now == 4_000
     finally:
         await second.stop()
+
+
+async def test_a_record_larger_than_one_answer_is_read_in_slices(worker, open_client, monkeypatch):
+    """Tried (a review): three accepted runs.update patches of 14 MiB each made a
+    42 MiB run record (every write passed the proposal limit; the record has
+    none). An embedded client read it; a thin client got ANSWER_TOO_LARGE -- a
+    code SPEC does not know -- from `get`, and `list_by_thread` of the whole
+    thread failed too. A value too large for one answer is read in slices now,
+    and a scan page carries it as its key only."""
+    thin, full = await open_client(processors="external"), await open_client()
+    big = "q" * (14 * 1024 * 1024)
+    await within(thin.runs.create_or_resume(run_id="g", thread_id="t", started_at=1))
+    await within(thin.runs.create_or_resume(run_id="small", thread_id="t", started_at=2))
+    for patch in ({"usage": {"u": big}}, {"error": {"message": big}}, {"sandboxKey": big}):
+        await within(thin.runs.update("g", patch), 120)
+    sliced: list[int] = []
+    real = remote.QueryClient.call
+
+    async def call(self, op, args, partitions=None, timeout=None):
+        if op == "slice":
+            sliced.append(args["start"])
+        return await real(self, op, args, partitions, timeout)
+
+    monkeypatch.setattr(remote.QueryClient, "call", call)
+    expected = await within(full.runs.get("g"), 120)
+    assert expected is not None and expected["sandboxKey"] == big
+    assert await within(thin.runs.get("g"), 120) == expected
+    assert len(sliced) >= 3 and sliced[0] == 0  # 42 MiB in slices of 16 MiB
+    listed = await within(thin.runs.list_by_thread("t"), 120)
+    assert listed == await within(full.runs.list_by_thread("t"), 120)
+    assert [r["runId"] for r in listed] == ["g", "small"] and listed[0] == expected

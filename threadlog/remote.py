@@ -98,6 +98,10 @@ EARLY_KEEP_S = 30.0  # a pushed verdict whose ack never came is dropped after th
 # the client's last ack: uncapped, a flood of them grew its memory for 30 s
 # at a time. Over the cap they are dropped: asking is always right.
 MAX_EARLY = 10_000
+# Value bytes asked per `slice` (the server's bound too), and whole reads of a
+# value that keeps changing between its slices before UNAVAILABLE.
+SLICE_BYTES = 16 * 1024 * 1024
+SLICE_ATTEMPTS = 4
 REFUSED_PAUSE_S = 60.0  # a worker that does not push (an earlier version) is asked again after this
 
 
@@ -402,6 +406,14 @@ class QueryClient:
             raise RuntimeError("QueryClient.call_sync on its own loop")
         return self._run(self.call(op, args, partitions)).result(self.timeout + 5)
 
+    def run_sync(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        """Blocking: `coro` run on the client's loop (from any thread but its own),
+        bounded by a few request timeouts (it makes several requests)."""
+        if threading.current_thread() is self._thread:  # pragma: no cover - a bug, not a state
+            coro.close()
+            raise RuntimeError("QueryClient.run_sync on its own loop")
+        return self._run(coro).result(self.timeout * SLICE_ATTEMPTS + 5)
+
     async def on_loop(self, coro: Coroutine[Any, Any, _T]) -> _T:
         """Await `coro` run on the client's loop, from any other loop."""
         if self.closed:
@@ -667,7 +679,14 @@ class QueryClient:
         args: dict[str, Any] = {"key": _b64(k)}
         if barrier:
             args["barrier"] = True
-        results = await self.acall("get", args, self._asked(partitions))
+        try:
+            results = await self.acall("get", args, self._asked(partitions))
+        except ThreadLogError as exc:
+            if exc.code != ANSWER_TOO_LARGE:
+                raise
+            if barrier:  # the refused answer raised no floor
+                await self.barrier(partitions)
+            return await self.read_sliced(k, partitions)
         if barrier and any("targets" not in result for result in results.values()):
             self._barrier_gets = False  # that worker ignored `barrier`: from now on, the two requests
             return await self.read(k, partitions, True)
@@ -677,6 +696,40 @@ class QueryClient:
         if len(holders) > 1:
             return await self._lowest(k, holders)
         return base64.b64decode(results[holders[0]]["value"]) if holders else None
+
+    async def read_sliced(self, k: bytes, partitions: list[int] | None) -> bytes | None:
+        """`read` (no barrier) of a value too large for one answer, in `slice`s.
+
+        Why: a stored record can outgrow one answer though every write that
+        built it passed the proposal limit (a run record of three 14 MiB
+        patches: 42 MiB). The slices are not one snapshot: each carries the
+        digest of the whole value, and a value that changed between two of
+        them is read again from its start."""
+        asked = self._asked(partitions)
+        for _ in range(SLICE_ATTEMPTS):
+            first = await self.acall("slice", {"key": _b64(k), "start": 0, "length": SLICE_BYTES}, asked)
+            holders = sorted((parts, got) for parts, got in first.items() if got["size"] is not None)
+            if not holders:
+                return None
+            # Twins of one id (several owners hold it): the lowest partition's, as `read`.
+            parts, got = holders[0]
+            if len(holders) > 1 or len(parts) > 1:
+                lowest = min(p for parts_, _ in holders for p in parts_)
+                (got,) = (await self.acall("slice", {"key": _b64(k), "start": 0, "length": SLICE_BYTES},
+                                           [lowest])).values()
+                if got["size"] is None:
+                    continue
+                parts = (lowest,)
+            data = bytearray(base64.b64decode(got["data"]))
+            while len(data) < got["size"]:
+                (more,) = (await self.acall("slice", {"key": _b64(k), "start": len(data), "length": SLICE_BYTES},
+                                            list(parts))).values()
+                if more["size"] != got["size"] or more["digest"] != got["digest"] or not more["data"]:
+                    break  # replaced or deleted meanwhile: from the start
+                data += base64.b64decode(more["data"])
+            else:
+                return bytes(data)
+        raise unavailable(f"a value of {len(k)}-byte key kept changing while it was read in slices")
 
     async def _lowest(self, k: bytes, holders: list[tuple[int, ...]]) -> bytes | None:
         """`k`'s value in the lowest partition holding it, when owners of several do.
@@ -738,7 +791,7 @@ class QueryClient:
         same request). NoQueries if a worker will not run it (an earlier
         version without `query`, or an answer too large for one line): the
         caller reads the keys itself."""
-        if not self._supports("query"):
+        if not self._supports("query") or not self._supports(f"query {name}"):
             raise NoQueries
         body: dict[str, Any] = {"name": name, "args": args}
         if barrier:
@@ -746,9 +799,12 @@ class QueryClient:
         try:
             results = await self.acall("query", body, self._asked(partitions))
         except ThreadLogError as exc:
-            if self._unsupported(exc, "query") or exc.code == ANSWER_TOO_LARGE or (
-                    # A worker of an earlier version, without this query (added later).
-                    exc.code == INVALID_ARGUMENT and exc.message.startswith("unknown query ")):
+            if exc.code == INVALID_ARGUMENT and exc.message.startswith("unknown query "):
+                # A worker of an earlier version, without this query (added later):
+                # not asked again for a while (workers may be upgraded).
+                self._unknown_ops[f"query {name}"] = time.monotonic() + REFUSED_PAUSE_S
+                raise NoQueries from None
+            if self._unsupported(exc, "query") or exc.code == ANSWER_TOO_LARGE:
                 raise NoQueries from None
             raise
         if barrier:
@@ -785,7 +841,12 @@ class QueryClient:
             page = pages[p]
             got: list[tuple[bytes, bytes]] = []
             while True:
-                got += [(base64.b64decode(k), base64.b64decode(v)) for k, v in page["items"]]
+                for k64, v64 in page["items"]:
+                    k = base64.b64decode(k64)
+                    # A value too large for a page comes by its key (gone meanwhile: skipped).
+                    v = base64.b64decode(v64) if v64 is not None else await self.read_sliced(k, [p])
+                    if v is not None:
+                        got.append((k, v))
                 if page["next"] is None:
                     return got
                 (result,) = (await self.acall("scan", _scan_args(prefix, page["next"], SCAN_LIMIT), [p])).values()
@@ -805,7 +866,12 @@ class RemoteStore:
         self.page = page  # keys per scan request (the server caps it too)
 
     def get(self, k: bytes) -> bytes | None:
-        results = self._client.call_sync("get", {"key": _b64(k)}, self._client.all_partitions())
+        try:
+            results = self._client.call_sync("get", {"key": _b64(k)}, self._client.all_partitions())
+        except ThreadLogError as exc:
+            if exc.code != ANSWER_TOO_LARGE:
+                raise
+            return self._client.run_sync(self._client.read_sliced(k, None))
         for result in results.values():
             if result["value"] is not None:
                 return base64.b64decode(result["value"])
@@ -825,8 +891,12 @@ class RemoteStore:
 
     def _pages(self, prefix: bytes, p: int, page: dict) -> Iterator[tuple[bytes, bytes]]:
         while True:
-            for k, v in page["items"]:
-                yield base64.b64decode(k), base64.b64decode(v)
+            for k64, v64 in page["items"]:
+                k = base64.b64decode(k64)
+                v = base64.b64decode(v64) if v64 is not None else \
+                    self._client.run_sync(self._client.read_sliced(k, [p]))
+                if v is not None:
+                    yield k, v
             if page["next"] is None:
                 return
             (result,) = self._client.call_sync("scan", _scan_args(prefix, page["next"], self.page), [p]).values()
@@ -1196,8 +1266,9 @@ async def off_loop(store: object, read: Callable[..., _T], *args: Any) -> _T:
 
 
 def _scan_args(prefix: bytes, start: str | None, limit: int) -> dict:
-    """A `scan` request's arguments: `start` is a page's `next` (base64) or None."""
-    return {"prefix": _b64(prefix), "start": start, "limit": limit}
+    """A `scan` request's arguments: `start` is a page's `next` (base64) or None;
+    `big`: values too large for a page come as [key, null] (read by `slice`)."""
+    return {"prefix": _b64(prefix), "start": start, "limit": limit, "big": True}
 
 
 def _b64(raw: bytes) -> str:

@@ -117,20 +117,23 @@ class Session:
         return [state.get(k) for k in ks]
 
     async def query(self, name: str, keys: Iterable[str] | None, args: Mapping[str, Any],
-                    barrier: bool = True) -> list[Any]:
+                    barrier: bool = True, fallback: bool = True) -> list[Any]:
         """The answers of the named query (projections/queries.py) over the state
         of the partitions of `keys` (all when None), after a read barrier there
         unless `barrier` is False: through a thin client one request per owner,
         each answering for its partitions (the caller merges); embedded, one
         answer over this process's store. A worker of an earlier version runs
-        none: the query then reads the keys through it, off the caller's loop."""
+        none: the query then reads the keys through it, off the caller's loop
+        (one request per key read), or, with `fallback` False, NoQueries is
+        raised for the caller to read them its own way (in batches)."""
         self.check_open()
         query = self.runtime.query
         if query is not None:
             try:
                 return await query.query(name, dict(args), self._partitions(keys), barrier)
             except NoQueries:
-                pass
+                if not fallback:
+                    raise
         if barrier:
             await self.read_barrier(keys)
         return [await off_loop(self.state, functools.partial(QUERIES[name], self.state, **args))]

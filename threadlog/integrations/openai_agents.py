@@ -51,6 +51,7 @@ from ..kernel.errors import CORRUPT_RECORD, INVALID_ARGUMENT, ThreadLogError, in
 from ..kernel.validation import is_int, loads, require_id, require_json
 from ..processors.handlers.agent_sessions import partition_key
 from ..projections.folds import agent_sessions as state
+from ..remote import NoQueries
 
 if TYPE_CHECKING:
     from agents.items import TResponseInputItem
@@ -121,14 +122,19 @@ class ThreadLogSession(SessionABC):
         session = self.tl.session
         on = (self._key,)
         # One query at the session's owner, its read barrier included (projections/
-        # folds/agent_sessions.py: read_items); the keys one by one only when
+        # folds/agent_sessions.py: read_items); the keys in batches only when
         # it answers None (a session too large for one answer, or changing
-        # under every try there).
-        [texts] = await session.query("agents.items", on, {
-            "session": self.session_id, "limit": None if limit is None or limit < 0 else limit})
+        # under every try there) or the worker is of an earlier version.
+        barrier = False
+        try:
+            [texts] = await session.query("agents.items", on, {
+                "session": self.session_id, "limit": None if limit is None or limit < 0 else limit},
+                fallback=False)
+        except NoQueries:
+            texts, barrier = None, True
         if texts is not None:
             return [loads(t) for t in texts]
-        meta = state.decode_meta(await session.read(state.meta_key(self.session_id), on, barrier=False))
+        meta = state.decode_meta(await session.read(state.meta_key(self.session_id), on, barrier=barrier))
         for _ in range(READ_ATTEMPTS):
             first = meta["first"] if limit is None or limit < 0 else max(meta["first"], meta["next"] - limit)
             # The items (one request per owner and 64 items through a thin client),
