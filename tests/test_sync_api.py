@@ -9,6 +9,7 @@ here: these tests are what a Django view, a Flask route or a script does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import threading
@@ -904,3 +905,37 @@ def test_a_client_used_after_os_fork_fails_at_once_in_the_child(tl):
     assert status == 0
     assert code == "UNAVAILABLE" and float(elapsed) < 1.0 and closed == "True"
     assert tl.metadata.get("ns", "k") == 1
+
+
+def test_a_history_in_flight_ends_when_close_gives_up_on_it(connect, monkeypatch):
+    """Tried (a review of the unbounded history wait): close() cancels the call,
+    waits a request timeout for it, gives up and stops the loop. The history,
+    still pending there, never completed its future, and the thread that
+    called it waited forever. It now ends UNAVAILABLE once the loop is gone."""
+    tl = connect(request_timeout_ms=1_000)
+    client = tl._async()
+
+    entered = threading.Event()
+
+    async def slow_to_stop(thread_id):
+        entered.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(60)
+        await asyncio.sleep(5)  # stopping takes longer than close() waits
+
+    monkeypatch.setattr(client, "history", slow_to_stop)
+    outcome: list[str] = []
+
+    def call() -> None:
+        try:
+            tl.history("t")
+            outcome.append("returned")
+        except ThreadLogError as exc:
+            outcome.append(exc.code)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    assert entered.wait(WAIT)  # the call runs on the loop
+    assert code_of(tl.close) == "UNAVAILABLE"  # close gave up on the call
+    caller.join(10)
+    assert not caller.is_alive() and outcome == ["UNAVAILABLE"]

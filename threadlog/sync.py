@@ -236,12 +236,14 @@ class SyncThreadLog:
         and whose work grows with the data (re-judging a partition)."""
         limit = (self.request_timeout * 4 + 5.0 if backstop else self.request_timeout) + extra
         try:
-            done, _ = concurrent.futures.wait([fut], limit if total else None)
+            done, _ = concurrent.futures.wait([fut], limit) if total else self._unbounded(fut)
         except BaseException:
             fut.cancel()  # e.g. KeyboardInterrupt in the waiting thread: do not leave the call running
             raise
         if not done:
             fut.cancel()
+            if not total:  # the loop is gone
+                raise unavailable(f"{what} did not finish: the client was closed")
             if backstop and read:
                 raise unavailable(f"{what} did not finish within {limit:g} s (a read: nothing was written)")
             if backstop:
@@ -253,6 +255,16 @@ class SyncThreadLog:
         except concurrent.futures.CancelledError:
             why = "the client was closed" if self._closed else "cancelled on the loop"
             raise unavailable(f"{what} did not finish: {why}") from None
+
+    def _unbounded(self, fut: concurrent.futures.Future[T]) -> tuple[set[Any], set[Any]]:
+        """Wait for `fut` however long its call takes, while the loop runs: a close()
+        that gave up on the call stops the loop with the call still pending, and
+        its future is then never done (a review: a blocking history waiting
+        forever after close)."""
+        while True:
+            done, pending = concurrent.futures.wait([fut], self.request_timeout)
+            if done or not self._thread.is_alive():
+                return done, pending
 
     def _run(self, coro: Coroutine[Any, Any, T], *, read: bool = False) -> T:
         return self._wait(self._submit(coro), backstop=True, read=read)
@@ -273,12 +285,15 @@ class SyncThreadLog:
         thread. Closing twice is harmless."""
         if threading.current_thread() is self._thread:
             raise RuntimeError("a threadlog sync client cannot be closed from its own event loop")
+        if os.getpid() != self._pid:
+            # A forked child: the loop and connections are the parent's, not ours to
+            # close. Not under the lock, which a parent's thread may have held at the fork.
+            self._closed = True
+            return
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        if os.getpid() != self._pid:
-            return  # a forked child: the loop and connections are the parent's, not ours to close
         done = asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
         try:
             finished, _ = concurrent.futures.wait([done], self.request_timeout)
@@ -875,7 +890,7 @@ class SyncBlobStore(_SyncStore):
         async def call() -> GcReport:
             return await self._tl().blobs.gc(grace_ms=grace_ms, dry_run=dry_run)
 
-        return self._run(call())
+        return self._run(call(), read=dry_run)
 
 
 # -- delivery (SPEC 11) ---------------------------------------------------------------------------------
