@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import shutil
@@ -56,7 +57,7 @@ from threadlog.kernel import kafka_config
 from threadlog.kernel.errors import invalid_argument, unavailable
 from threadlog.kernel.validation import require_id
 
-from .handlers.agent_sessions import TYPE_PREFIX as SESSION_TYPES
+from .handlers import NOT_THREAD_KEYED
 from .handlers.rules_floor import MARKER_TYPE
 from .judge import Others, Record, _Blocked, clock_key, judge_record, read_clock
 
@@ -115,14 +116,17 @@ class PartitionReader:
                               f"{kafka_config.error_text(exc)}") from None
         return int(low), int(high)
 
-    def records(self, end: int) -> Iterator[Record]:
-        """Offsets 0 .. end-1, in order. UNAVAILABLE when nothing arrives for `timeout`."""
+    def records(self, end: int, stop: threading.Event | None = None) -> Iterator[Record]:
+        """Offsets 0 .. end-1, in order. UNAVAILABLE when nothing arrives for `timeout`,
+        or within a second of `stop` being set."""
         if end <= 0:
             return
         self._consumer.assign([TopicPartition(self.topic, self.partition, 0)])
         nxt = 0
         quiet_since = time.monotonic()
         while nxt < end:
+            if stop is not None and stop.is_set():
+                raise unavailable("time travel was cancelled")
             msgs = self._consumer.consume(BATCH, timeout=min(1.0, self.timeout))
             now = time.monotonic()
             if not msgs:
@@ -305,8 +309,13 @@ async def replayed(tl: ThreadLog, partition: int, at: Any = None, key: str | Non
     topic = rt.topics.events
     tmp = Path(tempfile.mkdtemp(prefix="threadlog-timetravel-"))
     store: Store | None = None
-    reader = PartitionReader(tl.opts.bootstrap_servers, topic, partition, rt.client_id, tl.opts.kafka,
-                             tl.opts.request_timeout)
+    judging: asyncio.Future[list[Step]] | None = None
+    try:
+        reader = PartitionReader(tl.opts.bootstrap_servers, topic, partition, rt.client_id, tl.opts.kafka,
+                                 tl.opts.request_timeout)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     try:
         low, high = await asyncio.to_thread(reader.bounds)
         if low > 0:
@@ -319,22 +328,44 @@ async def replayed(tl: ThreadLog, partition: int, at: Any = None, key: str | Non
         store = Store(tmp / f"events-{partition}")
         stop = threading.Event()
         judging = asyncio.ensure_future(asyncio.to_thread(
-            judge_into, store, reader.records(end), codec=rt.codec, partitions=rt.layout.events, topic=topic,
-            others=live_others(tl), until_ms=until_ms, key=key, stop=stop))
+            judge_into, store, reader.records(end, stop), codec=rt.codec, partitions=rt.layout.events,
+            topic=topic, others=live_others(tl), until_ms=until_ms, key=key, stop=stop))
         try:
             steps = await asyncio.shield(judging)
         except asyncio.CancelledError:
-            # A thread cannot be cancelled: tell it to stop, and wait until it has
-            # before the cleanup below closes its store and reader. Before, a
-            # cancelled call left the whole replay running (a review: a core busy
-            # after the call was cut, once per retry), racing the cleanup.
+            # A thread cannot be cancelled: tell it to stop (at its next record, or
+            # within a second of waiting for one), and wait until it has before the
+            # cleanup below closes its store and reader. Before, a cancelled call
+            # left the whole replay running (a review: a core busy after the call
+            # was cut, once per retry), racing the cleanup.
             stop.set()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(judging), tl.opts.request_timeout + 5.0)
+            await _settled(judging, tl.opts.request_timeout + 5.0)
             raise
         yield Replayed(partition, store, steps, high)
     finally:
-        await asyncio.to_thread(_cleanup, reader, store, tmp)
+        if judging is not None and not judging.done():
+            # Still judging (slow to stop): the cleanup runs once it has stopped.
+            judging.add_done_callback(functools.partial(_cleanup_after, reader, store, tmp))
+        else:
+            await asyncio.to_thread(_cleanup, reader, store, tmp)
+
+
+async def _settled(fut: asyncio.Future[Any], timeout: float) -> None:
+    """Wait (at most `timeout`) until `fut` is done, through further cancellations
+    of the waiting task. Why: Ctrl-C in a blocking client cancels the call, then
+    its client's close() cancels it again; the second cancellation ran the
+    cleanup under the still-judging thread (a review: DbClosedError there)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not fut.done() and (left := deadline - loop.time()) > 0:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({fut}, timeout=left)
+
+
+def _cleanup_after(reader: PartitionReader, store: Store | None, tmp: Path, judging: asyncio.Future[Any]) -> None:
+    if not judging.cancelled():
+        judging.exception()  # retrieved: the call that wanted it was cancelled
+    asyncio.get_running_loop().run_in_executor(None, _cleanup, reader, store, tmp)
 
 
 def _cleanup(reader: PartitionReader, store: Store | None, tmp: Path) -> None:
@@ -393,17 +424,14 @@ async def thread_state(tl: ThreadLog, store: Store, thread_id: str) -> dict:
 
 
 # -- the API (ThreadLog.history / ThreadLog.state_at) ------------------------------------------
-def _session_type(type_name: str | None) -> bool:
-    return type_name is not None and type_name.startswith(SESSION_TYPES)
-
-
 async def history(tl: ThreadLog, thread_id: str) -> list[dict]:
     require_id(thread_id, "thread_id")
     partition = tl.runtime.partition_of(thread_id)
     async with replayed(tl, partition, key=thread_id) as r:
-        # Not an agent session's records: a session is keyed `agents:<id>`, which is
-        # also a valid thread id, and a thread so named listed the session's items.
-        return [s.entry() for s in r.steps if s.key == thread_id and not _session_type(s.type)]
+        # Not the records of another domain keyed like the thread: `agents:<id>`,
+        # `blob:<key>` are valid thread ids too, and a thread so named listed
+        # a session's items or a blob's puts (found by reviews).
+        return [s.entry() for s in r.steps if s.key == thread_id and s.type not in NOT_THREAD_KEYED]
 
 
 async def state_at(tl: ThreadLog, thread_id: str, at: Any = None) -> dict:

@@ -92,6 +92,7 @@ HANDLERS: dict[str, Handler] = {}
 # Proposal types whose rules ask `ctx.holders` (ids held on other partitions):
 # their proposers attach the positions those answers are judged at.
 GLOBAL_READS: set[str] = set()
+NOT_THREAD_KEYED: set[str] = set()  # see `handles`
 # Proposal types judged differently since a later version of the rules
 # (Proposal.rules, processors/judge.py RULES): their proposers name that
 # version, so a judge that does not know it waits for an upgrade instead of
@@ -128,13 +129,17 @@ def introduces_schema(type_name: str, *, version: int, rules: int) -> None:
 
 def handles(type_name: str, *, global_ids: bool = False, names_positions: bool = False,
             rules: int = BASE_RULES, new: bool = False, introduced: int | None = None,
-            ) -> Callable[[Handler], Handler]:
+            thread_keyed: bool = True) -> Callable[[Handler], Handler]:
     """`new`: the type was added by `rules`; `introduced`: by that earlier version
-    (judged otherwise since `rules`)."""
+    (judged otherwise since `rules`). `thread_keyed` False: the proposal's key
+    is not a thread id (a blob's, a session's, a fence's key) -- which can still
+    equal one, so what lists a thread's proposals by key leaves these out."""
     def register(fn: Handler) -> Handler:
         if type_name in HANDLERS:
             raise RuntimeError(f"two handlers for {type_name}")
         HANDLERS[type_name] = fn
+        if not thread_keyed:
+            NOT_THREAD_KEYED.add(type_name)
         if global_ids:
             GLOBAL_READS.add(type_name)
         if names_positions:

@@ -20,9 +20,6 @@ from threadlog.kernel.validation import is_text, loads_json_value, require_id, r
 from . import Context, Decision, handles
 
 PREFIX = "agents:"
-# Every command type of a session starts so. A session's key is also a valid
-# thread id, so what reads a thread's records by key tells them apart by type.
-TYPE_PREFIX = "threadlog.cmd.AgentSession"
 
 
 def partition_key(session_id: str) -> str:
@@ -40,7 +37,7 @@ def _session(ctx: Context, cmd: dict) -> str:
     return session
 
 
-@handles("threadlog.cmd.AgentSessionAddItems", rules=4)
+@handles("threadlog.cmd.AgentSessionAddItems", rules=4, thread_keyed=False)
 def add_items(ctx: Context, cmd: dict) -> Decision:
     session = _session(ctx, cmd)
     items = cmd["items"]
@@ -64,7 +61,7 @@ def add_items(ctx: Context, cmd: dict) -> Decision:
                     result=len(items))
 
 
-@handles("threadlog.cmd.AgentSessionPopItem")
+@handles("threadlog.cmd.AgentSessionPopItem", thread_keyed=False)
 def pop_item(ctx: Context, cmd: dict) -> Decision:
     session = _session(ctx, cmd)
     m = state.read_meta(ctx.view, session)
@@ -80,7 +77,7 @@ def pop_item(ctx: Context, cmd: dict) -> Decision:
                     result={"item": raw.decode("utf-8")})
 
 
-@handles("threadlog.cmd.AgentSessionClear")
+@handles("threadlog.cmd.AgentSessionClear", thread_keyed=False)
 def clear(ctx: Context, cmd: dict) -> Decision:
     session = _session(ctx, cmd)
     m = state.read_meta(ctx.view, session)

@@ -121,7 +121,7 @@ def _exists_after(ctx: Context, blob: str, collected: int) -> bool:
     return bool(ctx.holders(gid.BLOB_EXISTS, blob))
 
 
-@handles("threadlog.cmd.ClaimBlobForGc", rules=3)
+@handles("threadlog.cmd.ClaimBlobForGc", rules=3, thread_keyed=False)
 def claim(ctx: Context, cmd: dict) -> Decision:
     key = _blob_key(ctx, cmd)
     sweep = _sweep_id(cmd)
@@ -143,7 +143,7 @@ def claim(ctx: Context, cmd: dict) -> Decision:
 
 
 # Rules 5: a lowering names positions, and each collect it marks must lie before them.
-@handles("threadlog.cmd.FenceBlobsForGc", names_positions=True, rules=5)
+@handles("threadlog.cmd.FenceBlobsForGc", names_positions=True, rules=5, thread_keyed=False)
 def fence(ctx: Context, cmd: dict) -> Decision:
     sweep = _sweep_id(cmd)
     if ctx.partitions <= 0 or ctx.key != gc.fence_key(sweep, ctx.partition, ctx.partitions):
@@ -179,7 +179,7 @@ def fence(ctx: Context, cmd: dict) -> Decision:
     return Decision(events=[("threadlog.evt.BlobGcFenced", ev)], result={"held": cmd["held"]})
 
 
-@handles("threadlog.cmd.CollectBlob", global_ids=True, rules=3)
+@handles("threadlog.cmd.CollectBlob", global_ids=True, rules=3, thread_keyed=False)
 def collect(ctx: Context, cmd: dict) -> Decision:
     key = _blob_key(ctx, cmd)
     sweep = _sweep_id(cmd)

@@ -52,7 +52,7 @@ def tombstones(blob_key: str, layout: dict | None) -> list[OutRecord]:
     return [OutRecord("blobs", chunk_key(blob_key, version, i), None, None) for i in range(len(layout["chunks"]))]
 
 
-@handles("threadlog.cmd.PutBlob")
+@handles("threadlog.cmd.PutBlob", thread_keyed=False)
 def put_blob(ctx: Context, cmd: dict) -> Decision:
     key = _blob_key(ctx, cmd)
     version = _version(cmd)
@@ -96,7 +96,7 @@ def put_blob(ctx: Context, cmd: dict) -> Decision:
     )
 
 
-@handles("threadlog.cmd.DeleteBlob")
+@handles("threadlog.cmd.DeleteBlob", thread_keyed=False)
 def delete_blob(ctx: Context, cmd: dict) -> Decision:
     key = _blob_key(ctx, cmd)
     current = state.current_layout(ctx.view, key)
@@ -108,7 +108,7 @@ def delete_blob(ctx: Context, cmd: dict) -> Decision:
     )
 
 
-@handles("threadlog.cmd.AbandonBlobVersion")
+@handles("threadlog.cmd.AbandonBlobVersion", thread_keyed=False)
 def abandon_blob_version(ctx: Context, cmd: dict) -> Decision:
     """A put that got no answer to its commit: reclaim its chunks unless it did commit.
 

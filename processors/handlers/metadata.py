@@ -18,7 +18,7 @@ def _entry(ctx: Context, cmd: dict) -> tuple[str, str]:
     return namespace, name
 
 
-@handles("threadlog.cmd.SetMetadata", rules=4)
+@handles("threadlog.cmd.SetMetadata", rules=4, thread_keyed=False)
 def set_value(ctx: Context, cmd: dict) -> Decision:
     namespace, name = _entry(ctx, cmd)
     try:
@@ -29,7 +29,7 @@ def set_value(ctx: Context, cmd: dict) -> Decision:
                                                            "value": cmd["value"]})])
 
 
-@handles("threadlog.cmd.DeleteMetadata")
+@handles("threadlog.cmd.DeleteMetadata", thread_keyed=False)
 def delete(ctx: Context, cmd: dict) -> Decision:
     namespace, name = _entry(ctx, cmd)
     if ctx.view.get(state.value_key(namespace, name)) is None:

@@ -24,6 +24,6 @@ FLOOR_MARKER_RULES = 7
 MARKER_TYPE = "threadlog.cmd.RaiseRulesFloor"
 
 
-@handles(MARKER_TYPE, rules=FLOOR_MARKER_RULES, new=True)
+@handles(MARKER_TYPE, rules=FLOOR_MARKER_RULES, new=True, thread_keyed=False)
 def raise_rules_floor(ctx: Context, cmd: dict) -> Decision:
     return Decision()  # the floor itself is the judge's (it raises it for every proposal of rules >= 4)
