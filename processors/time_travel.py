@@ -118,7 +118,8 @@ class PartitionReader:
 
     def records(self, end: int, stop: threading.Event | None = None) -> Iterator[Record]:
         """Offsets 0 .. end-1, in order. UNAVAILABLE when nothing arrives for `timeout`,
-        or within a second of `stop` being set."""
+        or once `stop` is set (before the next record, or within a second of
+        waiting for one): what judges them stops with it."""
         if end <= 0:
             return
         self._consumer.assign([TopicPartition(self.topic, self.partition, 0)])
@@ -152,6 +153,8 @@ class PartitionReader:
                     continue
                 if msg.offset() >= end:
                     return
+                if stop is not None and stop.is_set():
+                    raise unavailable("time travel was cancelled")
                 ts_type, ts = msg.timestamp()
                 yield Record(self.partition, msg.offset(), msg.value(), ts if ts_type != 0 else None)
                 nxt = msg.offset() + 1
@@ -172,11 +175,9 @@ def _describe(codec: Codec, value: bytes | None) -> tuple[str | None, str | None
 
 
 def judge_into(store: Store, records: Iterator[Record], *, codec: Codec, partitions: int, topic: str,
-               others: Others, until_ms: int | None = None, key: str | None = None,
-               stop: threading.Event | None = None) -> list[Step]:
+               others: Others, until_ms: int | None = None, key: str | None = None) -> list[Step]:
     """Judge `records` (one partition, from offset 0) into the empty `store`;
     returns the steps judged (with `key`: only that key's, and the last one).
-    `stop` set: gives up (UNAVAILABLE) before the next record.
 
     With `until_ms` (whole milliseconds), stops before the first record
     decided in a later millisecond (decision time only moves forward on a
@@ -188,8 +189,6 @@ def judge_into(store: Store, records: Iterator[Record], *, codec: Codec, partiti
     pending = 0
     position: dict[tuple[str, int], int] = {}
     for rec in records:
-        if stop is not None and stop.is_set():
-            raise unavailable("time travel was cancelled")
         child = base.child()
         try:
             verdict = judge_record(child, rec, codec=codec, partitions=partitions, progress={}, topic=topic,
@@ -329,7 +328,7 @@ async def replayed(tl: ThreadLog, partition: int, at: Any = None, key: str | Non
         stop = threading.Event()
         judging = asyncio.ensure_future(asyncio.to_thread(
             judge_into, store, reader.records(end, stop), codec=rt.codec, partitions=rt.layout.events,
-            topic=topic, others=live_others(tl), until_ms=until_ms, key=key, stop=stop))
+            topic=topic, others=live_others(tl), until_ms=until_ms, key=key))
         try:
             steps = await asyncio.shield(judging)
         except asyncio.CancelledError:

@@ -402,17 +402,15 @@ class QueryClient:
 
     def call_sync(self, op: str, args: dict, partitions: list[int] | None = None) -> dict[tuple[int, ...], Any]:
         """Blocking `call` (from any thread but the client's own loop thread)."""
-        if threading.current_thread() is self._thread:  # pragma: no cover - a bug, not a state
-            raise RuntimeError("QueryClient.call_sync on its own loop")
-        return self._run(self.call(op, args, partitions)).result(self.timeout + 5)
+        return self.run_sync(self.call(op, args, partitions), self.timeout + 5)
 
-    def run_sync(self, coro: Coroutine[Any, Any, _T]) -> _T:
+    def run_sync(self, coro: Coroutine[Any, Any, _T], timeout: float) -> _T:
         """Blocking: `coro` run on the client's loop (from any thread but its own),
-        bounded by a few request timeouts (it makes several requests)."""
+        waited for at most `timeout`."""
         if threading.current_thread() is self._thread:  # pragma: no cover - a bug, not a state
             coro.close()
             raise RuntimeError("QueryClient.run_sync on its own loop")
-        return self._run(coro).result(self.timeout * SLICE_ATTEMPTS + 5)
+        return self._run(coro).result(timeout)
 
     async def on_loop(self, coro: Coroutine[Any, Any, _T]) -> _T:
         """Await `coro` run on the client's loop, from any other loop."""
@@ -705,25 +703,26 @@ class QueryClient:
         patches: 42 MiB). The slices are not one snapshot: each carries the
         digest of the whole value, and a value that changed between two of
         them is read again from its start."""
-        asked = self._asked(partitions)
+        key64 = _b64(k)
+
+        async def ask(start: int, parts: list[int]) -> dict[tuple[int, ...], Any]:
+            return await self.acall("slice", {"key": key64, "start": start, "length": SLICE_BYTES}, parts)
+
         for _ in range(SLICE_ATTEMPTS):
-            first = await self.acall("slice", {"key": _b64(k), "start": 0, "length": SLICE_BYTES}, asked)
-            holders = sorted((parts, got) for parts, got in first.items() if got["size"] is not None)
+            holders = sorted((parts, got) for parts, got in (await ask(0, self._asked(partitions))).items()
+                             if got["size"] is not None)
             if not holders:
                 return None
             # Twins of one id (several owners hold it): the lowest partition's, as `read`.
             parts, got = holders[0]
             if len(holders) > 1 or len(parts) > 1:
-                lowest = min(p for parts_, _ in holders for p in parts_)
-                (got,) = (await self.acall("slice", {"key": _b64(k), "start": 0, "length": SLICE_BYTES},
-                                           [lowest])).values()
+                parts = (min(p for held, _ in holders for p in held),)
+                (got,) = (await ask(0, list(parts))).values()
                 if got["size"] is None:
                     continue
-                parts = (lowest,)
             data = bytearray(base64.b64decode(got["data"]))
             while len(data) < got["size"]:
-                (more,) = (await self.acall("slice", {"key": _b64(k), "start": len(data), "length": SLICE_BYTES},
-                                            list(parts))).values()
+                (more,) = (await ask(len(data), list(parts))).values()
                 if more["size"] != got["size"] or more["digest"] != got["digest"] or not more["data"]:
                     break  # replaced or deleted meanwhile: from the start
                 data += base64.b64decode(more["data"])
@@ -864,6 +863,8 @@ class RemoteStore:
     def __init__(self, client: QueryClient, page: int = SCAN_LIMIT) -> None:
         self._client = client
         self.page = page  # keys per scan request (the server caps it too)
+        # A value read in slices: a few requests per attempt.
+        self._sliced_timeout = client.timeout * SLICE_ATTEMPTS + 5
 
     def get(self, k: bytes) -> bytes | None:
         try:
@@ -871,7 +872,7 @@ class RemoteStore:
         except ThreadLogError as exc:
             if exc.code != ANSWER_TOO_LARGE:
                 raise
-            return self._client.run_sync(self._client.read_sliced(k, None))
+            return self._client.run_sync(self._client.read_sliced(k, None), self._sliced_timeout)
         for result in results.values():
             if result["value"] is not None:
                 return base64.b64decode(result["value"])
@@ -894,7 +895,7 @@ class RemoteStore:
             for k64, v64 in page["items"]:
                 k = base64.b64decode(k64)
                 v = base64.b64decode(v64) if v64 is not None else \
-                    self._client.run_sync(self._client.read_sliced(k, [p]))
+                    self._client.run_sync(self._client.read_sliced(k, [p]), self._sliced_timeout)
                 if v is not None:
                     yield k, v
             if page["next"] is None:

@@ -233,7 +233,8 @@ class SyncThreadLog:
         purpose before its own deadlines start (a "-1" read's first chunk).
         `read`: the call writes nothing, so giving up on it is UNAVAILABLE.
         `total` False: no limit on the whole call, whose every wait is bounded
-        and whose work grows with the data (re-judging a partition)."""
+        and whose work grows with the data (re-judging a partition, a read):
+        it ends UNAVAILABLE only if the loop is gone."""
         limit = (self.request_timeout * 4 + 5.0 if backstop else self.request_timeout) + extra
         try:
             done, _ = concurrent.futures.wait([fut], limit) if total else self._unbounded(fut)
@@ -348,7 +349,7 @@ class SyncThreadLog:
         async def call() -> builtins.list[dict[str, Any]]:
             return await self._async().history(thread_id)
 
-        return self._wait(self._submit(call()), "history", backstop=True, read=True, total=False)
+        return self._wait(self._submit(call()), "history", total=False)
 
     def state_at(self, thread_id: str, at: int | datetime | None = None) -> dict[str, Any]:
         """`ThreadLog.state_at`: the thread's state after offset `at`, or at time `at` (as long
@@ -357,7 +358,7 @@ class SyncThreadLog:
         async def call() -> dict[str, Any]:
             return await self._async().state_at(thread_id, at)
 
-        return self._wait(self._submit(call()), "state_at", backstop=True, read=True, total=False)
+        return self._wait(self._submit(call()), "state_at", total=False)
 
 
 class _SyncStore:

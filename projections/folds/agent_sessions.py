@@ -20,12 +20,11 @@ session's partition (key `agents:<session id>`) are its only writers.
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 
 from ..fold import EventMeta, folds
 from ..keys import key
+from ..reader import StateReader
 from ..view import View
 
 # The NUL after "oa" keeps these tags from prefixing (or being prefixed by) any
@@ -99,7 +98,7 @@ ITEMS_QUERY_BYTES = 8 * 1024 * 1024
 ITEMS_QUERY_READS = 8
 
 
-def read_items(store: Any, session: str, limit: int | None) -> list[str] | None:
+def read_items(store: StateReader, session: str, limit: int | None) -> list[str] | None:
     """The JSON texts of the latest `limit` items (every item when None), oldest
     first, as one state of the session: what `get_items` reads, run where the
     state is (projections/queries.py). None if the session kept changing, or
