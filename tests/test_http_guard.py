@@ -376,8 +376,9 @@ async def test_a_passing_unavailable_cuts_a_resumable_stream_instead_of_ending_t
     Now a client holding an event id gets a cut stream (a last line with no
     newline: its StreamTruncatedError) and reconnects with Last-Event-ID; one
     with no id still gets the RUN_ERROR, the only thing it could act on."""
+    writer = await open_client()  # the writes are not under test: the default timeout
     tl = await open_client(request_timeout_ms=2_000)
-    log = tl.delivery("run-busy")
+    log = writer.delivery("run-busy")
     [o0] = await within(log.append([chunk(0)]))
     await within(log.append([chunk(1)]))
     pool = tl._delivery.pool
