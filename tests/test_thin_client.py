@@ -648,8 +648,10 @@ async def test_a_record_larger_than_one_answer_is_read_in_slices(worker, open_cl
     code SPEC does not know -- from `get`, and `list_by_thread` of the whole
     thread failed too. A value too large for one answer is read in slices now,
     and a scan page carries it as its key only."""
-    thin, full = await open_client(processors="external"), await open_client()
+    thin, full = await open_client(processors="external", own_worker=True), await open_client()
     big = "q" * (14 * 1024 * 1024)
+    # "t" is not on partition 0: a sliced read of every partition must find it where it is.
+    assert partition_for("t", thin.runtime.layout.events) != 0
     await within(thin.runs.create_or_resume(run_id="g", thread_id="t", started_at=1))
     await within(thin.runs.create_or_resume(run_id="small", thread_id="t", started_at=2))
     for patch in ({"usage": {"u": big}}, {"error": {"message": big}}, {"sandboxKey": big}):
@@ -670,3 +672,63 @@ async def test_a_record_larger_than_one_answer_is_read_in_slices(worker, open_cl
     listed = await within(thin.runs.list_by_thread("t"), 120)
     assert listed == await within(full.runs.list_by_thread("t"), 120)
     assert [r["runId"] for r in listed] == ["g", "small"] and listed[0] == expected
+    # Tried (a review): a sliced read of every partition (RemoteStore.get: the queries
+    # that fall back to it, as list_reclaimable's after ANSWER_TOO_LARGE) asked its
+    # slices of partition 0 only -- the lowest asked, not the holder: UNAVAILABLE.
+    k = runs_state.record_key("t", "g")
+    assert await asyncio.wait_for(asyncio.to_thread(thin.state.get, k), 300) == \
+        await within(full.session.read(k, None), 120)
+    await within(thin.runs.update("g", {"detachedSince": 5}), 120)
+    reclaimable = await within(full.runs.list_reclaimable(now=10**13, ttl_ms=0), 120)
+    assert [r["runId"] for r in reclaimable] == ["g"]
+    assert await within(thin.runs.list_reclaimable(now=10**13, ttl_ms=0), 300) == reclaimable
+
+
+async def test_a_worker_without_slice_makes_a_large_value_unavailable_not_invalid(worker, open_client,
+                                                                                  monkeypatch):
+    """Tried (a review, with a worker of the version before `slice`): a read of a
+    value too large for one answer failed INVALID_ARGUMENT "unknown operation
+    'slice'" -- the caller's input was fine -- and `slice` was asked again on
+    every read. Now UNAVAILABLE, and not asked again for a while. (That
+    worker's answer is given here by the call; the rest is a real worker.)"""
+    thin = await open_client(processors="external", own_worker=True)
+    query = thin.runtime.query
+    asked: list[str] = []
+    real = remote.QueryClient.call
+
+    async def call(self, op, args, partitions=None, timeout=None):
+        asked.append(op)
+        if op == "slice":
+            raise ThreadLogError(INVALID_ARGUMENT, "unknown operation 'slice'")
+        return await real(self, op, args, partitions, timeout)
+
+    monkeypatch.setattr(remote.QueryClient, "call", call)
+    for _ in range(2):
+        with pytest.raises(ThreadLogError) as err:
+            await within(query.read_sliced(b"any key", None))
+        assert err.value.code == UNAVAILABLE and "earlier version" in err.value.message
+    assert asked == ["slice"]  # the second read asked nothing
+
+
+async def test_a_scan_whose_first_pages_pass_one_answer_is_not_refused(worker, open_client):
+    """Tried (a review): a scan's first round asks each owner for a page of every
+    partition it owns in one answer. A page stopped once past 4 MiB, so the item
+    crossing it could be a whole 8 MiB value: 4 partitions of ~12 MiB raw made a
+    63 MiB answer, refused ANSWER_TOO_LARGE -- a code SPEC does not list -- to
+    the caller. A page now ends before the item that would pass 4 MiB, and a
+    first round too large for one answer is asked a partition at a time."""
+    thin, full = await open_client(processors="external", own_worker=True), await open_client()
+    parts = thin.runtime.layout.events
+    threads = {partition_for(t, parts): t for t in (f"t{n}" for n in range(64))}
+    assert len(threads) == parts
+    for t in threads.values():
+        for run_id, n in (("r1", 3_900_000), ("r2", 7_900_000)):  # both inline (<= 8 MiB)
+            await within(thin.runs.create_or_resume(run_id=f"{t}-{run_id}", thread_id=t, started_at=1))
+            await within(thin.runs.update(f"{t}-{run_id}", {"sandboxKey": "q" * n}), 120)
+    prefix = runs_state.RUN_RECORD
+    await within(full.read_barrier(None), 60)  # a raw scan waits for nothing itself
+    expected = await within(full.session.scan(prefix, None), 120)
+    assert len(expected) == 2 * parts
+    await within(thin.read_barrier(None), 60)
+    assert await within(thin.session.scan(prefix, None), 300) == expected
+    assert await asyncio.wait_for(asyncio.to_thread(lambda: list(thin.state.scan(prefix))), 300) == expected

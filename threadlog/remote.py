@@ -410,7 +410,15 @@ class QueryClient:
         if threading.current_thread() is self._thread:  # pragma: no cover - a bug, not a state
             coro.close()
             raise RuntimeError("QueryClient.run_sync on its own loop")
-        return self._run(coro).result(timeout)
+        fut = self._run(coro)
+        try:
+            return fut.result(timeout)
+        except TimeoutError:
+            # Reads only (RemoteStore, time travel's lookups): nothing was written.
+            # The call is stopped, not left running on the loop, and the caller
+            # gets a code SPEC lists, not a bare TimeoutError.
+            fut.cancel()
+            raise unavailable(f"the workers did not answer within {timeout:.0f}s") from None
 
     async def on_loop(self, coro: Coroutine[Any, Any, _T]) -> _T:
         """Await `coro` run on the client's loop, from any other loop."""
@@ -704,22 +712,41 @@ class QueryClient:
         digest of the whole value, and a value that changed between two of
         them is read again from its start."""
         key64 = _b64(k)
+        no_slices = ("a value too large for one answer cannot be read through a worker of an earlier "
+                     "version (it has no `slice`): upgrade the workers")
+        if not self._supports("slice"):
+            raise unavailable(no_slices)
 
         async def ask(start: int, parts: list[int]) -> dict[tuple[int, ...], Any]:
-            return await self.acall("slice", {"key": key64, "start": start, "length": SLICE_BYTES}, parts)
+            try:
+                return await self.acall("slice", {"key": key64, "start": start, "length": SLICE_BYTES}, parts)
+            except ThreadLogError as exc:
+                # Not INVALID_ARGUMENT (the caller's input is fine): what it asked
+                # exists, this worker cannot serve it yet.
+                if self._unsupported(exc, "slice"):
+                    raise unavailable(no_slices) from None
+                raise
 
         for _ in range(SLICE_ATTEMPTS):
             holders = sorted((parts, got) for parts, got in (await ask(0, self._asked(partitions))).items()
                              if got["size"] is not None)
             if not holders:
                 return None
-            # Twins of one id (several owners hold it): the lowest partition's, as `read`.
             parts, got = holders[0]
+            # An answer for several partitions does not say which one holds the
+            # value, and twins of one id (several owners hold it) are read at the
+            # lowest partition, as `read` does: so the holders' partitions are
+            # asked one by one, lowest first, and the first holding it is read.
+            # (Taking the lowest partition asked read partition 0 for a value held
+            # elsewhere: "absent", four times, then UNAVAILABLE.)
             if len(holders) > 1 or len(parts) > 1:
-                parts = (min(p for held, _ in holders for p in held),)
-                (got,) = (await ask(0, list(parts))).values()
-                if got["size"] is None:
-                    continue
+                for p in sorted(p for held, _ in holders for p in held):
+                    (got,) = (await ask(0, [p])).values()
+                    if got["size"] is not None:
+                        parts = (p,)
+                        break
+                else:
+                    continue  # deleted meanwhile (or moved): asked again from the start
             data = bytearray(base64.b64decode(got["data"]))
             while len(data) < got["size"]:
                 (more,) = (await ask(len(data), list(parts))).values()
@@ -827,14 +854,26 @@ class QueryClient:
         self._unknown_ops[op] = time.monotonic() + REFUSED_PAUSE_S
         return True
 
+    async def first_pages(self, prefix: bytes, start64: str | None, limit: int, asked: list[int]) -> dict[int, dict]:
+        """The first scan page of each partition in `asked`: one request per owner,
+        or, when an owner's pages together pass one answer (each page can be
+        ~11 MiB as base64: several partitions' pass 48 MiB), one per partition."""
+        try:
+            first = await self.acall("scan", _scan_args(prefix, start64, limit), asked)
+        except ThreadLogError as exc:
+            if exc.code != ANSWER_TOO_LARGE or len(asked) == 1:
+                raise
+            each = await asyncio.gather(*(self.acall("scan", _scan_args(prefix, start64, limit), [p])
+                                          for p in asked))
+            first = {parts: result for one in each for parts, result in one.items()}
+        return {int(p): page for result in first.values() for p, page in result["pages"].items()}
+
     async def scan(self, prefix: bytes, partitions: list[int] | None) -> list[tuple[bytes, bytes]]:
         """Every (key, value) under `prefix` in the state of `partitions` (all when
         None), ascending, from any event loop without blocking it: every owner's
         first pages in one round, then each partition paged on its own. Pages are
         not one snapshot."""
-        asked = self._asked(partitions)
-        first = await self.acall("scan", _scan_args(prefix, None, SCAN_LIMIT), asked)
-        pages = {int(p): page for result in first.values() for p, page in result["pages"].items()}
+        pages = await self.first_pages(prefix, None, SCAN_LIMIT, self._asked(partitions))
 
         async def rest(p: int) -> list[tuple[bytes, bytes]]:
             page = pages[p]
@@ -886,8 +925,10 @@ class RemoteStore:
         """Keys with `prefix` ascending from `start`: every partition's first
         page in one round, then each partition paged on its own, merged."""
         start_b64 = None if start is None else _b64(start)
-        first = self._client.call_sync("scan", _scan_args(prefix, start_b64, self.page), self._client.all_partitions())
-        pages = {int(p): page for result in first.values() for p, page in result["pages"].items()}
+        client = self._client
+        # Two rounds at most (all at once, then one partition each), each bounded.
+        pages = client.run_sync(client.first_pages(prefix, start_b64, self.page, client.all_partitions()),
+                                2 * client.timeout + 5)
         return heapq.merge(*(self._pages(prefix, p, pages[p]) for p in sorted(pages)), key=lambda kv: kv[0])
 
     def _pages(self, prefix: bytes, p: int, page: dict) -> Iterator[tuple[bytes, bytes]]:
