@@ -301,7 +301,18 @@ org.apache.kafka.common.security.scram.ScramLoginModule required;
 """
 
 
-def _single_properties(port: int, cport: int, logs: Path, sasl: bool) -> str:
+# `start(sasl=True, acls=True)`: Kafka's KRaft authorizer, denying whatever no
+# ACL allows. The PLAINTEXT listeners (principal ANONYMOUS) stay the operator's:
+# inter-broker and controller traffic, creating users and ACLs.
+ACL_PROPERTIES = """\
+# --acls: SASL users may do only what ACLs allow (create them over PLAINTEXT).
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:ANONYMOUS
+allow.everyone.if.no.acl.found=false
+"""
+
+
+def _single_properties(port: int, cport: int, logs: Path, sasl: bool, acls: bool = False) -> str:
     text = SERVER_PROPERTIES.format(port=port, cport=cport, logs=logs)
     if not sasl:
         return text
@@ -309,7 +320,7 @@ def _single_properties(port: int, cport: int, logs: Path, sasl: bool) -> str:
     # The SASL block redefines the listener lines; drop the PLAINTEXT-only ones.
     redefined = ("listeners=", "advertised.listeners=", "listener.security.protocol.map=")
     kept = [line for line in text.splitlines() if not line.startswith(redefined)]
-    return "\n".join(kept) + "\n" + extra
+    return "\n".join(kept) + "\n" + extra + (ACL_PROPERTIES if acls else "")
 
 
 CLUSTER_PROPERTIES = """\
@@ -473,13 +484,15 @@ def start(
     log: Log = print,
     nodes: int | None = None,
     sasl: bool = False,
+    acls: bool = False,
 ) -> BrokerState | ClusterState:
     """Start (or reuse) the local broker or cluster; return its state once it answers.
 
     `nodes` defaults to what `data_dir` already holds (1 for a new one); asking
     for another count than a data dir holds is an error, not a silent reshape.
     One node returns a `BrokerState`, several a `ClusterState`; both have `.bootstrap`.
-    `sasl` (one node only) adds the SCRAM listener on port+2: `BrokerState.sasl_bootstrap`.
+    `sasl` (one node only) adds the SCRAM listener on port+2: `BrokerState.sasl_bootstrap`;
+    `acls` (with `sasl`) runs the authorizer: SASL users may do only what ACLs allow.
     """
     data_dir = Path(data_dir or default_data_dir()).resolve()
     held = node_count(data_dir)
@@ -494,12 +507,15 @@ def start(
         )
     if sasl and nodes > 1:
         raise BrokerError("--sasl runs on a single node; drop --nodes or --sasl")
+    if acls and not sasl:
+        raise BrokerError("--acls needs --sasl (the users ACLs name authenticate there)")
     if nodes == 1:
-        return _start_single(DEFAULT_PORT if port is None else port, data_dir, timeout, log, sasl)
+        return _start_single(DEFAULT_PORT if port is None else port, data_dir, timeout, log, sasl, acls)
     return _start_cluster(nodes, port, data_dir, timeout, log)
 
 
-def _start_single(port: int, data_dir: Path, timeout: float, log: Log, sasl: bool = False) -> BrokerState:
+def _start_single(port: int, data_dir: Path, timeout: float, log: Log, sasl: bool = False,
+                  acls: bool = False) -> BrokerState:
     existing = _read_state(data_dir)
     if existing and _running(existing):
         if _answers(existing.bootstrap, timeout=10):
@@ -523,7 +539,7 @@ def _start_single(port: int, data_dir: Path, timeout: float, log: Log, sasl: boo
     data_dir.mkdir(parents=True, exist_ok=True)
     logs = data_dir / "kraft"
     props = data_dir / "server.properties"
-    props.write_text(_single_properties(port, cport, logs, sasl))
+    props.write_text(_single_properties(port, cport, logs, sasl, acls))
     log4j = _write_log4j(data_dir)
     cp = f"{libs}/*"
     if not (logs / "meta.properties").exists():

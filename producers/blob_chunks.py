@@ -28,14 +28,14 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from threadlog.schemas import Codec, CodecError
 
 from threadlog.kernel import kafka_config
 from threadlog.kernel.errors import unavailable
 from threadlog.kernel.partitioning import partition_for
 
-from .pump import ProducerPump
+from .pump import ProducerPump, for_good, produce_refused, within
 
 if TYPE_CHECKING:
     from confluent_kafka.cimpl import DeliveryCallback  # only in the stubs
@@ -122,6 +122,7 @@ class ChunkSink:
         self.topic = topic
         self.partitions = partitions
         self.codec = codec
+        self.timeout = timeout
         self.producer = Producer(kafka_config.producer(
             bootstrap, f"{client_id}.blobs", kafka,
             **{
@@ -137,13 +138,18 @@ class ChunkSink:
     def produce(self, key: str, value: bytes | None, on_delivery: DeliveryCallback | None = None) -> int:
         """Produce to the chunk key's partition (where its tombstone will go too)."""
         partition = partition_for(key, self.partitions)
+        deadline = time.monotonic() + self.timeout
         while True:
             try:
                 self.producer.produce(self.topic, value, key.encode("utf-8"), partition=partition,
                                       on_delivery=on_delivery)
                 return partition
             except BufferError:  # local queue full: let the pump drain it
+                if time.monotonic() > deadline:  # it never drains (a producer failed for good)
+                    raise unavailable("blob chunk not written: the chunk producer's queue stayed full") from None
                 time.sleep(0.002)
+            except KafkaException as exc:
+                raise produce_refused(exc, "blob chunk") from None
 
     def close(self) -> None:
         self._pump.stop(flush_timeout=10)
@@ -217,7 +223,9 @@ class ChunkWriter:
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
-                result: object = unavailable(f"blob chunk not written: {err}")
+                # Not delivery_failure: a chunk that timed out leaves the put failed
+                # (its manifest is never proposed), not of unknown outcome.
+                result: object = unavailable(f"blob chunk not written: {err}", retryable=not for_good(err))
             else:
                 # A delivered record has its partition and offset.
                 result = ChunkRef(cast(int, msg.partition()), cast(int, msg.offset()), length)
@@ -231,7 +239,13 @@ class ChunkWriter:
 
     async def _settle_one(self) -> None:
         index, fut = self._pending[0]
-        ref = await fut
+        try:
+            # librdkafka reports within message.timeout.ms (the request timeout
+            # unless a user's property says otherwise); this bounds the put anyway.
+            ref = await within(fut, self.sink.timeout + 5)
+        except TimeoutError:
+            raise unavailable(f"blob chunk not acknowledged within {self.sink.timeout + 5:g}s: the blob "
+                              "was not stored") from None
         self._pending.popleft()
         assert index == len(self._refs)
         self._refs.append(ref)

@@ -21,7 +21,7 @@ from threadlog.kernel.errors import OUTCOME_UNKNOWN, ThreadLogError, invalid_arg
 from threadlog.kernel.partitioning import partition_for
 from threadlog.kernel.topics import MAX_MESSAGE_BYTES
 
-from .pump import ProducerPump, delivery_failure, settle_threadsafe, within
+from .pump import ProducerPump, delivery_failure, produce_refused, settle_threadsafe, within
 
 # Room in one record for its key (a run id), headers (a thin client's reply
 # token) and the batch framing, under the topic's max.message.bytes.
@@ -91,10 +91,7 @@ class DeliveryWriter:
             except KafkaException as exc:
                 # librdkafka's own checks, before anything is sent: a record (a long
                 # run id as its key) over its message.max.bytes is bad input.
-                if kafka_config.error_code(exc) == KafkaError.MSG_SIZE_TOO_LARGE:
-                    raise invalid_argument(f"delivery record not written: too large for one Kafka record "
-                                           f"({exc})") from None
-                raise unavailable(f"delivery record not written: {exc}") from None
+                raise produce_refused(exc, "delivery record") from None
         # librdkafka reports every record within message.timeout.ms (= the request
         # timeout) -- but checks for expired records about once a second, so a
         # report can come a second late on a busy machine (a 5 s append during a

@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Protocol
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from threadlog.processors.handlers import reads_other_partitions, rules_for
 from threadlog.schemas import Codec
 
@@ -44,7 +44,7 @@ from threadlog.kernel.errors import OUTCOME_UNKNOWN, ThreadLogError, invalid_arg
 from threadlog.kernel.partitioning import partition_for
 from threadlog.kernel.topics import TopicLayout, Topics
 
-from .pump import ProducerPump, delivery_failure, settle_threadsafe, within
+from .pump import ProducerPump, delivery_failure, produce_refused, settle_threadsafe, within
 
 log = logging.getLogger("threadlog.proposals")
 
@@ -247,8 +247,8 @@ class ProposalBus:
                                   on_delivery=delivered, headers=self._headers)
         except BufferError:
             raise unavailable("proposal producer queue is full") from None
-        except Exception as exc:
-            raise invalid_argument(f"proposal not sent: {exc}") from None
+        except KafkaException as exc:
+            raise produce_refused(exc, f"proposal {type_name}") from None
         with unsettled_write():  # until its verdict (or that it was not written) is known
             try:
                 # One deadline for the whole call, `seen` included: otherwise a call during a

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from threadlog.kernel.errors import OUTCOME_UNKNOWN, ThreadLogError, invalid_argument, unavailable
 from threadlog.kernel.topics import MAX_MESSAGE_BYTES
+
+log = logging.getLogger("threadlog.producers")
 
 # A record this large (value, key, headers) fits any topic of ours alone, with
 # its batch's framing (a few hundred bytes).
@@ -28,6 +31,30 @@ def record_bytes(msg: Message) -> int:
     return size
 
 
+# Errors no retry of the same call fixes: a principal without the ACL the write
+# needs, or a producer librdkafka has failed for good (an idempotent producer
+# refused its producer id). Still UNAVAILABLE ("not written"), but not retryable.
+# threadlog never purges a producer's queue itself: librdkafka purges it when it
+# fails a producer for good, so a record purged before it was sent is one of
+# those too. (One purged in flight may have been written: see delivery_failure.)
+_FOR_GOOD = frozenset({KafkaError._FATAL, KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                       KafkaError.CLUSTER_AUTHORIZATION_FAILED, KafkaError._PURGE_QUEUE})
+
+
+def for_good(err: KafkaError) -> bool:
+    return err.code() in _FOR_GOOD or err.fatal()
+
+
+def produce_refused(exc: KafkaException, what: str) -> ThreadLogError:
+    """The error of a record librdkafka refused at `produce()`, before sending it:
+    one too large for a Kafka record is bad input; a producer failed for good
+    (KafkaError._FATAL) will not take this record later either."""
+    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+    if err is not None and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+        return invalid_argument(f"{what} not written: too large for one Kafka record ({exc})")
+    return unavailable(f"{what} not written: {exc}", retryable=not (err is not None and for_good(err)))
+
+
 def delivery_failure(err: KafkaError, what: str, msg: Message | None = None) -> ThreadLogError:
     """The error of a record librdkafka reported as not delivered. A timed-out record
     may have been written (its request was in flight): OUTCOME_UNKNOWN, it may still
@@ -35,11 +62,15 @@ def delivery_failure(err: KafkaError, what: str, msg: Message | None = None) -> 
     too large for the topic, which is bad input (INVALID_ARGUMENT). The broker
     refuses a whole batch, so a record that would fit alone (with its own
     framing) only shared a batch that did not (a user's batch.size): UNAVAILABLE."""
-    if err.code() == KafkaError._MSG_TIMED_OUT:
+    if err.code() in (KafkaError._MSG_TIMED_OUT, KafkaError._PURGE_INFLIGHT):
         return ThreadLogError(OUTCOME_UNKNOWN, f"{what} may have been written ({err}): it may still apply")
     if err.code() == KafkaError.MSG_SIZE_TOO_LARGE and (msg is None or record_bytes(msg) > FITS_ALONE):
         return invalid_argument(f"{what} not written: too large for one Kafka record ({err})")
-    return unavailable(f"{what} not written: {err}")
+    if err.code() == KafkaError._PURGE_QUEUE:
+        return unavailable(f"{what} not written: librdkafka failed this client's producer for good ({err}; "
+                           "the cause is logged, e.g. a principal without Write): reopen the client once it is "
+                           "fixed", retryable=False)
+    return unavailable(f"{what} not written: {err}", retryable=not for_good(err))
 
 
 def settle(fut: asyncio.Future, exc: BaseException | None, value: Any) -> None:
@@ -148,13 +179,26 @@ class ProducerPump:
 
     def __init__(self, producer: Producer, name: str) -> None:
         self.producer = producer
+        self.name = name
+        self.failure: KafkaException | None = None  # the first error poll raised (logged once)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        # Never dies: poll raises librdkafka's fatal errors (an idempotent producer
+        # whose principal may not write: CLUSTER_AUTHORIZATION_FAILED). A review
+        # saw this thread end so; no delivery report was served again, and every
+        # write waited out its whole timeout to say OUTCOME_UNKNOWN -- a blob put
+        # forever. Polling on serves the reports that fail those records.
         while not self._stop.is_set():
-            self.producer.poll(0.05)
+            try:
+                self.producer.poll(0.05)
+            except KafkaException as exc:
+                if self.failure is None:
+                    self.failure = exc
+                    log.warning("%s: %s (the writes through this producer fail)", self.name, exc)
+                self._stop.wait(0.05)
 
     def stop(self, flush_timeout: float = 5.0) -> None:
         self._stop.set()

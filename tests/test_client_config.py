@@ -89,8 +89,11 @@ async def test_properties_take_effect_in_librdkafka(open_client):
         await within(tl.read_barrier(None))
 
 
+# The last four broke the judges' group while open() accepted them (a review: the
+# worker exited, its judge thread died, or two workers sharing the file fenced each other).
 @pytest.mark.parametrize("prop", ["enable.idempotence", "acks", "isolation.level", "enable.auto.commit",
-                                  "group.id", "transactional.id", "bootstrap.servers"])
+                                  "group.id", "transactional.id", "bootstrap.servers", "group.protocol",
+                                  "partition.assignment.strategy", "group.instance.id", "group.remote.assignor"])
 def test_a_property_threadlog_controls_is_refused_naming_it(prop):
     with pytest.raises(ThreadLogError) as err:
         threadlog.open("127.0.0.1:1", kafka={prop: "x"})
@@ -129,6 +132,10 @@ async def test_secrets_never_appear_in_errors_reprs_or_logs(bootstrap, namespace
     assert secret not in caplog.text
     assert kafka_config.redacted({"my.token": "x", "api.secret.key": "y", "linger.ms": 1}) == {
         "my.token": "[redacted]", "api.secret.key": "[redacted]", "linger.ms": 1}
+    # Tried (a review): a real librdkafka secret the list missed was logged in clear.
+    for key in ("sasl.oauthbearer.assertion.private.key.passphrase", "sasl.oauthbearer.assertion.private.key.pem",
+                "ssl.keystore.password", "sasl.oauthbearer.client.credentials.client.secret"):
+        assert kafka_config.is_secret(key), key
 
 
 async def test_an_unreachable_bootstrap_fails_within_the_timeout_naming_the_cause(tmp_path):

@@ -65,7 +65,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
             nodes = max(args.nodes or broker.node_count(data_dir) or 1, 1)
             _require_port(args.port, "--port", above=2 if args.sasl else 2 * nodes - 1, zero_ok=False)
         try:
-            st = broker.start(port=args.port, data_dir=data_dir, nodes=args.nodes, sasl=args.sasl,
+            st = broker.start(port=args.port, data_dir=data_dir, nodes=args.nodes, sasl=args.sasl, acls=args.acls,
                               log=lambda m: print(m, file=sys.stderr))
         except broker.BrokerError as exc:
             print(f"threadlog broker start failed: {exc}", file=sys.stderr)
@@ -132,6 +132,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         partitions=args.partitions,
         delivery_retention_ms=args.delivery_retention_ms,
+        replication_factor=args.replication_factor,
+        min_insync_replicas=args.min_insync_replicas,
         request_timeout_ms=args.request_timeout_ms,
         kafka=_kafka_props(args),
     )
@@ -957,6 +959,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--sasl", action="store_true",
                    help="start (one node): also a SASL_PLAINTEXT listener on port+2 with SCRAM-SHA-256 and "
                         "SCRAM-SHA-512 (users: threadlog.broker.create_scram_user); PLAINTEXT stays open")
+    b.add_argument("--acls", action="store_true",
+                   help="start, with --sasl: run Kafka's authorizer; SASL users may do only what ACLs allow "
+                        "(PLAINTEXT is a super user: create the ACLs there)")
     b.set_defaults(fn=cmd_broker)
 
     w = sub.add_parser("worker", help="judge a namespace and serve its state to thin clients")
@@ -966,6 +971,12 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--delivery-retention-ms", type=int, default=7 * 24 * 3600 * 1000,
                    help="retention.ms of the deliveries topic if this creates it (default 7 days; an existing "
                         "topic keeps its own)")
+    w.add_argument("--replication-factor", type=int, default=None,
+                   help="replicas of topics this creates (default min(3, brokers alive)); given, existing topics "
+                        "must have it")
+    w.add_argument("--min-insync-replicas", type=int, default=None,
+                   help="min.insync.replicas of topics this creates (default min(2, replicas)); existing topics "
+                        "must have it (default: min(2, their own replicas))")
     w.add_argument("--state-dir", default=None, help=STATE_DIR_HELP)
     w.add_argument("--lease-duration-ms", type=int, default=120_000,
                    help="length of the writer leases granted on the partitions this worker owns (announced in "

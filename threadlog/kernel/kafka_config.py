@@ -59,6 +59,15 @@ FORBIDDEN: dict[str, str] = {
     "enable.auto.commit": "positions live in the projection store, not in consumer groups",
     "enable.auto.offset.store": "positions live in the projection store, not in consumer groups",
     "group.id": "threadlog assigns partitions itself and owns its group ids",
+    # The judges' group (processors/judge.py) restores state on its own
+    # assignment callbacks: another protocol or assignor, or a static member
+    # id shared by every worker reading the same properties, broke it (a
+    # review: the worker exited, its judge thread died, or one worker fenced
+    # the other) while open() accepted the properties.
+    "group.protocol": "the judges' group uses the classic protocol with its own assignment callbacks",
+    "group.remote.assignor": "the judges' group uses the classic protocol with its own assignment callbacks",
+    "partition.assignment.strategy": "the judges' group restores state incrementally (cooperative-sticky)",
+    "group.instance.id": "every worker is its own group member (a shared static id fences the others)",
     "auto.offset.reset": "a fold must start from the beginning of the log",
     "enable.partition.eof": "readers rely on end-of-partition events to know they caught up",
     "delivery.report.only.error": "writers wait for every delivery report",
@@ -67,7 +76,10 @@ FORBIDDEN: dict[str, str] = {
 }
 
 # Keys whose values are secrets: never logged, printed or put in an error.
-SECRET_KEY = re.compile(r"password|secret|token|oauthbearer\.config|key\.pem|jaas", re.IGNORECASE)
+# Broad on purpose: a secret logged is worse than a harmless value hidden
+# (`sasl.oauthbearer.assertion.private.key.passphrase` was missed by a narrower list).
+SECRET_KEY = re.compile(r"password|passphrase|secret|token|oauthbearer\.config|private\.key|key\.pem|jaas|"
+                        r"credential", re.IGNORECASE)
 REDACTED = "[redacted]"
 
 

@@ -94,8 +94,12 @@ class Durability:
 
 # Settings a namespace's topics must have for threadlog to be correct, checked
 # on topics that already exist (created by someone else, or by an older version).
+# `events` keeps every proposal (a rebuild, a new judge and time travel read it
+# from offset 0): a retention there deletes facts (a review pre-created it with
+# retention.ms=60000 and open accepted it).
 REQUIRED_CONFIG = {
-    "events": {"cleanup.policy": "delete", "message.timestamp.type": "LogAppendTime"},
+    "events": {"cleanup.policy": "delete", "message.timestamp.type": "LogAppendTime",
+               "retention.ms": "-1", "retention.bytes": "-1"},
     "deliveries": {"cleanup.policy": "delete"},
     "blobs": {"cleanup.policy": "compact"},
     "members": {"cleanup.policy": "compact"},
@@ -105,6 +109,15 @@ REQUIRED_CONFIG = {
 # Snapshot chunks are at most projections/snapshots.py's CHUNK_BYTES (512 KiB)
 # of payload plus a small header; a producer batch stays under 1 MB.
 SNAPSHOT_MAX_MESSAGE_BYTES = 2 * 1024 * 1024
+# Blob chunks: at most 1 MiB (producers/blob_chunks.py MAX_CHUNK) plus headers.
+BLOBS_MAX_MESSAGE_BYTES = 2 * 1024 * 1024
+
+# The least `max.message.bytes` each topic needs: the records threadlog writes
+# there pass the size checks of its writers. Smaller, a write the API accepted
+# came back UNAVAILABLE ("not written", as if the cluster were down) -- a review
+# pre-created the topics at 100 000 bytes and a 2 MB blob put failed so.
+MIN_MESSAGE_BYTES = {"events": MAX_MESSAGE_BYTES, "deliveries": MAX_MESSAGE_BYTES,
+                     "blobs": BLOBS_MAX_MESSAGE_BYTES, "snapshots": SNAPSHOT_MAX_MESSAGE_BYTES}
 
 
 def specs(topics: Topics, partitions: int, delivery_retention_ms: int,
@@ -126,7 +139,7 @@ def specs(topics: Topics, partitions: int, delivery_retention_ms: int,
                  config={**big, "retention.ms": str(delivery_retention_ms)}),
         # Blob manifests and chunks: the latest record per key wins; tombstones reclaim.
         NewTopic(topics.blobs, partitions, rf,
-                 config={**isr, "max.message.bytes": str(2 * 1024 * 1024), "cleanup.policy": "compact",
+                 config={**isr, "max.message.bytes": str(BLOBS_MAX_MESSAGE_BYTES), "cleanup.policy": "compact",
                          "min.cleanable.dirty.ratio": "0.1", "segment.ms": str(HOUR_MS)}),
         # Query workers announce themselves here (threadlog/members.py): key = worker
         # id, latest heartbeat wins, a tombstone on clean exit. One partition: a
@@ -169,12 +182,13 @@ def ensure_topics(
     # A namespace from before the snapshots topic: one snapshot partition per events partition.
     events = md0.topics.get(topics.events)
     snapshot_partitions = len(events.partitions) if events is not None and events.partitions else None
+    # Only the missing ones: a principal without Create (the README's deploy-job
+    # setup) opens an existing namespace. Asking to create every topic failed it
+    # with TOPIC_AUTHORIZATION_FAILED though every topic was there.
+    missing = [spec for spec in specs(topics, partitions, delivery_retention_ms, durability, snapshot_partitions)
+               if spec.topic not in md0.topics]
     try:
-        futures = admin.create_topics(
-            specs(topics, partitions, delivery_retention_ms, durability, snapshot_partitions),
-            operation_timeout=timeout,
-            request_timeout=timeout,
-        )
+        futures = admin.create_topics(missing, operation_timeout=timeout, request_timeout=timeout) if missing else {}
     except KafkaException as exc:
         raise unavailable(f"cannot create topics: {exc}") from None
     for name, fut in futures.items():
@@ -185,12 +199,19 @@ def ensure_topics(
         except KafkaException as exc:
             err = exc.args[0] if exc.args else None
             if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                continue
+                continue  # created meanwhile by another process
+            if isinstance(err, KafkaError) and err.code() in (KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                                                              KafkaError.CLUSTER_AUTHORIZATION_FAILED):
+                # Retrying will not grant it: not retryable, and says what would.
+                raise unavailable(f"cannot create topic {name}: {exc}: this principal needs Create on the "
+                                  f"topic prefix {topics.namespace}. (README, ACLs), or the namespace created "
+                                  "first by one that has it", retryable=False) from None
             raise unavailable(f"cannot create topic {name}: {exc}") from None
         except Exception as exc:  # the future's own timeout: str() is empty
             raise unavailable(f"cannot create topic {name}: {exc or f'no answer within {timeout:g}s'}") from None
     layout, md = _describe(admin, topics, deadline)
-    check_topics(admin, topics, durability, md, deadline)
+    check_topics(admin, topics, durability, md, deadline, explicit_rf=replication_factor is not None,
+                 explicit_isr=min_insync_replicas is not None)
     return layout
 
 
@@ -218,26 +239,42 @@ def _topic_configs(admin: AdminClient, topics: Topics, names: list[str], deadlin
 
 
 def check_topics(admin: AdminClient, topics: Topics, durability: Durability, md: ClusterMetadata,
-                 deadline: float) -> None:
+                 deadline: float, explicit_rf: bool = True, explicit_isr: bool = True) -> None:
     """Every existing topic has the settings threadlog relies on; all mismatches
     are reported at once, in one INVALID_ARGUMENT (changing them is the
-    operator's decision: threadlog never alters an existing topic)."""
+    operator's decision: threadlog never alters an existing topic).
+
+    The replication factor is checked only when the caller named one
+    (`explicit_rf`): the default follows the brokers alive now, so comparing
+    with it refused every open of a namespace of 3 replicas while one broker
+    of 3 was down -- the very outage 3 replicas are for -- and a namespace
+    made with another factor could not be served by `threadlog worker`.
+    Unnamed, `min.insync.replicas` must be min(2, the topic's own factor):
+    what the default guarantee (an acknowledged write on two brokers) needs."""
     roles = {topics.events: "events", topics.deliveries: "deliveries", topics.blobs: "blobs",
              topics.members: "members", topics.snapshots: "snapshots"}
     configs = _topic_configs(admin, topics, list(roles), deadline)
     problems = []
     for name, role in roles.items():
         meta = md.topics.get(name)
+        isr = durability.min_insync_replicas
         if meta is not None and meta.partitions:
             rf = min(len(p.replicas) for p in meta.partitions.values())
-            if rf != durability.replication_factor:
-                problems.append(f"{name}: replication factor {rf}, expected {durability.replication_factor}")
+            if explicit_rf and rf != durability.replication_factor:
+                problems.append(f"{name}: replication factor {rf}, expected {durability.replication_factor} "
+                                "(a topic's factor changes only by reassigning its partitions)")
+            if not explicit_isr:
+                isr = min(2, rf)
         entries = configs.get(name, {})
-        wanted = {**REQUIRED_CONFIG[role], "min.insync.replicas": str(durability.min_insync_replicas)}
+        wanted = {**REQUIRED_CONFIG[role], "min.insync.replicas": str(isr)}
         for key, value in wanted.items():
             have = entries[key].value if key in entries else None
             if have != value:
                 problems.append(f"{name}: {key}={have}, expected {value}")
+        least = MIN_MESSAGE_BYTES.get(role)
+        have_max = entries["max.message.bytes"].value if "max.message.bytes" in entries else None
+        if least is not None and (have_max is None or not have_max.isdigit() or int(have_max) < least):
+            problems.append(f"{name}: max.message.bytes={have_max}, expected at least {least}")
     events, snaps = md.topics.get(topics.events), md.topics.get(topics.snapshots)
     if events is not None and snaps is not None and events.partitions and snaps.partitions \
             and len(snaps.partitions) < len(events.partitions):
@@ -246,8 +283,9 @@ def check_topics(admin: AdminClient, topics: Topics, durability: Durability, md:
     if problems:
         raise invalid_argument(
             f"the topics of namespace {topics.namespace!r} do not have the settings threadlog needs "
-            f"({'; '.join(problems)}): fix them with kafka-configs / a new namespace, or pass "
-            "replication_factor= / min_insync_replicas= to match")
+            f"({'; '.join(problems)}): fix the settings with kafka-configs (a replication factor by "
+            "reassigning partitions) or use a new namespace; a durability asked for (replication_factor= / "
+            "min_insync_replicas=, the worker's --replication-factor / --min-insync-replicas) must match the topics")
 
 
 def describe(admin: AdminClient, topics: Topics, deadline: float) -> TopicLayout:
@@ -318,5 +356,6 @@ def require_topics(admin: AdminClient, topics: Topics, timeout: float = 30.0,
         raise namespace_not_found(f"namespace {topics.namespace!r} is incomplete: {exc}") from None
     if replication_factor is not None or min_insync_replicas is not None:
         durability = Durability.choose(len(md.brokers), replication_factor, min_insync_replicas)
-        check_topics(admin, topics, durability, md, deadline)
+        check_topics(admin, topics, durability, md, deadline, explicit_rf=replication_factor is not None,
+                     explicit_isr=min_insync_replicas is not None)
     return layout
