@@ -37,6 +37,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 import threadlog
+from threadlog import ThreadLogError
 from threadlog.http import routes as durability_routes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -279,7 +280,14 @@ def create_app(tl: threadlog.ThreadLog | None = None, *, bootstrap: str | None =
         thread_id, text = (body.get("threadId"), body.get("text")) if isinstance(body, dict) else (None, None)
         if not isinstance(thread_id, str) or not isinstance(text, str) or not text:
             return JSONResponse({"error": "give a threadId and a non-empty text"}, status_code=400)
-        return JSONResponse(await chat.send(thread_id, text))
+        try:
+            return JSONResponse(await chat.send(thread_id, text))
+        except ThreadLogError as exc:
+            if exc.code != "INVALID_ARGUMENT":
+                raise
+            # threadlog's own checks (an empty id, one too long...): the request is
+            # bad, not the server (a review got a 500 and a traceback for "").
+            return JSONResponse({"error": exc.message, "code": exc.code}, status_code=400)
 
     app = Starlette(lifespan=lifespan, routes=[
         Route("/", page),

@@ -46,13 +46,19 @@ def emit(**fields) -> None:
 
 
 async def drive(tl: threadlog.ThreadLog, run_id: str, thread_id: str, delay: float) -> int:
-    await tl.runs.create_or_resume(run_id=run_id, thread_id=thread_id, started_at=int(time.time() * 1000))
+    run = await tl.runs.create_or_resume(run_id=run_id, thread_id=thread_id, started_at=int(time.time() * 1000))
+    # An existing run keeps its own thread: the chunks name that one, not --thread.
+    thread_id = run["threadId"]
     try:
         epoch = await tl.runs.claim(run_id)
     except ThreadLogError as exc:
         if exc.code != "RUN_TERMINAL":
             raise
-        emit(event="already finished")  # its driver completed it: nothing to take over
+        # Its driver completed it. The log is closed before the run is marked so, but
+        # a run finished by an older version of this script may have died in between:
+        # closing again is harmless, and without it readers would wait forever.
+        await tl.delivery(run_id, run["driverEpoch"] or 0).close()
+        emit(event="already finished")  # nothing to take over
         return 0
     log = tl.delivery(run_id, epoch)
     # After the claim nothing older can be added, so what stands now is exactly where to go on from.
@@ -82,8 +88,11 @@ async def drive(tl: threadlog.ThreadLog, run_id: str, thread_id: str, delay: flo
         # Another host claimed the run meanwhile: it owns the output now; stop writing.
         emit(event="superseded", epoch=epoch)
         return 3
-    await tl.runs.update(run_id, {"status": "completed", "finishedAt": int(time.time() * 1000)})
+    # Closed first: a driver dying between the two leaves a run a next driver claims
+    # and completes. The other order left a completed run whose log no one would
+    # close, and every reader following it waited forever (found by a review).
     await log.close()
+    await tl.runs.update(run_id, {"status": "completed", "finishedAt": int(time.time() * 1000)})
     emit(event="finished", epoch=epoch)
     return 0
 

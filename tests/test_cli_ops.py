@@ -123,6 +123,51 @@ def test_demo_removes_its_namespace_unless_kept(bootstrap, namespace, tmp_path):
     assert topics_of(bootstrap, namespace) == set(Topics(namespace).all())
 
 
+def test_demo_interrupted_during_its_open_removes_what_it_created(bootstrap, namespace, tmp_path):
+    """Tried (a review): Ctrl-C while the demo's first open ran (its topics created,
+    the open not returned yet) left the namespace and its local state behind, and
+    the same --namespace then failed "already exists". Interrupted as soon as its
+    events topic shows; the open still has its floor markers and judge to start."""
+    import signal
+    import time
+
+    env = {k: v for k, v in os.environ.items() if k != "THREADLOG_KAFKA_CONFIG"}
+    proc = subprocess.Popen([sys.executable, "-m", "threadlog", "demo", "--bootstrap", bootstrap, "--namespace",
+                             namespace, "--state-dir", str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while Topics(namespace).events not in topics_of(bootstrap, namespace):
+            assert proc.poll() is None and time.monotonic() < deadline, "the demo never created its topics"
+            time.sleep(0.01)  # polling the cluster's metadata: there is no event to await
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, (out, err)
+    assert "[client A] opened" not in out, "interrupted too late to tell: the open had returned"
+    assert topics_of(bootstrap, namespace) == set(), (out, err)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["worker", "--listen", "bad"], "--listen must be HOST:PORT"),
+    (["worker", "--snapshot-every", "0"], "--snapshot-every and --snapshot-interval must be positive"),
+    (["worker", "--drain-timeout", "-1"], "--drain-timeout must be >= 0"),
+    (["replay", "r", "--records", "--follow"], "cannot --follow"),
+    (["broker", "start", "--nodes", "0"], "--nodes must be at least 1"),
+    (["broker", "start", "--acls"], "--acls needs --sasl"),
+])
+def test_bad_flags_are_one_coded_line_and_exit_2(bootstrap, tmp_path, args, says):
+    """Tried (a review): these printed lines of their own without a code (and
+    `broker start --nodes 0` exited 1, kept for INTERNAL), unlike every other
+    user error; under --log-format json they were not JSON either."""
+    proc = cli(*args, "--bootstrap", bootstrap) if args[0] != "broker" else \
+        cli(*args, "--data-dir", str(tmp_path / "broker"))
+    assert says in one_error_line(proc, "INVALID_ARGUMENT")
+    assert proc.returncode == 2
+
+
 def test_every_flag_has_help_and_says_its_default():
     import argparse
 

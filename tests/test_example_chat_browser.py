@@ -137,3 +137,14 @@ async def test_reload_mid_answer_continues_the_answer_once(chat_url, open_client
     deltas = [c["delta"] for c in chunks if c["type"] == "TEXT_MESSAGE_CONTENT"]
     assert deltas == tokens()
     assert chunks[-1]["type"] == "RUN_FINISHED"
+
+
+async def test_a_send_threadlog_refuses_is_a_400_not_a_500(chat_url):
+    """Tried (a review): an empty threadId passed the example's own check, and
+    threadlog's INVALID_ARGUMENT reached the server as a 500 with a traceback.
+    (No browser needed: the page's POST, made directly.)"""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=30) as http:
+        r = await http.post(f"{chat_url.rstrip('/')}/api/send", json={"threadId": "", "text": "x"})
+    assert r.status_code == 400 and r.json()["code"] == "INVALID_ARGUMENT", r.text

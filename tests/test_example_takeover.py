@@ -100,3 +100,28 @@ async def test_a_driver_that_died_after_its_last_append_is_finished_without_writ
     again = await run_example("takeover.py", *common, "--state-dir", str(tmp_path / "host-c"), *drive,
                               log_dir=tmp_path)
     assert [json.loads(line) for line in again.lines] == [{"event": "already finished"}]
+
+
+async def test_a_run_completed_with_its_log_left_open_is_closed_and_keeps_its_thread(
+        open_client, bootstrap, namespace, tmp_path):
+    """Tried (a review): the driver marked the run completed, then closed its log;
+    dying in between left a log no one closed -- `drive` said "already finished"
+    and every reader waited forever. And `--thread` of another thread went into
+    the chunks of a run that has its own."""
+    tl = await open_client()
+    common = ["--bootstrap", bootstrap, "--namespace", namespace]
+    await within(tl.runs.create_or_resume(run_id="done", thread_id=THREAD, started_at=1))
+    await within(tl.runs.claim("done"))
+    await within(tl.runs.update("done", {"status": "completed", "finishedAt": 2}))  # died before closing
+    finished = await run_example("takeover.py", *common, "--state-dir", str(tmp_path / "b"),
+                                 "drive", "--run", "done", "--thread", THREAD, "--delay", "0", log_dir=tmp_path)
+    assert [json.loads(line) for line in finished.lines] == [{"event": "already finished"}]
+    assert await within(collect(tl.delivery("done").read("-1"))) == []  # the read ends: closed
+
+    await within(tl.runs.create_or_resume(run_id="other", thread_id=THREAD, started_at=1))
+    taken = await run_example("takeover.py", *common, "--state-dir", str(tmp_path / "c"),
+                              "drive", "--run", "other", "--thread", "not-its-thread", "--delay", "0",
+                              log_dir=tmp_path)
+    assert json.loads(taken.lines[-1]) == {"event": "finished", "epoch": 1}
+    chunks = [c for _, c in await within(collect(tl.delivery("other").read("-1")))]
+    assert {c.get("threadId") for c in chunks if "threadId" in c} == {THREAD}

@@ -58,6 +58,21 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
     data_dir = Path(args.data_dir) if args.data_dir else None
     if args.action == "start":
+        from threadlog.kernel.errors import invalid_argument
+
+        # Flags that cannot go together are user errors (exit 2, one coded line),
+        # checked before anything starts; `broker start failed` (exit 1, with the
+        # broker's last log lines) is kept for a broker that did not come up.
+        if args.nodes is not None and args.nodes < 1:
+            raise invalid_argument(f"--nodes must be at least 1, not {args.nodes}")
+        if args.sasl and (args.nodes or 1) > 1:
+            raise invalid_argument("--sasl runs on a single node; drop --nodes or --sasl")
+        if args.acls and not args.sasl:
+            raise invalid_argument("--acls needs --sasl (the users ACLs name authenticate there)")
+        held = broker.node_count(data_dir)
+        if held and args.nodes is not None and held != args.nodes:
+            raise invalid_argument(f"{data_dir or broker.default_data_dir()} holds {held} node(s), not "
+                                   f"{args.nodes}; stop it and pick another --data-dir (or delete this one)")
         if args.port is not None:
             # Every port the broker will take must exist: node i listens on
             # port+2(i-1) and the next one (its controller), --sasl adds port+2.
@@ -122,6 +137,7 @@ def _cluster_status(nodes: list[NodeStatus], data_dir: Path) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from threadlog.config import Options
+    from threadlog.kernel.errors import invalid_argument
     from threadlog.runtime import Runtime
 
     opts = Options(
@@ -137,23 +153,20 @@ def cmd_worker(args: argparse.Namespace) -> int:
         request_timeout_ms=args.request_timeout_ms,
         kafka=_kafka_props(args),
     )
+    # Bad flags are INVALID_ARGUMENT through main(): `threadlog: CODE: message`,
+    # exit 2, JSON under --log-format json, as every other user error (these
+    # printed lines of their own, without a code: a review).
     listen = _host_port(args.listen, "--listen")
     http = _host_port(args.http, "--http") if args.http else None
-    if listen is None or (args.http and http is None):
-        return 2
     # isfinite: NaN passed `<= 0` and made every comparison with it false, so a
     # partition that moved was snapshotted every second; inf never snapshotted by time.
     if args.snapshot_every < 1 or not (math.isfinite(args.snapshot_interval) and args.snapshot_interval > 0):
-        print("threadlog worker: --snapshot-every and --snapshot-interval must be positive (the interval a finite "
-              f"number of seconds), got {args.snapshot_every} and {args.snapshot_interval}", file=sys.stderr)
-        return 2
+        raise invalid_argument("--snapshot-every and --snapshot-interval must be positive (the interval a finite "
+                               f"number of seconds), got {args.snapshot_every} and {args.snapshot_interval}")
     if not _drain_timeout_ok(args.drain_timeout):
-        print("threadlog worker: --drain-timeout must be >= 0", file=sys.stderr)
-        return 2
+        raise invalid_argument(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
     if args.advertise is not None and not addresses.is_host(args.advertise):
-        print(f"threadlog worker: --advertise must be a host name or address, got {args.advertise!r}",
-              file=sys.stderr)
-        return 2
+        raise invalid_argument(f"--advertise must be a host name or address, got {args.advertise!r}")
     _require_bindable(*listen, "--listen")
     if http is not None:
         _require_bindable(*http, "--http")
@@ -161,13 +174,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return asyncio.run(_worker(rt, listen, http, args.drain_timeout, args.verbose, args.advertise))
 
 
-def _host_port(text: str, flag: str) -> tuple[str, int] | None:
+def _host_port(text: str, flag: str) -> tuple[str, int]:
+    from threadlog.kernel.errors import invalid_argument
+
     try:
         host, port = addresses.split(text)
-        return host or "127.0.0.1", port
     except ValueError:
-        print(f"threadlog worker: {flag} must be HOST:PORT, got {text!r}", file=sys.stderr)
-        return None
+        raise invalid_argument(f"{flag} must be HOST:PORT, got {text!r}") from None
+    return host or "127.0.0.1", port
 
 
 def _drain_timeout_ok(seconds: float) -> bool:
@@ -441,7 +455,7 @@ async def _demo(bootstrap: str, namespace: str, state_dir: str | None, kafka: di
 def cmd_demo(args: argparse.Namespace) -> int:
     from threadlog import broker
     from threadlog.config import NAMESPACE
-    from threadlog.kernel.errors import invalid_argument
+    from threadlog.kernel.errors import ThreadLogError, invalid_argument
 
     if args.namespace is not None and not NAMESPACE.match(args.namespace):
         # Before anything: the demo removes <state root>/<namespace> when done,
@@ -464,20 +478,32 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise invalid_argument(f"namespace {args.namespace!r} already exists on {bootstrap}; the demo deletes "
                                "its namespace when done: name a new one (or none)")
     opened: list[bool] = []
+    interrupted = False
     try:
         asyncio.run(_demo(bootstrap, namespace, args.state_dir, kafka, args.request_timeout_ms, opened))
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:
         # A demo leaves nothing behind unless asked to: its topics, and its
         # local state when that was in the default place (a given --state-dir
-        # is the caller's). Only once its open succeeded: before that, nothing
-        # under the name is known to be the demo's.
-        if opened and not args.keep:
-            _delete_namespace(bootstrap, namespace, kafka, args.request_timeout_ms / 1000.0)
-            if args.state_dir is None:
-                from threadlog.config import default_state_root
+        # is the caller's). Once its open succeeded, or when it was interrupted
+        # during that open (Ctrl-C there left the topics and the state: a review):
+        # the name was checked absent above, or is a fresh random one, so what
+        # exists under it is the demo's. Not after a failed open: the cluster
+        # that failed it would fail the cleanup too, hiding the first error.
+        if (opened or interrupted) and not args.keep:
+            try:
+                _delete_namespace(bootstrap, namespace, kafka, args.request_timeout_ms / 1000.0)
+                if args.state_dir is None:
+                    from threadlog.config import default_state_root
 
-                _remove_state(default_state_root(), namespace)
-            print(f"removed namespace {namespace!r} (--keep keeps it)")
+                    _remove_state(default_state_root(), namespace)
+                print(f"removed namespace {namespace!r} (--keep keeps it)")
+            except ThreadLogError as exc:
+                if not interrupted:
+                    raise
+                print(f"threadlog demo: could not remove namespace {namespace!r}: {exc}", file=sys.stderr)
     print("demo ok")
     return 0
 
@@ -713,12 +739,12 @@ async def _replay(args: argparse.Namespace) -> int:
     import json
 
     import threadlog
+    from threadlog.kernel.errors import invalid_argument
 
     if args.records and args.follow:
         # `records` is what is stored now; following it is not built: refused, not ignored.
-        print("threadlog replay: --records prints the records stored now and cannot --follow; "
-              "--follow waits for chunks", file=sys.stderr)
-        return 2
+        raise invalid_argument("--records prints the records stored now and cannot --follow; "
+                               "--follow waits for chunks")
     # Embedded: replay must work with no worker running (it is a debugging tool).
     async with threadlog.open(args.bootstrap, namespace=args.namespace, processors="embedded",
                               state_dir=args.state_dir, request_timeout_ms=args.request_timeout_ms,
@@ -1083,7 +1109,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "'external': ask a `threadlog worker` for cross-partition facts")
     ins.set_defaults(fn=cmd_inspect)
 
-    d = sub.add_parser("demo", help="start the local broker and round-trip a transcript")
+    d = sub.add_parser("demo", help="round-trip a transcript through two clients (on the local broker, started "
+                                    "or reused, unless --bootstrap or THREADLOG_BOOTSTRAP names one)")
     _connects(d, bootstrap=None)
     d.add_argument("--keep", action="store_true", help="keep the demo's namespace (topics, local state)")
     d.add_argument("--port", type=int, default=9092, help="port of the broker it starts (without --bootstrap)")

@@ -243,12 +243,14 @@ class QueryClient:
         self._unknown_ops: dict[str, float] = {}
 
     # -- lifecycle ------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, warn_alone: bool = True) -> None:
+        """`warn_alone`: warn when no worker is registered yet -- news to a thin
+        client, not to a worker asking its peers (every first worker said it)."""
         self._thread.start()
         # No live worker yet is not fatal (workers may start after their
         # clients): calls wait for one until their deadline.
         self.members.start(self.timeout)
-        if not self.members.live():
+        if warn_alone and not self.members.live():
             log.warning("no query worker registered in %s yet", self.members_topic)
 
     def close(self) -> None:

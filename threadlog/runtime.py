@@ -142,7 +142,7 @@ class Runtime:
             # (cross-partition facts of partitions it does not own).
             self.query = QueryClient(self.opts.bootstrap_servers, self.topics.members, self.client_id,
                                      self.opts.request_timeout, self.opts.kafka, partitions=self.layout.events)
-            self.query.start()
+            self.query.start(warn_alone=self.thin)
         self.ends = LatestOffsets(self.opts.bootstrap_servers, self.client_id, kafka)
         ids = incarnation.topic_ids(self.admin, [self.topics.events, self.topics.deliveries],
                                     min(10.0, self.opts.request_timeout))
