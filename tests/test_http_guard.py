@@ -354,7 +354,9 @@ async def test_no_access_log_holds_with_verbose_logging(bootstrap, namespace, tl
 async def test_serve_ends_open_streams_cleanly_on_sigterm(bootstrap, namespace, tl, tmp_path):
     """Tried: SIGTERM while an SSE stream waits on a run still open. Streams never
     end by themselves: uvicorn cancelled them after the drain timeout, a traceback
-    each and a response cut mid-chunk. Now the stream ends at once, properly."""
+    each and a response cut mid-chunk. Now the stream ends at once, properly: the
+    HTTP response completes, its last line (no newline) telling a client holding an
+    event id to resume elsewhere (tests/test_node_interop.py: the real client does)."""
     [first] = await within(tl.delivery("r-term").append([chunk(0)]))
     async with serve_process(bootstrap, namespace, tmp_path / "serve", "--drain-timeout", "20") as serve:
         async with httpx.AsyncClient(timeout=30) as http, \
@@ -363,7 +365,7 @@ async def test_serve_ends_open_streams_cleanly_on_sigterm(bootstrap, namespace, 
             assert (await within(events.__anext__())).id == first
             started = time.monotonic()
             serve.proc.send_signal(signal.SIGTERM)
-            assert [e async for e in events] == []  # ends, no error event, no cut response (that raises)
+            assert [e async for e in events] == []  # no more events, and no cut response (that raises)
         err = await within(serve.stop())
         assert time.monotonic() - started < 15  # not the 20 s drain: the stream ended at once
     assert "Traceback" not in err and "Exception in ASGI" not in err, err[-3000:]

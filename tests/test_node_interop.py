@@ -103,3 +103,87 @@ async def test_tanstack_client_hydrates_and_joins_a_live_run_across_a_dropped_co
     assert joins[0]["lastEventId"] is None
     # The resume carried the offset of the 8th event the client saw.
     assert joins[1]["lastEventId"] == appended[7][0]
+
+
+# -- a server shutting down under a join (a review, with the real client) -------------------
+class _Join:
+    """`joinRun(run_id)` in Node (tests/node/join_probe.mjs), its JSON lines read as
+    they come: request i goes to urls[min(i, len - 1)], a load balancer in front
+    of replicas."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.lines: list[dict] = []
+        self._reading = asyncio.ensure_future(self._read())
+
+    @classmethod
+    async def start(cls, urls: list[str], run_id: str) -> _Join:
+        _ensure_node_modules()
+        env = {**os.environ, "URLS": ",".join(urls), "RUN_ID": run_id, "TIMEOUT_MS": "60000"}
+        return cls(await asyncio.create_subprocess_exec("node", "join_probe.mjs", cwd=NODE_DIR, env=env,
+                                                        stdout=asyncio.subprocess.PIPE,
+                                                        stderr=asyncio.subprocess.PIPE))
+
+    async def _read(self) -> None:
+        assert self.proc.stdout is not None
+        # Lines end with "\n" only (JSON escapes it; U+2028 in a chunk is no line end here).
+        while line := await self.proc.stdout.readline():
+            self.lines.append(json.loads(line))
+
+    def chunks(self) -> list[dict]:
+        return [o["chunk"] for o in self.lines if "chunk" in o]
+
+    async def ended(self) -> list[dict]:
+        await within(self._reading, 90)
+        await within(self.proc.wait(), 30)
+        return self.lines
+
+
+async def test_a_rolling_restart_of_two_replicas_under_a_waiting_join_is_resumed_twice(tl):
+    """Tried: replica A shut down (as on SIGTERM), the client resumed on B with
+    Last-Event-ID; B shut down too before the next chunk. Each ended its stream
+    cleanly, which the client resumes only after a new event: it threw
+    DurableStreamIncompleteError for a run still live. Now a shutdown cuts the
+    stream of a client holding an id: it resumes on C and gets the rest once."""
+    from http_support import serving
+    from support import until
+
+    from threadlog.http import create_app
+
+    log = tl.delivery("r-roll")
+    await within(log.append([{"type": "RUN_STARTED", "runId": "r-roll", "threadId": "t"}, chunk(0)]))
+    apps = [create_app(tl) for _ in range(3)]
+    async with serving(tl, app=apps[0]) as a, serving(tl, app=apps[1]) as b, serving(tl, app=apps[2]) as c:
+        join = await _Join.start([a, b, c], "r-roll")
+        await until(lambda: len(join.chunks()) == 2, 30, "the chunks so far, at A")
+        for n, app in enumerate(apps[:2]):
+            await until(lambda app=app: app.state.streams.open == 1, 30, f"the join at replica {n}")
+            app.state.streams.close_streams()  # this replica shuts down under the waiting join
+        await until(lambda: apps[2].state.streams.open == 1, 30, "the join at the last replica")
+        await within(log.append([chunk(1), {"type": "RUN_FINISHED", "runId": "r-roll", "threadId": "t"}]))
+        await within(log.close())
+        out = await join.ended()
+    assert out[-1] == {"end": "done"}, out
+    assert [c["i"] for c in join.chunks() if c["type"] == "TEXT_MESSAGE_CONTENT"] == [0, 1], out  # each once
+    ids = [o["lastEventId"] for o in out if "request" in o]
+    assert len(ids) == 3 and ids[0] is None and all(ids[1:]), out  # resumed twice, by id
+
+
+async def test_a_join_still_waiting_for_its_first_chunk_hears_the_shutdown(tl):
+    """Tried: a join with no event yet (offset -1), then the server shut down: the
+    stream ended cleanly and joinRun completed as if the run were over, the chat
+    'ready' with nothing. A client holding no id cannot resume: it gets RUN_ERROR."""
+    from http_support import serving
+    from support import until
+
+    from threadlog.http import create_app
+
+    tl.delivery("r-early")  # no chunk yet: its driver is about to write RUN_STARTED
+    app = create_app(tl)
+    async with serving(tl, app=app) as a:
+        join = await _Join.start([a], "r-early")
+        await until(lambda: app.state.streams.open == 1, 30, "the join")
+        app.state.streams.close_streams()
+        out = await join.ended()
+    chunks = join.chunks()
+    assert chunks and chunks[-1]["type"] == "RUN_ERROR" and chunks[-1]["code"] == "UNAVAILABLE", out

@@ -44,7 +44,7 @@ from .guard import (
     path_problem,
     strict_query,
 )
-from .sse import HEADERS, EventStreamResponse, run_error, stream_run
+from .sse import HEADERS, EventStreamResponse, StreamCursor, run_error, stream_run
 
 NO_STORE = {"Cache-Control": "no-store"}
 
@@ -168,8 +168,10 @@ def routes(get_tl: Callable[[], ThreadLog], path: str = "/api/chat", *,
             # reader until the run's log closed (never, for an abandoned run).
             return Response(b"", media_type="text/event-stream; charset=utf-8", headers=HEADERS)
         # From here on every outcome is an event stream: errors are RUN_ERROR events.
-        return EventStreamResponse(stream_run(tl.delivery(run_id), _resume_offset(request, query)),
-                                   attached(tl), streams)
+        after = _resume_offset(request, query)
+        cursor = StreamCursor(run_id, after)
+        return EventStreamResponse(stream_run(tl.delivery(run_id), after, cursor), attached(tl), streams,
+                                   cursor=cursor)
 
     return [
         Route(path, durability, methods=["GET"]),

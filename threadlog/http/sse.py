@@ -77,25 +77,53 @@ def is_terminal(chunk: Any) -> bool:
     return isinstance(chunk, dict) and chunk.get("type") in TERMINAL
 
 
-async def stream_run(log: DeliveryLog, after: str) -> AsyncIterator[bytes]:
+class StreamCursor:
+    """Where one connection's client stands: does it hold an event id to resume from?
+
+    One rule, in one place, for every way a stream ends early: a client holding
+    an id (it got an event here, or joined after one) is cut, and reconnects
+    with Last-Event-ID; one without gets a RUN_ERROR, the only thing it can act on."""
+
+    def __init__(self, run_id: str, after: str) -> None:
+        self.run_id = run_id
+        self.after = after
+        self.yielded = 0
+
+    def holds_id(self) -> bool:
+        return bool(self.yielded) or self.after not in ("-1", "now")
+
+    def ended(self, exc: ThreadLogError) -> bytes:
+        """The last bytes of a stream ended by a passing error `exc`."""
+        return _cut(exc) if self.holds_id() else run_error(self.run_id, exc.code, exc.message)
+
+    def farewell(self) -> bytes:
+        """The last bytes of a stream the server ends as it shuts down. Not a clean
+        end: @tanstack/ai-client resumes a clean end only if that connection gave it
+        a new event, so a join still waiting for its first chunk 'succeeded' with
+        nothing, and a second restart in a row (a rolling one) ended a live run
+        with DurableStreamIncompleteError (a review, with the real client)."""
+        return self.ended(unavailable("this server is shutting down: join the run again on another"))
+
+
+async def stream_run(log: DeliveryLog, after: str, cursor: StreamCursor | None = None) -> AsyncIterator[bytes]:
     """The SSE events of one connection: chunks strictly after `after` until the log closes.
 
     Keepalives are not in here: `EventStreamResponse` sends them from a timer
     while this waits. So each chunk is awaited by the task that sends it: no
     task per chunk, no `asyncio.wait` -- on the latency path every loop
     iteration saved counts (see README, "SSE latency")."""
+    cursor = cursor or StreamCursor(log.run_id, after)
     reader = log.read(after)
-    yielded = 0
     last: Any = None
     try:
         try:
             async for offset, chunk in reader:
-                yielded += 1
+                cursor.yielded += 1
                 last = chunk
                 yield event(chunk, offset)
         except ThreadLogError as exc:
-            if _passing(exc) and (yielded or after not in ("-1", "now")):
-                yield _cut(exc)
+            if _passing(exc):
+                yield cursor.ended(exc)
                 return
             yield run_error(log.run_id, exc.code, exc.message)
             return
@@ -109,7 +137,7 @@ async def stream_run(log: DeliveryLog, after: str) -> AsyncIterator[bytes]:
             yield run_error(log.run_id, INTERNAL, "the run's delivery log could not be streamed (see the server log)")
             return
         # The log is closed. Did it end on a terminal chunk?
-        if yielded == 0 and after == "now":
+        if cursor.yielded == 0 and after == "now":
             # Joined at its end: the last chunk is before where it began. Read
             # once (rare: a "now" join of a log that closes with nothing after).
             try:
@@ -117,7 +145,7 @@ async def stream_run(log: DeliveryLog, after: str) -> AsyncIterator[bytes]:
                     last = chunk
             except ThreadLogError:
                 last = None
-        elif yielded == 0 and after != "-1":
+        elif cursor.yielded == 0 and after != "-1":
             try:
                 last = await log.chunk_at(after)  # nothing after the cursor: it is the last chunk
             except ThreadLogError as exc:
@@ -142,11 +170,13 @@ class EventStreamResponse(StreamingResponse):
     media_type = "text/event-stream"
 
     def __init__(self, content: AsyncIterator[bytes], metrics: Metrics | None = None,
-                 slots: StreamSlots | None = None, keepalive: float = KEEPALIVE_SECONDS) -> None:
+                 slots: StreamSlots | None = None, keepalive: float = KEEPALIVE_SECONDS,
+                 cursor: StreamCursor | None = None) -> None:
         super().__init__(content, media_type="text/event-stream; charset=utf-8", headers=HEADERS)
         self.metrics = metrics
         self.slots = slots
         self.keepalive = keepalive
+        self.cursor = cursor  # what the client holds, for the last bytes of a shutdown
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The stream's slot is taken and given back here, around the whole
@@ -249,8 +279,13 @@ class EventStreamResponse(StreamingResponse):
             tg.start_soon(disconnect)
             if self.slots is not None:
                 tg.start_soon(server_closing)
-        if closed_by_server and started and not completed:  # the body may have ended first
-            # The body was stopped between two sends: end the response properly (the
-            # client sees the stream end, and resumes elsewhere with Last-Event-ID).
+        if closed_by_server and not completed:  # the body may have ended first
+            # The body was stopped between two sends (or before its first): end the
+            # response properly, its last bytes saying how to go on (StreamCursor.farewell).
             with contextlib.suppress(OSError), anyio.move_on_after(FINAL_SEND_S):
+                if not started:
+                    await send({"type": "http.response.start", "status": self.status_code,
+                                "headers": self.raw_headers})
+                if self.cursor is not None:
+                    await send({"type": "http.response.body", "body": self.cursor.farewell(), "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
