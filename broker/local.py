@@ -117,6 +117,7 @@ class BrokerState:
     data_dir: str
     # The SASL_PLAINTEXT (SCRAM) listener of `start(sasl=True)`, else None.
     sasl_port: int | None = None
+    acls: bool = False  # `start(acls=True)`: the authorizer runs
 
     @property
     def bootstrap(self) -> str:
@@ -524,6 +525,12 @@ def _start_single(port: int, data_dir: Path, timeout: float, log: Log, sasl: boo
                     f"the broker of {data_dir} (pid {existing.pid}) runs without --sasl;"
                     " run `threadlog broker stop` first"
                 )
+            # Reused without its authorizer, a test of ACLs would pass enforcing none (a review).
+            if acls and not existing.acls:
+                raise BrokerError(
+                    f"the broker of {data_dir} (pid {existing.pid}) runs without --acls;"
+                    " run `threadlog broker stop` first"
+                )
             return existing
         raise BrokerError(
             f"a broker process (pid {existing.pid}) for {data_dir} runs but does not answer;"
@@ -549,7 +556,8 @@ def _start_single(port: int, data_dir: Path, timeout: float, log: Log, sasl: boo
     server_log = data_dir / "server.log"
     heap = os.environ.get("THREADLOG_BROKER_HEAP", DEFAULT_HEAP)
     proc = _launch(java, cp, data_dir, props, log4j, heap)
-    state = BrokerState(pid=proc.pid, port=port, controller_port=cport, data_dir=str(data_dir), sasl_port=sport)
+    state = BrokerState(pid=proc.pid, port=port, controller_port=cport, data_dir=str(data_dir), sasl_port=sport,
+                        acls=acls)
     _state_file(data_dir).write_text(json.dumps(state.__dict__))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -57,7 +57,9 @@ async def drive(tl: threadlog.ThreadLog, run_id: str, thread_id: str, delay: flo
         # Its driver completed it. The log is closed before the run is marked so, but
         # a run finished by an older version of this script may have died in between:
         # closing again is harmless, and without it readers would wait forever.
-        await tl.delivery(run_id, run["driverEpoch"] or 0).close()
+        # Read again: the record read before the claim may predate a later driver's.
+        finished = await tl.runs.get(run_id) or run
+        await tl.delivery(run_id, finished["driverEpoch"] or 0).close()
         emit(event="already finished")  # nothing to take over
         return 0
     log = tl.delivery(run_id, epoch)

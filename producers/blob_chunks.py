@@ -225,7 +225,10 @@ class ChunkWriter:
             if err is not None:
                 # Not delivery_failure: a chunk that timed out leaves the put failed
                 # (its manifest is never proposed), not of unknown outcome.
-                result: object = unavailable(f"blob chunk not written: {err}", retryable=not for_good(err))
+                # Purged in flight: its producer failed for good (the chunk's fate is
+                # unknown, the put's is not: its manifest is never proposed).
+                gone = for_good(err) or err.code() == KafkaError._PURGE_INFLIGHT
+                result: object = unavailable(f"blob chunk not written: {err}", retryable=not gone)
             else:
                 # A delivered record has its partition and offset.
                 result = ChunkRef(cast(int, msg.partition()), cast(int, msg.offset()), length)

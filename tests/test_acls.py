@@ -63,7 +63,7 @@ def acl_broker() -> Iterator[AclBroker]:
     try:
         st = broker.start(port=_free_port_block(3), data_dir=data_dir, sasl=True, acls=True, timeout=120,
                           log=lambda m: None)
-        assert isinstance(st, broker.BrokerState) and st.sasl_bootstrap is not None
+        assert isinstance(st, broker.BrokerState) and st.sasl_bootstrap is not None and st.acls
         for user, password in USERS.items():
             broker.create_scram_user(st.bootstrap, user, password)
         admin = AdminClient({"bootstrap.servers": st.bootstrap})

@@ -100,6 +100,14 @@ def test_status_names_the_sasl_listener(secured):
     assert proc.returncode == 0 and f"SASL_PLAINTEXT (SCRAM) at {secured.sasl}" in proc.stdout, proc
 
 
+def test_a_broker_without_acls_is_not_reused_as_one_with_them(secured):
+    """Tried (a review): `start --sasl --acls` on the data dir of a running broker
+    started without --acls returned it: ACL tests would pass enforcing nothing."""
+    with pytest.raises(broker.BrokerError, match="without --acls"):
+        broker.start(data_dir=secured.data_dir, sasl=True, acls=True, log=lambda m: None)
+    assert broker.start(data_dir=secured.data_dir, sasl=True, log=lambda m: None).acls is False
+
+
 def test_sasl_needs_a_single_node(tmp_path):
     with pytest.raises(broker.BrokerError, match="single node"):
         broker.start(data_dir=tmp_path / "x", nodes=3, sasl=True, log=lambda m: None)

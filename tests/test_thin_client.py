@@ -715,25 +715,40 @@ async def test_a_worker_without_slice_makes_a_large_value_unavailable_not_invali
     assert asked == ["slice"]  # the second read asked nothing
 
 
-async def test_a_scan_whose_first_pages_pass_one_answer_is_not_refused(worker, open_client):
+async def test_a_scan_whose_first_pages_pass_one_answer_is_not_refused(open_client, monkeypatch):
     """Tried (a review): a scan's first round asks each owner for a page of every
     partition it owns in one answer. A page stopped once past 4 MiB, so the item
     crossing it could be a whole 8 MiB value: 4 partitions of ~12 MiB raw made a
     63 MiB answer, refused ANSWER_TOO_LARGE -- a code SPEC does not list -- to
     the caller. A page now ends before the item that would pass 4 MiB, and a
     first round too large for one answer is asked a partition at a time."""
-    thin, full = await open_client(processors="external", own_worker=True), await open_client()
+    # Six partitions (the namespace is made here): six first pages of one 7.9 MB
+    # value each pass one answer even with the page rule, so the first round is
+    # asked a partition at a time (a review found 4 partitions never took that path).
+    full = await open_client(partitions=6)
+    thin = await open_client(processors="external")  # and the fixture's worker, on the namespace made above
     parts = thin.runtime.layout.events
+    assert parts == 6
     threads = {partition_for(t, parts): t for t in (f"t{n}" for n in range(64))}
     assert len(threads) == parts
     for t in threads.values():
-        for run_id, n in (("r1", 3_900_000), ("r2", 7_900_000)):  # both inline (<= 8 MiB)
+        for run_id, n in (("r1", 7_900_000), ("r2", 3_900_000)):  # both inline (<= 8 MiB)
             await within(thin.runs.create_or_resume(run_id=f"{t}-{run_id}", thread_id=t, started_at=1))
             await within(thin.runs.update(f"{t}-{run_id}", {"sandboxKey": "q" * n}), 120)
     prefix = runs_state.RUN_RECORD
     await within(full.read_barrier(None), 60)  # a raw scan waits for nothing itself
     expected = await within(full.session.scan(prefix, None), 120)
     assert len(expected) == 2 * parts
+    asked: list[list[int]] = []
+    real = remote.QueryClient.call
+
+    async def call(self, op, args, partitions=None, timeout=None):
+        if op == "scan":
+            asked.append(list(partitions or []))
+        return await real(self, op, args, partitions, timeout)
+
+    monkeypatch.setattr(remote.QueryClient, "call", call)
     await within(thin.read_barrier(None), 60)
     assert await within(thin.session.scan(prefix, None), 300) == expected
+    assert asked[0] == list(range(parts)) and sorted(asked[1:1 + parts]) == [[p] for p in range(parts)], asked
     assert await asyncio.wait_for(asyncio.to_thread(lambda: list(thin.state.scan(prefix))), 300) == expected

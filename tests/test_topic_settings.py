@@ -28,6 +28,9 @@ def test_defaults_follow_the_broker_count():
     assert Durability.choose(2, None, None) == Durability(2, 2)
     assert Durability.choose(5, None, None) == Durability(3, 2)
     assert Durability.choose(5, 5, 3) == Durability(5, 3)
+    # Every topic exists: the brokers alive need not hold the replicas asked for (one
+    # of three down refused a worker's restart with --replication-factor 3: a review).
+    assert Durability.choose(2, 3, 2, creating=False) == Durability(3, 2)
     for args in [(1, 2, None), (3, 2, 3)]:
         with pytest.raises(ThreadLogError) as err:
             Durability.choose(*args)
@@ -42,10 +45,14 @@ async def test_new_topics_carry_the_settings_and_open_checks_them(open_client, b
         assert conf["min.insync.replicas"] == "1"  # one broker here: min(2, 1)
         for key, value in REQUIRED_CONFIG[role].items():
             assert conf[key] == value
-    # More replicas than brokers: refused at open, naming the setting.
+    # More replicas than the topics have: refused at open, naming both.
     with pytest.raises(ThreadLogError) as err:
         await open_client(replication_factor=2)
-    assert err.value.code == "INVALID_ARGUMENT" and "replication_factor=2" in err.value.message
+    assert err.value.code == "INVALID_ARGUMENT" and "replication factor 1, expected 2" in err.value.message
+    # More replicas than brokers for topics to create: refused, naming the setting.
+    with pytest.raises(ThreadLogError) as err:
+        await open_client(namespace=f"{namespace}-new", replication_factor=2)
+    assert err.value.code == "INVALID_ARGUMENT" and "replication_factor=2 needs 2 brokers" in err.value.message
     with pytest.raises(ThreadLogError) as err:
         threadlog.open(bootstrap, namespace=namespace, replication_factor=1, min_insync_replicas=2)
     assert err.value.code == "INVALID_ARGUMENT"
@@ -76,7 +83,7 @@ async def test_durability_named_with_create_topics_false_is_checked_not_ignored(
     await open_client()  # the namespace exists (replication factor 1)
     with pytest.raises(ThreadLogError) as err:
         await open_client(create_topics=False, replication_factor=5)
-    assert err.value.code == "INVALID_ARGUMENT" and "replication_factor=5 needs 5 brokers" in err.value.message
+    assert err.value.code == "INVALID_ARGUMENT" and "replication factor 1, expected 5" in err.value.message
     # What the topics have is accepted; not naming a durability checks nothing (read-only commands).
     await open_client(create_topics=False, replication_factor=1, min_insync_replicas=1)
     await open_client(create_topics=False)

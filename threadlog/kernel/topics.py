@@ -79,15 +79,21 @@ class Durability:
     min_insync_replicas: int
 
     @classmethod
-    def choose(cls, brokers: int, replication_factor: int | None, min_insync_replicas: int | None) -> Durability:
+    def choose(cls, brokers: int, replication_factor: int | None, min_insync_replicas: int | None,
+               creating: bool = True) -> Durability:
         """Defaults min(3, brokers) and min(2, RF): with acks=all (every threadlog
         producer), an acknowledged write is on at least two brokers whenever the
-        cluster has two, so losing any one broker loses nothing acknowledged."""
+        cluster has two, so losing any one broker loses nothing acknowledged.
+
+        `creating`: topics are to be created, so the brokers alive must hold the
+        replicas. Not so when every topic exists: asked for 3 replicas with one
+        broker of three down -- the outage they are for -- a worker's restart was
+        refused "needs 3 brokers" (a review); existing topics are only compared."""
         rf = min(3, max(1, brokers)) if replication_factor is None else replication_factor
-        if rf > brokers:
+        if creating and rf > brokers:
             raise invalid_argument(f"replication_factor={rf} needs {rf} brokers; the cluster has {brokers}")
         isr = min(2, rf) if min_insync_replicas is None else min_insync_replicas
-        if isr > rf:
+        if isr > rf and (creating or replication_factor is not None):
             raise invalid_argument(f"min_insync_replicas={isr} cannot exceed the replication factor {rf}")
         return cls(rf, isr)
 
@@ -178,7 +184,8 @@ def ensure_topics(
     except KafkaException as exc:
         raise unavailable(f"cluster metadata unavailable: {exc}") from None
     brokers = len(md0.brokers)
-    durability = Durability.choose(brokers, replication_factor, min_insync_replicas)
+    creating = any(name not in md0.topics for name in topics.all())
+    durability = Durability.choose(brokers, replication_factor, min_insync_replicas, creating)
     # A namespace from before the snapshots topic: one snapshot partition per events partition.
     events = md0.topics.get(topics.events)
     snapshot_partitions = len(events.partitions) if events is not None and events.partitions else None
@@ -355,7 +362,7 @@ def require_topics(admin: AdminClient, topics: Topics, timeout: float = 30.0,
             raise
         raise namespace_not_found(f"namespace {topics.namespace!r} is incomplete: {exc}") from None
     if replication_factor is not None or min_insync_replicas is not None:
-        durability = Durability.choose(len(md.brokers), replication_factor, min_insync_replicas)
+        durability = Durability.choose(len(md.brokers), replication_factor, min_insync_replicas, creating=False)
         check_topics(admin, topics, durability, md, deadline, explicit_rf=replication_factor is not None,
                      explicit_isr=min_insync_replicas is not None)
     return layout
