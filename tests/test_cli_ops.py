@@ -168,6 +168,24 @@ def test_bad_flags_are_one_coded_line_and_exit_2(bootstrap, tmp_path, args, says
     assert proc.returncode == 2
 
 
+def test_demo_keeps_a_state_dir_that_was_there_before_it(bootstrap, namespace, tmp_path):
+    """State dirs are keyed by namespace alone: one already there under the demo's
+    --namespace may be another cluster's namespace of that name (a review: the
+    demo's cleanup removed it). The demo removes only a state dir it made."""
+    root = tmp_path / "root"
+    marker = root / namespace / "another-cluster.txt"
+    marker.parent.mkdir(parents=True)
+    marker.write_text("not the demo's", encoding="utf-8")
+    proc = cli("demo", "--bootstrap", bootstrap, "--namespace", namespace, env={"THREADLOG_STATE_DIR": str(root)})
+    assert proc.returncode == 0, proc.stderr
+    assert marker.read_text(encoding="utf-8") == "not the demo's"
+    assert topics_of(bootstrap, namespace) == set()  # its topics, which it made, are gone
+    fresh = f"{namespace}-fresh"
+    proc = cli("demo", "--bootstrap", bootstrap, "--namespace", fresh, env={"THREADLOG_STATE_DIR": str(root)})
+    assert proc.returncode == 0, proc.stderr
+    assert not (root / fresh).exists()  # the state it made, removed
+
+
 def test_every_flag_has_help_and_says_its_default():
     import argparse
 

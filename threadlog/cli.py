@@ -477,6 +477,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         # names counts, a lone `x.events` of another application too.
         raise invalid_argument(f"namespace {args.namespace!r} already exists on {bootstrap}; the demo deletes "
                                "its namespace when done: name a new one (or none)")
+    from threadlog.config import default_state_root
+
+    # State dirs are keyed by namespace alone: one there already may be another
+    # cluster's namespace of this name, never the demo's to remove unasked.
+    state_was_there = args.state_dir is None and (default_state_root() / namespace).exists()
     opened: list[bool] = []
     interrupted = False
     try:
@@ -495,9 +500,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if (opened or interrupted) and not args.keep:
             try:
                 _delete_namespace(bootstrap, namespace, kafka, args.request_timeout_ms / 1000.0)
-                if args.state_dir is None:
-                    from threadlog.config import default_state_root
-
+                if args.state_dir is None and not state_was_there:
                     _remove_state(default_state_root(), namespace)
                 print(f"removed namespace {namespace!r} (--keep keeps it)")
             except ThreadLogError as exc:
