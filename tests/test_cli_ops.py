@@ -127,27 +127,38 @@ def test_demo_interrupted_during_its_open_removes_what_it_created(bootstrap, nam
     """Tried (a review): Ctrl-C while the demo's first open ran (its topics created,
     the open not returned yet) left the namespace and its local state behind, and
     the same --namespace then failed "already exists". Interrupted as soon as its
-    events topic shows; the open still has its floor markers and judge to start."""
+    events topic shows; the open still has its floor markers and judge to start.
+    A try whose open returned first proves nothing here: tried again, a few times."""
     import signal
     import time
 
     env = {k: v for k, v in os.environ.items() if k != "THREADLOG_KAFKA_CONFIG"}
-    proc = subprocess.Popen([sys.executable, "-m", "threadlog", "demo", "--bootstrap", bootstrap, "--namespace",
-                             namespace, "--state-dir", str(tmp_path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        deadline = time.monotonic() + 60
-        while Topics(namespace).events not in topics_of(bootstrap, namespace):
-            assert proc.poll() is None and time.monotonic() < deadline, "the demo never created its topics"
-            time.sleep(0.01)  # polling the cluster's metadata: there is no event to await
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, (out, err)
-    assert "[client A] opened" not in out, "interrupted too late to tell: the open had returned"
-    assert topics_of(bootstrap, namespace) == set(), (out, err)
+    tries = []
+    for attempt in range(5):
+        ns = f"{namespace}-{attempt}"
+        proc = subprocess.Popen([sys.executable, "-m", "threadlog", "demo", "--bootstrap", bootstrap, "--namespace",
+                                 ns, "--state-dir", str(tmp_path / ns)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            deadline = time.monotonic() + 60
+            while Topics(ns).events not in topics_of(bootstrap, ns):
+                assert proc.poll() is None and time.monotonic() < deadline, "the demo never created its topics"
+                time.sleep(0.005)  # polling the cluster's metadata: there is no event to await
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode in (0, 130), (out, err)  # 0: it had finished first
+        # Deleted once the demo exits (a broker's metadata may lag a moment behind).
+        deadline = time.monotonic() + 15
+        while topics_of(bootstrap, ns):
+            assert time.monotonic() < deadline, (ns, out, err)
+            time.sleep(0.1)
+        tries.append("[client A] opened" in out)
+        if not tries[-1]:
+            break  # interrupted during the open: the case under test
+    assert not all(tries), f"every try was interrupted after the open returned: {tries}"
 
 
 @pytest.mark.parametrize("args, says", [
