@@ -49,6 +49,11 @@ class BrokerError(RuntimeError):
     """The local broker could not be resolved, started or reached."""
 
 
+class BrokerFlagsError(BrokerError):
+    """Options that cannot go together (or a data dir holding another node count):
+    the caller's mistake, found before anything starts (the CLI: INVALID_ARGUMENT)."""
+
+
 def cache_dir() -> Path:
     base = os.environ.get("THREADLOG_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "threadlog"
@@ -500,16 +505,16 @@ def start(
     if nodes is None:
         nodes = held or 1
     if nodes < 1:
-        raise BrokerError(f"--nodes must be at least 1, not {nodes}")
+        raise BrokerFlagsError(f"--nodes must be at least 1, not {nodes}")
     if held and held != nodes:
-        raise BrokerError(
+        raise BrokerFlagsError(
             f"{data_dir} holds a {held}-node {'cluster' if held > 1 else 'broker'}, not {nodes};"
             " stop it and pick another --data-dir (or delete this one)"
         )
     if sasl and nodes > 1:
-        raise BrokerError("--sasl runs on a single node; drop --nodes or --sasl")
+        raise BrokerFlagsError("--sasl runs on a single node; drop --nodes or --sasl")
     if acls and not sasl:
-        raise BrokerError("--acls needs --sasl (the users ACLs name authenticate there)")
+        raise BrokerFlagsError("--acls needs --sasl (the users ACLs name authenticate there)")
     if nodes == 1:
         return _start_single(DEFAULT_PORT if port is None else port, data_dir, timeout, log, sasl, acls)
     return _start_cluster(nodes, port, data_dir, timeout, log)

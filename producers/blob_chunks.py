@@ -223,10 +223,9 @@ class ChunkWriter:
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
-                # Not delivery_failure: a chunk that timed out leaves the put failed
-                # (its manifest is never proposed), not of unknown outcome.
-                # Purged in flight: its producer failed for good (the chunk's fate is
-                # unknown, the put's is not: its manifest is never proposed).
+                # Not delivery_failure: a chunk timed out or purged in flight has an
+                # unknown fate, but the put's is known -- failed, its manifest never
+                # proposed. Purged in flight, its producer failed for good.
                 gone = for_good(err) or err.code() == KafkaError._PURGE_INFLIGHT
                 result: object = unavailable(f"blob chunk not written: {err}", retryable=not gone)
             else:

@@ -11,6 +11,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from threadlog.kernel import kafka_config
 from threadlog.kernel.errors import OUTCOME_UNKNOWN, ThreadLogError, invalid_argument, unavailable
 from threadlog.kernel.topics import MAX_MESSAGE_BYTES
 
@@ -49,10 +50,10 @@ def produce_refused(exc: KafkaException, what: str) -> ThreadLogError:
     """The error of a record librdkafka refused at `produce()`, before sending it:
     one too large for a Kafka record is bad input; a producer failed for good
     (KafkaError._FATAL) will not take this record later either."""
-    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-    if err is not None and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+    code = kafka_config.error_code(exc)
+    if code == KafkaError.MSG_SIZE_TOO_LARGE:
         return invalid_argument(f"{what} not written: too large for one Kafka record ({exc})")
-    return unavailable(f"{what} not written: {exc}", retryable=not (err is not None and for_good(err)))
+    return unavailable(f"{what} not written: {exc}", retryable=code not in _FOR_GOOD)
 
 
 def delivery_failure(err: KafkaError, what: str, msg: Message | None = None) -> ThreadLogError:
@@ -180,7 +181,7 @@ class ProducerPump:
     def __init__(self, producer: Producer, name: str) -> None:
         self.producer = producer
         self.name = name
-        self.failure: KafkaException | None = None  # the first error poll raised (logged once)
+        self._failed = False  # poll raised (logged once)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -195,8 +196,8 @@ class ProducerPump:
             try:
                 self.producer.poll(0.05)
             except KafkaException as exc:
-                if self.failure is None:
-                    self.failure = exc
+                if not self._failed:
+                    self._failed = True
                     log.warning("%s: %s (the writes through this producer fail)", self.name, exc)
                 self._stop.wait(0.05)
 

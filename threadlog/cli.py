@@ -60,19 +60,6 @@ def cmd_broker(args: argparse.Namespace) -> int:
     if args.action == "start":
         from threadlog.kernel.errors import invalid_argument
 
-        # Flags that cannot go together are user errors (exit 2, one coded line),
-        # checked before anything starts; `broker start failed` (exit 1, with the
-        # broker's last log lines) is kept for a broker that did not come up.
-        if args.nodes is not None and args.nodes < 1:
-            raise invalid_argument(f"--nodes must be at least 1, not {args.nodes}")
-        if args.sasl and (args.nodes or 1) > 1:
-            raise invalid_argument("--sasl runs on a single node; drop --nodes or --sasl")
-        if args.acls and not args.sasl:
-            raise invalid_argument("--acls needs --sasl (the users ACLs name authenticate there)")
-        held = broker.node_count(data_dir)
-        if held and args.nodes is not None and held != args.nodes:
-            raise invalid_argument(f"{data_dir or broker.default_data_dir()} holds {held} node(s), not "
-                                   f"{args.nodes}; stop it and pick another --data-dir (or delete this one)")
         if args.port is not None:
             # Every port the broker will take must exist: node i listens on
             # port+2(i-1) and the next one (its controller), --sasl adds port+2.
@@ -82,6 +69,11 @@ def cmd_broker(args: argparse.Namespace) -> int:
         try:
             st = broker.start(port=args.port, data_dir=data_dir, nodes=args.nodes, sasl=args.sasl, acls=args.acls,
                               log=lambda m: print(m, file=sys.stderr))
+        except broker.BrokerFlagsError as exc:
+            # The caller's flags: a user error (exit 2, one coded line), checked by
+            # start() before anything starts; `broker start failed` (exit 1, with the
+            # broker's last log lines) is kept for a broker that did not come up.
+            raise invalid_argument(str(exc)) from None
         except broker.BrokerError as exc:
             print(f"threadlog broker start failed: {exc}", file=sys.stderr)
             return 1
@@ -454,7 +446,7 @@ async def _demo(bootstrap: str, namespace: str, state_dir: str | None, kafka: di
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from threadlog import broker
-    from threadlog.config import NAMESPACE
+    from threadlog.config import NAMESPACE, default_state_root
     from threadlog.kernel.errors import ThreadLogError, invalid_argument
 
     if args.namespace is not None and not NAMESPACE.match(args.namespace):
@@ -477,8 +469,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
         # names counts, a lone `x.events` of another application too.
         raise invalid_argument(f"namespace {args.namespace!r} already exists on {bootstrap}; the demo deletes "
                                "its namespace when done: name a new one (or none)")
-    from threadlog.config import default_state_root
-
     # State dirs are keyed by namespace alone: one there already may be another
     # cluster's namespace of this name, never the demo's to remove unasked.
     state_was_there = args.state_dir is None and (default_state_root() / namespace).exists()

@@ -184,16 +184,16 @@ def ensure_topics(
     except KafkaException as exc:
         raise unavailable(f"cluster metadata unavailable: {exc}") from None
     brokers = len(md0.brokers)
-    creating = any(name not in md0.topics for name in topics.all())
-    durability = Durability.choose(brokers, replication_factor, min_insync_replicas, creating)
-    # A namespace from before the snapshots topic: one snapshot partition per events partition.
-    events = md0.topics.get(topics.events)
-    snapshot_partitions = len(events.partitions) if events is not None and events.partitions else None
     # Only the missing ones: a principal without Create (the README's deploy-job
     # setup) opens an existing namespace. Asking to create every topic failed it
     # with TOPIC_AUTHORIZATION_FAILED though every topic was there.
+    absent = {name for name in topics.all() if name not in md0.topics}
+    durability = Durability.choose(brokers, replication_factor, min_insync_replicas, creating=bool(absent))
+    # A namespace from before the snapshots topic: one snapshot partition per events partition.
+    events = md0.topics.get(topics.events)
+    snapshot_partitions = len(events.partitions) if events is not None and events.partitions else None
     missing = [spec for spec in specs(topics, partitions, delivery_retention_ms, durability, snapshot_partitions)
-               if spec.topic not in md0.topics]
+               if spec.topic in absent]
     try:
         futures = admin.create_topics(missing, operation_timeout=timeout, request_timeout=timeout) if missing else {}
     except KafkaException as exc:
@@ -217,8 +217,7 @@ def ensure_topics(
         except Exception as exc:  # the future's own timeout: str() is empty
             raise unavailable(f"cannot create topic {name}: {exc or f'no answer within {timeout:g}s'}") from None
     layout, md = _describe(admin, topics, deadline)
-    check_topics(admin, topics, durability, md, deadline, explicit_rf=replication_factor is not None,
-                 explicit_isr=min_insync_replicas is not None)
+    check_topics(admin, topics, md, deadline, replication_factor, min_insync_replicas)
     return layout
 
 
@@ -245,14 +244,14 @@ def _topic_configs(admin: AdminClient, topics: Topics, names: list[str], deadlin
                               "request timeout") from None
 
 
-def check_topics(admin: AdminClient, topics: Topics, durability: Durability, md: ClusterMetadata,
-                 deadline: float, explicit_rf: bool = True, explicit_isr: bool = True) -> None:
+def check_topics(admin: AdminClient, topics: Topics, md: ClusterMetadata, deadline: float,
+                 replication_factor: int | None = None, min_insync_replicas: int | None = None) -> None:
     """Every existing topic has the settings threadlog relies on; all mismatches
     are reported at once, in one INVALID_ARGUMENT (changing them is the
     operator's decision: threadlog never alters an existing topic).
 
     The replication factor is checked only when the caller named one
-    (`explicit_rf`): the default follows the brokers alive now, so comparing
+    (`replication_factor`): the default follows the brokers alive now, so comparing
     with it refused every open of a namespace of 3 replicas while one broker
     of 3 was down -- the very outage 3 replicas are for -- and a namespace
     made with another factor could not be served by `threadlog worker`.
@@ -264,16 +263,18 @@ def check_topics(admin: AdminClient, topics: Topics, durability: Durability, md:
     problems = []
     for name, role in roles.items():
         meta = md.topics.get(name)
-        isr = durability.min_insync_replicas
+        isr = min_insync_replicas
         if meta is not None and meta.partitions:
             rf = min(len(p.replicas) for p in meta.partitions.values())
-            if explicit_rf and rf != durability.replication_factor:
-                problems.append(f"{name}: replication factor {rf}, expected {durability.replication_factor} "
+            if replication_factor is not None and rf != replication_factor:
+                problems.append(f"{name}: replication factor {rf}, expected {replication_factor} "
                                 "(a topic's factor changes only by reassigning its partitions)")
-            if not explicit_isr:
+            if isr is None:
                 isr = min(2, rf)
         entries = configs.get(name, {})
-        wanted = {**REQUIRED_CONFIG[role], "min.insync.replicas": str(isr)}
+        wanted = dict(REQUIRED_CONFIG[role])
+        if isr is not None:  # None only for a topic not in `md` (its replicas unknown)
+            wanted["min.insync.replicas"] = str(isr)
         for key, value in wanted.items():
             have = entries[key].value if key in entries else None
             if have != value:
@@ -362,7 +363,7 @@ def require_topics(admin: AdminClient, topics: Topics, timeout: float = 30.0,
             raise
         raise namespace_not_found(f"namespace {topics.namespace!r} is incomplete: {exc}") from None
     if replication_factor is not None or min_insync_replicas is not None:
-        durability = Durability.choose(len(md.brokers), replication_factor, min_insync_replicas, creating=False)
-        check_topics(admin, topics, durability, md, deadline, explicit_rf=replication_factor is not None,
-                     explicit_isr=min_insync_replicas is not None)
+        # Validates what was asked (min.insync.replicas within the replicas asked).
+        Durability.choose(len(md.brokers), replication_factor, min_insync_replicas, creating=False)
+        check_topics(admin, topics, md, deadline, replication_factor, min_insync_replicas)
     return layout
