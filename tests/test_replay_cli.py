@@ -72,3 +72,16 @@ async def test_replay_records_with_follow_is_refused_not_ignored(bootstrap, name
     await within(tl.delivery("run-open").append([chunk(0)]))
     code, lines, err = await replay(bootstrap, namespace, str(tmp_path / "cli"), "run-open", "--records", "--follow")
     assert code == 2 and lines == [] and "cannot --follow" in err
+
+
+async def test_replay_of_an_unknown_run_says_so_and_a_known_empty_one_does_not(bootstrap, namespace, tl, tmp_path):
+    # Tried (an audit of the CLI): a mistyped run id printed nothing and exited 0,
+    # exactly as a run that has produced nothing yet.
+    state = str(tmp_path / "cli")
+    for args in (["run-typo"], ["run-typo", "--records"]):
+        code, lines, err = await replay(bootstrap, namespace, state, *args)
+        assert code == 2 and lines == [], err
+        assert err.strip().splitlines()[-1].startswith("threadlog: RUN_NOT_FOUND: ") and "run-typo" in err
+    await within(tl.runs.create_or_resume(run_id="run-quiet", thread_id="t-quiet", started_at=1))
+    code, lines, err = await replay(bootstrap, namespace, state, "run-quiet")
+    assert (code, lines) == (0, []), err

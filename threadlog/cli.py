@@ -743,13 +743,32 @@ async def _replay(args: argparse.Namespace) -> int:
                               state_dir=args.state_dir, request_timeout_ms=args.request_timeout_ms,
                               kafka=_kafka_props(args), create_topics=False) as tl:
         log = tl.delivery(args.run_id)
+        printed = False
         if args.records:
             for row in await log.records(args.after):
                 print(json.dumps(row, ensure_ascii=False), flush=True)
-            return 0
-        async for offset, chunk in log.read(args.after, follow=args.follow):
-            print(json.dumps({"offset": offset, "chunk": chunk}, ensure_ascii=False), flush=True)
+                printed = True
+        else:
+            async for offset, chunk in log.read(args.after, follow=args.follow):
+                print(json.dumps({"offset": offset, "chunk": chunk}, ensure_ascii=False), flush=True)
+                printed = True
+        if not printed:
+            await _require_run(tl, args.run_id)
     return 0
+
+
+async def _require_run(tl: Any, run_id: str) -> None:
+    """Nothing printed: say so when the run is unknown, rather than exit 0 silently.
+
+    A mistyped run id and a run that has produced nothing yet both print nothing;
+    only the first is an error. Unknown means no run record and no delivery record
+    at all (a delivery log can be written without a run record, so both are asked).
+    """
+    from threadlog.kernel.errors import RUN_NOT_FOUND, ThreadLogError
+
+    if await tl.runs.get(run_id) is None and not await tl.delivery(run_id).records("-1"):
+        raise ThreadLogError(RUN_NOT_FOUND, f"run {run_id!r} is unknown in this namespace: "
+                                            "no run record and no delivery record")
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
