@@ -39,7 +39,46 @@ class _SharedPropertyFilter(logging.Filter):
         return not ("property and will be ignored by this" in msg and "CONFWARN" in msg)
 
 
+class _RepeatFilter(logging.Filter):
+    """Let one of each repeated librdkafka line through per window, then count the rest.
+
+    While a broker is unreachable every client logs each failed reconnect
+    (`FAIL ... Connection refused`), up to ~30 lines a second per client: a
+    service's log, or an example's terminal, drowned in the same line during an
+    outage. The first of a kind passes; repeats within `window` seconds are
+    dropped, and the next one after the window says how many were. A kind is the
+    text with its timings ("after 12ms") masked, so a line that differs only in
+    them is a repeat, while another broker or another error is a new kind.
+    """
+
+    _TIMING = re.compile(r"\d+ms\b")
+    _MAX_KINDS = 1024  # bounded: kinds carry broker addresses, which may churn
+
+    def __init__(self, window: float = 30.0) -> None:
+        super().__init__()
+        self.window = window
+        self._lock = threading.Lock()
+        self._kinds: dict[str, tuple[float, int]] = {}  # kind -> (window start, lines dropped)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = self._TIMING.sub("#ms", record.getMessage())
+        now = time.monotonic()
+        with self._lock:
+            start, dropped = self._kinds.get(kind, (None, 0))
+            if start is not None and now - start < self.window:
+                self._kinds[kind] = (start, dropped + 1)
+                return False
+            if len(self._kinds) >= self._MAX_KINDS:
+                self._kinds.clear()
+            self._kinds[kind] = (now, 0)
+        if dropped:
+            record.msg = f"{record.getMessage()} ({dropped} more like it in the last {now - start:.0f}s)"
+            record.args = None
+        return True
+
+
 _rdkafka_log.addFilter(_SharedPropertyFilter())
+_rdkafka_log.addFilter(_RepeatFilter())
 # The throwaway clients of `validate()` must not add connection noise to the logs.
 _validate_log = logging.getLogger("threadlog.rdkafka.validate")
 _validate_log.propagate = False

@@ -1,0 +1,60 @@
+"""librdkafka's repeated lines (a broker down: a `FAIL` per reconnect) reach the log once per window."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from confluent_kafka import Producer
+
+from threadlog.kernel import kafka_config
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_a_refused_broker_is_logged_once_not_per_reconnect():
+    # Tried (running an example with the broker down): ~1 000 identical
+    # "Connect to ... failed: Connection refused" lines in the 30 s before its
+    # one-line error. No broker is needed: nothing listens on port 1.
+    log = logging.getLogger("threadlog.rdkafka")
+    lines, level = Lines(), log.level
+    log.addHandler(lines)
+    log.setLevel(logging.DEBUG)
+    producer = Producer(kafka_config.producer("127.0.0.1:1", "repeats-test"))
+    try:
+        producer.produce("t", b"x")
+        deadline = time.monotonic() + 3  # the interval observed, not a wait for an event
+        while time.monotonic() < deadline:
+            producer.poll(0.1)
+    finally:
+        log.removeHandler(lines)
+        log.setLevel(level)
+        producer.purge()
+        producer.flush(0)
+    refused = [line for line in lines.lines if "Connection refused" in line]
+    # librdkafka retries every 50 ms .. 2 s here: several attempts in 3 s, one line.
+    assert len(refused) == 1, refused
+
+
+def test_a_repeat_after_the_window_says_how_many_were_dropped():
+    repeats = kafka_config._RepeatFilter(window=0.0)
+    quiet = kafka_config._RepeatFilter(window=60.0)
+
+    def record(ms: int) -> logging.LogRecord:
+        return logging.LogRecord("threadlog.rdkafka", logging.ERROR, __file__, 1,
+                                 "FAIL [c] failed: Connection refused (after %sms in state CONNECT)", (ms,), None)
+
+    assert [quiet.filter(record(ms)) for ms in (0, 3, 12)] == [True, False, False]
+    assert quiet.filter(logging.LogRecord("threadlog.rdkafka", logging.ERROR, __file__, 1,
+                                          "another broker's line", None, None))
+    assert repeats.filter(record(0)) and repeats.filter(record(1))  # past the window: every one passes
+    quiet.window = 0.0
+    late = record(40)
+    assert quiet.filter(late) and late.getMessage().endswith("(2 more like it in the last 0s)")
