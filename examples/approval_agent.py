@@ -25,6 +25,8 @@ from typing import Annotated, Any, TypedDict
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
+from threadlog import ThreadLogError
+
 
 class State(TypedDict, total=False):
     request: str
@@ -124,4 +126,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except ThreadLogError as exc:
+        # An operational error (broker down, unknown namespace, a refused call):
+        # its code and message are the whole story, not a traceback.
+        sys.exit(f"approval_agent.py: {exc.code}: {exc.message}")
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -330,4 +330,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except ThreadLogError as exc:
+        # An operational error (broker down, unknown namespace, a refused call):
+        # its code and message are the whole story, not a traceback.
+        sys.exit(f"chat_app.py: {exc.code}: {exc.message}")
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -125,3 +125,19 @@ async def test_a_run_completed_with_its_log_left_open_is_closed_and_keeps_its_th
     assert json.loads(taken.lines[-1]) == {"event": "finished", "epoch": 1}
     chunks = [c for _, c in await within(collect(tl.delivery("other").read("-1")))]
     assert {c.get("threadId") for c in chunks if "threadId" in c} == {THREAD}
+
+
+async def test_an_operational_error_is_one_coded_line_not_a_traceback(open_client, bootstrap, namespace, tmp_path):
+    """Tried (a review of the examples): reading a run that never produced printed a
+    30-line traceback ending in RUN_NOT_FOUND."""
+    await open_client()  # the namespace exists: the read itself is what fails
+    proc = await ExampleProcess("takeover.py", "--bootstrap", bootstrap, "--namespace", namespace,
+                                "--state-dir", str(tmp_path / "r"), "read", "--run", "never-ran",
+                                log_dir=tmp_path).start()
+    try:
+        await within(proc.proc.wait(), 60)
+    finally:
+        await proc.stop()
+    err = proc.stderr()
+    assert proc.proc.returncode == 1 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith("takeover.py: RUN_NOT_FOUND: run 'never-ran'"), err
