@@ -10,6 +10,7 @@ the settings threadlog needs for correctness (which `check()` refuses).
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
 import time
@@ -64,8 +65,8 @@ class _RepeatFilter(logging.Filter):
         kind = self._TIMING.sub("#ms", record.getMessage())
         now = time.monotonic()
         with self._lock:
-            start, dropped = self._kinds.get(kind, (None, 0))
-            if start is not None and now - start < self.window:
+            start, dropped = self._kinds.get(kind, (-math.inf, 0))
+            if now - start < self.window:
                 self._kinds[kind] = (start, dropped + 1)
                 return False
             if len(self._kinds) >= self._MAX_KINDS:
