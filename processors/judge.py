@@ -250,6 +250,8 @@ class Judge(Follower):
             for p in range(partitions):
                 stores.open(p)
         self._pending: dict[int, _Pending] = {}
+        # Ends of partition reported while records there waited: applied once they are judged.
+        self._ends: dict[int, int] = {}
         self._paused: set[int] = set()
         # (partition, offset) -> the questions asked on arrival for that append (`_ask_early`).
         self._early: dict[tuple[int, int], list[Question]] = {}
@@ -372,6 +374,7 @@ class Judge(Follower):
         self._early_n = sum(len(x) for x in self._early.values())
         for p in gone:
             self._pending.pop(p, None)
+            self._ends.pop(p, None)
             self.ahead.drop(p)
         self._resume(gone)
         try:
@@ -561,10 +564,20 @@ class Judge(Follower):
                 # State, verdicts and position of one partition: one atomic batch.
                 self.stores.store_of(p).apply(views[p].buffer, {(self.topic, p): nxt})
                 self.ahead.judged(p, nxt)
+        # The end of a partition is its judged position once every record before it
+        # is judged. Kept meanwhile: librdkafka reports it once, and dropped (the
+        # partition waiting then), a log ending in records no consumer yields (a
+        # transaction's commit marker, aborted records) left the idle partition
+        # short of its end offset: read barriers waited for its next record, its
+        # fold lag stayed > 0 and /readyz called it stalled.
         for p, off in eof.items():
+            if p in owned:
+                self._ends[p] = max(self._ends.get(p, 0), off)
+        for p, off in list(self._ends.items()):
             pend = self._pending.get(p)
-            if p in owned and (pend is None or not pend.msgs):
+            if pend is None or not pend.msgs:
                 positions[p] = max(positions.get(p, 0), off)
+                del self._ends[p]
         self._flow_control()
         if positions or verdicts:
             self._publish(positions, verdicts)
@@ -744,6 +757,7 @@ class Judge(Follower):
 
     def _rewind(self) -> None:
         self._pending.clear()
+        self._ends.clear()  # the records before them were dropped: fetched again, with their end
         self._early.clear()
         self._early_n = 0
         self._resume(set(self._paused))
