@@ -13,15 +13,19 @@ import os
 import signal
 import subprocess
 import sys
+import time
+import uuid
 
 import httpx
 import orjson
 import pytest
+from confluent_kafka import Producer
 from delivery_support import chunk
 from http_support import read_stream, serve_process, serving, sse_events
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from support import within
+from support import raw_proposal, until, within
+from threadlog.processors.judge import RULES
 from worker_support import WorkerProcess, owned_by
 
 from threadlog.kernel.errors import ThreadLogError
@@ -301,3 +305,110 @@ async def test_a_worker_owning_no_partition_is_ready_and_a_thin_serve_is_ready(b
     finally:
         for w in workers:
             await w.stop()
+
+
+STALL_S = 1.0  # the readiness stall bound these tests serve with (30 s by default)
+
+
+def produce(bootstrap: str, topic: str, partition: int, key: str, value: bytes, transactional: bool = False) -> int:
+    """Write one record to `topic`[partition] as any producer could (blocking); its offset.
+    `transactional`: in a transaction, committed: a commit marker follows it."""
+    conf = {"bootstrap.servers": bootstrap}
+    if transactional:
+        conf["transactional.id"] = f"test-ready-{uuid.uuid4().hex[:8]}"
+    producer = Producer(conf)
+    if transactional:
+        producer.init_transactions(30)
+        producer.begin_transaction()
+    offsets: list[int] = []
+    producer.produce(topic, value, key.encode(), partition=partition,
+                     on_delivery=lambda err, msg: offsets.append(msg.offset()))
+    if transactional:
+        producer.commit_transaction(30)
+    assert producer.flush(30) == 0 and len(offsets) == 1
+    return offsets[0]
+
+
+async def readyz_until(http: httpx.AsyncClient, base: str, status: int) -> dict:
+    """The first /readyz answer with `status` (polled: a stall announces itself to no one)."""
+    while True:
+        r = await http.get(f"{base}/readyz")
+        if r.status_code == status:
+            return r.json()
+        await asyncio.sleep(0.05)
+
+
+async def test_readyz_names_a_caught_up_partition_that_waits_for_a_judge_of_newer_rules(open_client, bootstrap):
+    """Tried: a record naming judging rules newer than this judge's lands on a
+    caught-up partition; its judge waits for an upgraded one, for good. /readyz
+    stayed 200 (only the fold lag gauge showed it): now 503 naming that
+    partition, once it has had that record to judge for the stall bound, not before."""
+    tl = await open_client()
+    await within(tl.messages.save_thread("t", ["x"]))
+    p = partition_for("t", tl.runtime.layout.events)
+    async with serving(tl, stall_after=STALL_S) as base, httpx.AsyncClient(timeout=10) as http:
+        r = await http.get(f"{base}/readyz")
+        assert r.status_code == 200, r.text
+        newer = raw_proposal(tl.runtime.codec, "threadlog.cmd.SaveTranscript", "t",
+                             {"threadId": "t", "messages": "[]"}, rules=RULES + 1)
+        began = time.monotonic()
+        await asyncio.to_thread(produce, bootstrap, tl.runtime.topics.events, p, "t", newer)
+        answer = await within(readyz_until(http, base, 503), STALL_S + 20)
+        assert time.monotonic() - began >= STALL_S  # never before the bound
+        assert answer["ready"] is False and list(answer["stalled"]) == [str(p)], answer
+        assert f"partitions [{p}] stalled" in answer["reason"]
+        assert answer["stalled"][str(p)]["end"] == answer["stalled"][str(p)]["applied"] + 1
+
+
+async def test_readyz_is_ready_again_once_a_stalled_partition_moves_and_stays_ready_when_idle(open_client, bootstrap):
+    """Tried: a proposal naming a far-future `seen` position of another partition
+    holds its partition until that one gets there. While it waits a transaction
+    writes a proposal there too, so the partition's log ends with a commit
+    marker, which no consumer yields. /readyz says the partition stalled, is
+    ready again once the other partition moves, and stays ready while the
+    partition is idle with the marker past its last record (lag 0: the judge
+    moves past the marker; before, the end it reached while waiting was
+    forgotten, and the idle partition stayed 1 short of its end offset)."""
+    tl = await open_client()
+    total = tl.runtime.layout.events
+    p = partition_for("t1", total)
+    other = next(f"u{i}" for i in range(100) if partition_for(f"u{i}", total) != p)
+    q = partition_for(other, total)
+    codec, events = tl.runtime.codec, tl.runtime.topics.events
+    async with serving(tl, stall_after=STALL_S) as base, httpx.AsyncClient(timeout=10) as http:
+        await within(tl.read_barrier(None))  # every rules floor marker judged
+        assert (await http.get(f"{base}/readyz")).status_code == 200
+        seen = [(await within(tl.bus.end_offsets()))[x] for x in range(total)]
+        seen[q] += 1  # a position of q not written yet
+        save = codec.encode("threadlog.cmd.SaveArtifact", {"artifact": {
+            "artifactId": "a1", "runId": "r1", "threadId": "t1", "name": "cat.png", "mimeType": "image/png",
+            "size": 1234, "createdAt": 100, "blobKey": None, "sourceUrl": None}})
+        held = await asyncio.to_thread(produce, bootstrap, events, p, "t1",
+                                       raw_proposal(codec, "threadlog.cmd.SaveArtifact", "t1", save, rules=RULES,
+                                                    seen=seen))
+        answer = await within(readyz_until(http, base, 503), STALL_S + 20)
+        assert list(answer["stalled"]) == [str(p)] and answer["stalled"][str(p)]["applied"] == held, answer
+        last = await asyncio.to_thread(produce, bootstrap, events, p, "t1",
+                                       raw_proposal(codec, "threadlog.cmd.SaveTranscript", "t1",
+                                                    {"threadId": "t1", "messages": "[]"}, rules=RULES),
+                                       transactional=True)
+        judge = tl.runtime.judge
+        # The judge fetched it (and reached the end past the marker) while the partition waits...
+        await until(lambda: len(judge._pending[p].msgs) == 2, 30, "the transaction's record fetched")
+        # ...and handles the end of partition reported with it in that batch or the next
+        # loop (a few ms): nothing announces it, so a short bounded pause.
+        await asyncio.sleep(0.3)
+        assert judge.verdict(p, held) is None
+        await within(tl.messages.save_thread(other, ["moves q"]))  # q reaches the position named
+        await until(lambda: judge.verdict(p, last) is not None, 30, "the partition judged on")
+        assert judge.verdict(p, held)["ok"]
+        await within(readyz_until(http, base, 200), 20)
+        # Idle now, past its last record a commit marker: ready for several bounds on end.
+        until_s = time.monotonic() + 3 * STALL_S
+        while time.monotonic() < until_s:
+            r = await http.get(f"{base}/readyz")
+            assert r.status_code == 200, r.text
+            await asyncio.sleep(0.05)
+        got = await scrape(http, base)
+        assert value(got, "threadlog_fold_lag_records", partition=str(p)) == 0
+        assert value(got, "threadlog_fold_applied_offset", partition=str(p)) == last + 2  # past the marker

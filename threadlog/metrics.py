@@ -18,7 +18,9 @@ Readiness (`Readiness`): embedded -- the judge caught up with the end offsets
 read at startup; worker -- a member of the group, and every owned partition
 caught up with the end offsets read when it was assigned (owning none is ready:
 with more workers than partitions some own none); thin -- a read barrier
-through the workers passes.
+through the workers passes. Embedded and worker alike: not ready while an owned
+partition stalls -- it has records to judge and its judged position has not
+moved for `stall_after` seconds (`Readiness._stalled` says why).
 """
 
 from __future__ import annotations
@@ -198,16 +200,31 @@ def attach(target: Any, metrics: Metrics | None = None) -> Metrics:
 
 # -- readiness ---------------------------------------------------------------------
 
+# How long an owned partition may have records to judge without its judged
+# position moving before the process says it is not ready (Readiness.stall_after).
+# Judging moves in milliseconds; a partition held this long waits for something
+# that may never come (a judge of newer rules, a store that keeps failing, a
+# far-future `seen` position).
+STALL_AFTER_S = 30.0
+
 
 class Readiness:
     """Is this process ready for traffic? See the module docstring for the rules."""
 
-    def __init__(self, target: Any, timeout: float = 5.0) -> None:
+    def __init__(self, target: Any, timeout: float = 5.0, stall_after: float = STALL_AFTER_S) -> None:
         """Create it before the runtime starts (a worker's first assignment, even an
-        empty one, is how it knows it joined the group); `start()` it on the loop."""
+        empty one, is how it knows it joined the group); `start()` it on the loop.
+        `stall_after`: seconds an owned partition may have records to judge without
+        moving before it makes the process not ready."""
+        if not stall_after > 0 or stall_after == float("inf"):
+            raise ValueError(f"stall_after must be a finite number of seconds > 0, got {stall_after}")
         self.target = target
         self.rt = _runtime_of(target)
         self.timeout = timeout
+        self.stall_after = stall_after
+        # Owned partition -> (its judged position, when a check first saw records to
+        # judge there at that position): how long it has had work without moving.
+        self._held: dict[int, tuple[int, float]] = {}
         self.targets: dict[int, int] = {}  # owned partition -> end offset read when it was assigned
         self.draining = False  # set on SIGTERM: not ready while the process drains and exits
         # In the group: the judge's assignment callback ran (librdkafka calls it with
@@ -252,6 +269,47 @@ class Readiness:
             if p in judge.owned and p not in self.targets:
                 self.targets[p] = ends[p]
 
+    async def _stalled(self, owned: list[int]) -> dict[str, dict]:
+        """Owned partitions with records to judge whose judged position has not
+        moved for `stall_after` seconds, as seen by the checks so far.
+
+        Why: a partition caught up once stays "caught up" for the targets above
+        while its judge waits for good (a record naming newer judging rules, a
+        store write that keeps failing, a far-future `seen` position); only the
+        fold lag gauge showed it, and traffic kept coming to a process that
+        could not answer for that partition. An idle partition (nothing past its
+        judged position) is never stalled, and the clock starts when a check
+        first sees work there, so a record that just arrived at a long idle
+        partition is not one. Lag is the end offset minus the judged position:
+        the judge moves its position past records it never yields (transaction
+        markers, aborted records) when it reaches the end of the partition, so
+        an idle partition's lag is 0. One end offsets round (shared with the
+        reads' barriers) per check; unknown ends flag nothing."""
+        judge = self.rt.judge
+        applied = {p: judge.applied(p) for p in owned}  # before the ends: a lag seen is >= the real one
+        try:
+            ends = await asyncio.wait_for(self.rt.barrier.end_offsets(), self.timeout)
+        except Exception as exc:
+            log.warning("readiness: end offsets unavailable, partitions not checked for stalls: %s", exc)
+            return {}
+        now = time.monotonic()
+        stalled: dict[str, dict] = {}
+        for p in list(self._held):
+            if p not in applied:
+                del self._held[p]
+        for p, at in applied.items():
+            end = ends.get(p, 0)
+            if end <= at:
+                self._held.pop(p, None)  # idle: nothing to judge
+                continue
+            held = self._held.get(p)
+            if held is None or held[0] != at:
+                self._held[p] = (at, now)  # work seen at a new position: the clock starts
+                continue
+            if now - held[1] >= self.stall_after:
+                stalled[str(p)] = {"applied": at, "end": end, "stalled_s": round(now - held[1], 1)}
+        return stalled
+
     def in_group(self) -> bool:
         # Not Consumer.memberid(): it blocks while the judge's thread polls.
         judge = self.rt.judge
@@ -275,11 +333,18 @@ class Readiness:
             await self._read_targets()
         behind = {str(p): {"applied": judge.applied(p), "target": self.targets.get(p)} for p in owned
                   if p not in self.targets or judge.applied(p) < self.targets[p]}
+        stalled = await self._stalled(owned) if owned else {}
         member = self.in_group()
-        ready = member and not behind
+        ready = member and not behind and not stalled
         detail: dict[str, Any] = {"role": "worker" if rt.worker else "embedded", "owned": owned}
         if not member:
             detail["reason"] = "not a member of the group yet"
+        elif stalled:
+            detail["reason"] = (f"partitions {sorted(int(p) for p in stalled)} stalled: records to judge and no "
+                                f"progress for {self.stall_after:g}s or more")
+            detail["stalled"] = stalled
+            if behind:
+                detail["behind"] = behind
         elif behind:
             detail["reason"] = "partitions not caught up"
             detail["behind"] = behind

@@ -31,7 +31,7 @@ from starlette.routing import Route
 from ..client import ThreadLog
 from ..client import open as open_threadlog
 from ..kernel.errors import INVALID_ARGUMENT, ThreadLogError
-from ..metrics import AccessLog, Readiness, attach, attached, ops_routes
+from ..metrics import STALL_AFTER_S, AccessLog, Readiness, attach, attached, ops_routes
 from .guard import (
     Authorize,
     BodyLimit,
@@ -207,6 +207,7 @@ def create_app(
     authorize: Authorize | None = None,
     token_file: str | None = None,
     limits: Limits | None = None,
+    stall_after: float = STALL_AFTER_S,
     **open_options: Any,
 ) -> Starlette:
     """An ASGI app serving the routes. Pass an open `tl`, or connection options
@@ -218,7 +219,9 @@ def create_app(
 
     `authorize`: the hook asked before every read (threadlog/http/guard.py);
     `token_file`: bearer-token mode instead (one token per line). `limits`:
-    id length, body size and open SSE streams (`Limits()` defaults)."""
+    id length, body size and open SSE streams (`Limits()` defaults).
+    `stall_after`: seconds an owned partition may have records to judge without
+    its judged position moving before `/readyz` says not ready (30)."""
     if tl is None and bootstrap_servers is None:
         raise ValueError("create_app needs an open ThreadLog or bootstrap_servers")
     if authorize is not None and token_file is not None:
@@ -231,7 +234,7 @@ def create_app(
     def instrument(client: ThreadLog) -> None:
         holder["tl"] = client
         holder["metrics"] = attach(client)
-        holder["ready"] = Readiness(client, timeout=min(5.0, client.opts.request_timeout))
+        holder["ready"] = Readiness(client, timeout=min(5.0, client.opts.request_timeout), stall_after=stall_after)
 
     if tl is not None:
         instrument(tl)
