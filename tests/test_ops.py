@@ -395,9 +395,9 @@ async def test_readyz_is_ready_again_once_a_stalled_partition_moves_and_stays_re
         judge = tl.runtime.judge
         # The judge fetched it (and reached the end past the marker) while the partition waits...
         await until(lambda: len(judge._pending[p].msgs) == 2, 30, "the transaction's record fetched")
-        # ...and handles the end of partition reported with it in that batch or the next
-        # loop (a few ms): nothing announces it, so a short bounded pause.
-        await asyncio.sleep(0.3)
+        # ...and holds the end of partition reported past the marker while the records
+        # before it wait (a judge that dropped it never gets it again).
+        await until(lambda: p in judge._ends, 30, "the end of the partition held while it waits")
         assert judge.verdict(p, held) is None
         await within(tl.messages.save_thread(other, ["moves q"]))  # q reaches the position named
         await until(lambda: judge.verdict(p, last) is not None, 30, "the partition judged on")
