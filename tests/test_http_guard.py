@@ -7,13 +7,14 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import time
 
 import httpx
 import pytest
 from delivery_support import chunk
 from http_support import read_stream, serve_process, serving, sse_events
-from support import within
+from support import until, within
 
 from threadlog.http import Limits, create_app, unauthenticated
 from threadlog.kernel.errors import UNAVAILABLE, ThreadLogError
@@ -461,3 +462,86 @@ async def test_a_chunked_body_over_the_limit_on_a_stream_route_is_not_a_server_e
         finally:
             uvicorn_errors.removeHandler(handler)
     assert not [rec.getMessage() for rec in errors]
+
+
+async def _raw_join(port: int, path: str) -> socket.socket:
+    """A client that asks for an event stream and never reads: a receive buffer
+    of a few KiB, so the server's writes stall once the buffers are full."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window it offers
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await within(loop.sock_connect(sock, ("127.0.0.1", port)))
+    await within(loop.sock_sendall(sock, f"GET {path} HTTP/1.1\r\nHost: test\r\n\r\n".encode()))
+    return sock
+
+
+async def test_a_client_that_reads_nothing_gives_its_stream_slot_back_within_the_stall_bound(tl, client, caplog):
+    """Tried: a client that joins a run and stops reading (its receive window
+    full) while the run writes large chunks. The server's send waited forever:
+    the stream held its slot (and its reader) as long as the client lived. Now
+    the stream ends after max_write_stall_ms with its slot freed, and the
+    connection closes once the client reads what was already queued for it."""
+    log = tl.delivery("r-stall")
+    await within(log.append([chunk(0)]))
+    app = create_app(tl, limits=Limits(max_write_stall_ms=1000))
+    big = "x" * 60_000
+    async with serving(tl, app=app) as base:
+        sock = await _raw_join(int(base.rsplit(":", 1)[1]), "/runs/r-stall/stream")
+        try:
+            await until(lambda: app.state.streams.open == 1, 10, "the stream open")
+            # More than the buffers on the way hold (4 MiB of kernel send buffer at
+            # most here, 64 KiB in asyncio's): the server's writes then wait.
+            for i in range(1, 400):
+                await within(log.append([chunk(i, pad=big)]))
+                if app.state.streams.open == 0:
+                    break
+            stalled_at = time.monotonic()
+            await until(lambda: app.state.streams.open == 0, 30, "the stalled stream's slot given back")
+            assert time.monotonic() - stalled_at < 5
+            metrics = (await client.get(f"{base}/metrics")).text
+            assert "threadlog_http_sse_connections 0" in metrics
+            # What was queued for it can still be read, then the server's end is closed.
+            loop = asyncio.get_running_loop()
+            async with asyncio.timeout(30):
+                while await loop.sock_recv(sock, 1 << 20):
+                    pass
+        finally:
+            sock.close()
+    assert "read nothing" in caplog.text
+
+
+async def test_a_join_over_the_cap_waits_for_a_slot_before_its_503(tl, client):
+    """Tried: max_streams streams open, one more join: an immediate 503, which
+    @tanstack/ai-client never retries (a join failed, a rejoin dropped its run
+    for good) though a stream ended a moment later. Now a join waits up to
+    max_stream_wait_ms for a slot; past that it is a 503 (Retry-After: 1) -- or a
+    cut stream for a client holding an event id, which it resumes by itself."""
+    log = tl.delivery("r-wait")
+    [first] = await within(log.append([chunk(0)]))
+    app = create_app(tl, limits=Limits(max_streams=1, max_stream_wait_ms=10_000))
+    async with serving(tl, app=app) as base:
+        url = f"{base}/runs/r-wait/stream"
+        async with client.stream("GET", url) as held:
+            events = sse_events(held)
+            assert (await within(events.__anext__())).id == first
+            waiting = asyncio.ensure_future(read_stream(client, url, limit=1))
+            await until(lambda: app.state.streams._slot_waiters, 10, "the second join waiting for a slot")
+            assert not waiting.done()
+            await events.aclose()
+        response, got = await within(waiting)  # the held stream ended: its slot went to the waiting join
+        assert response.status_code == 200 and [e.id for e in got] == [first]
+        assert not app.state.streams._slot_waiters
+    app = create_app(tl, limits=Limits(max_streams=1, max_stream_wait_ms=300))
+    async with serving(tl, app=app) as base:
+        url = f"{base}/runs/r-wait/stream"
+        async with client.stream("GET", url) as held:
+            events = sse_events(held)  # kept: a collected one closes the response, and frees its slot
+            assert (await within(events.__anext__())).id == first
+            t0 = time.monotonic()
+            r = await client.get(url)
+            assert r.status_code == 503 and r.json()["error"]["code"] == "TOO_MANY_STREAMS"
+            assert r.headers["retry-after"] == "1" and time.monotonic() - t0 >= 0.25
+            r = await client.get(url, headers={"Last-Event-ID": first})
+            assert r.status_code == 200 and r.content == b": TOO_MANY_STREAMS: resume with Last-Event-ID"
+            await events.aclose()

@@ -187,3 +187,43 @@ async def test_a_join_still_waiting_for_its_first_chunk_hears_the_shutdown(tl):
         out = await join.ended()
     chunks = join.chunks()
     assert chunks and chunks[-1]["type"] == "RUN_ERROR" and chunks[-1]["code"] == "UNAVAILABLE", out
+
+
+async def test_a_reload_rejoin_whose_first_chunk_comes_after_the_clients_2s_deadline_attaches(tl):
+    """Tried: ChatClient rejoins a persisted run on load and aborts the join if no
+    chunk comes within 2 s (REJOIN_CONNECT_DEADLINE_MS: time to its first chunk,
+    not to headers; SSE comments are not chunks), while threadlog waits up to
+    first_chunk_wait_ms (5 s) for a run's first chunk: a run whose driver wrote
+    its first chunk 3 s in was dropped, the chat 'ready' with nothing. Now a
+    from-start join of a running run hears a CUSTOM threadlog.waiting event."""
+    from http_support import serving
+    from support import until
+
+    from threadlog.http import create_app
+
+    thread_id, run_id = "t-late", "r-late"
+    await within(tl.runs.create_or_resume(run_id=run_id, thread_id=thread_id, started_at=1000))
+    app = create_app(tl)
+    async with serving(tl, app=app) as base:
+        _ensure_node_modules()
+        env = {**os.environ, "URL": f"{base}/api/chat", "THREAD_ID": thread_id, "RUN_ID": run_id}
+        probe = _Join(await asyncio.create_subprocess_exec("node", "rejoin_probe.mjs", cwd=NODE_DIR, env=env,
+                                                           stdout=asyncio.subprocess.PIPE,
+                                                           stderr=asyncio.subprocess.PIPE))
+        await until(lambda: app.state.streams.open == 1, 30, "the rejoin's stream")
+        # Not synchronization: the point is a first chunk later than the client's 2 s.
+        await asyncio.sleep(3.0)
+        await within(tl.delivery(run_id).append([
+            {"type": "RUN_STARTED", "threadId": thread_id, "runId": run_id},
+            {"type": "TEXT_MESSAGE_START", "messageId": "a1", "role": "assistant"},
+            {"type": "TEXT_MESSAGE_CONTENT", "messageId": "a1", "delta": "late answer"},
+            {"type": "TEXT_MESSAGE_END", "messageId": "a1"},
+            {"type": "RUN_FINISHED", "threadId": thread_id, "runId": run_id, "finishReason": "stop"}]))
+        await within(tl.delivery(run_id).close())
+        out = await probe.ended()
+    assert out[-1]["end"] == "done", out
+    types = [c["type"] for c in probe.chunks()]
+    assert types[0] == "CUSTOM" and probe.chunks()[0]["name"] == "threadlog.waiting", out
+    assert types[1:] == ["RUN_STARTED", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END",
+                         "RUN_FINISHED"], out
+    assert out[-1]["messages"] == [{"role": "assistant", "parts": [{"type": "text", "content": "late answer"}]}], out

@@ -685,7 +685,8 @@ def _http_guard(args: argparse.Namespace) -> tuple[Any, Any]:
 
     try:
         limits = Limits(max_id_bytes=args.max_id_bytes, max_body_bytes=args.max_body_bytes,
-                        max_streams=args.max_streams)
+                        max_streams=args.max_streams, max_stream_wait_ms=args.max_stream_wait_ms,
+                        max_write_stall_ms=args.max_write_stall_ms)
     except ValueError as exc:
         raise invalid_argument(str(exc).replace("max_", "--max-").replace("_", "-")) from None
     if args.token_file is None:
@@ -1060,6 +1061,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "default: no authorization")
     sv.add_argument("--max-streams", type=int, default=1000, metavar="N",
                     help="SSE streams open at once, server-wide; beyond: 503 TOO_MANY_STREAMS")
+    sv.add_argument("--max-stream-wait-ms", type=int, default=1000, metavar="MS",
+                    help="how long a join beyond --max-streams waits for a stream to end before its 503 (0: none)")
+    sv.add_argument("--max-write-stall-ms", type=int, default=30_000, metavar="MS",
+                    help="an SSE stream whose client reads nothing this long is ended (its slot freed)")
     sv.add_argument("--max-body-bytes", type=int, default=64 * 1024, metavar="BYTES",
                     help="largest request body; beyond: 413 PAYLOAD_TOO_LARGE")
     sv.add_argument("--max-id-bytes", type=int, default=1024, metavar="BYTES",

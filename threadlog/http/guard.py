@@ -14,7 +14,9 @@ one `RUN_ERROR` event carrying the code, under the same 401/403 status.
 `bearer_tokens(path)` is the ready-made hook of `threadlog serve --token-file`.
 
 Limits (`Limits`): ids at most `max_id_bytes` UTF-8 bytes, request bodies at
-most `max_body_bytes`, at most `max_streams` SSE streams open server-wide.
+most `max_body_bytes`, at most `max_streams` SSE streams open server-wide (a
+join beyond waits up to `max_stream_wait_ms` for one to end), and a stream
+whose client reads nothing for `max_write_stall_ms` is ended.
 """
 
 from __future__ import annotations
@@ -116,12 +118,20 @@ class Limits:
     max_id_bytes: int = 1024
     max_body_bytes: int = 64 * 1024
     max_streams: int = 1000
+    # A join beyond max_streams waits this long for a stream to end before its
+    # 503: @tanstack/ai-client never retries a non-OK answer, so a burst just over
+    # the cap failed for good. Under the client's 2 s rejoin deadline (0: no wait).
+    max_stream_wait_ms: int = 1000
+    # Longest an event may wait to be written (the client's receive window full):
+    # then the stream ends and its slot is free. Keepalives come every 15 s.
+    max_write_stall_ms: int = 30_000
 
     def __post_init__(self) -> None:
-        for name in ("max_id_bytes", "max_body_bytes", "max_streams"):
+        for name in ("max_id_bytes", "max_body_bytes", "max_streams", "max_stream_wait_ms", "max_write_stall_ms"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            least = 0 if name == "max_stream_wait_ms" else 1
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
 
 
 def shown(value: str) -> str:
@@ -193,6 +203,7 @@ class StreamSlots:
         # for all bound itself to the first loop that waited, and a stream on
         # another loop (a second TestClient of one app) then failed.
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+        self._slot_waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()  # joins over the cap
 
     def close_streams(self) -> None:
         """End every open stream, and any opened from now on, cleanly (a server
@@ -201,12 +212,8 @@ class StreamSlots:
         Callable from any thread."""
         with self._lock:
             self._closing = True
-            waiters = list(self._waiters)
-        for loop, event in waiters:
-            try:
-                loop.call_soon_threadsafe(event.set)
-            except RuntimeError:
-                pass  # that loop is closed: its stream is gone
+            waiters = list(self._waiters) + list(self._slot_waiters)
+        _wake(waiters)
 
     async def wait_closing(self) -> None:
         """Return once `close_streams` was called."""
@@ -228,9 +235,43 @@ class StreamSlots:
             self.open += 1
             return True
 
+    async def take_within(self, wait_s: float) -> bool:
+        """Take a slot, waiting up to `wait_s` for one to be given back (not
+        once the server closes its streams)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            waiter = (loop, asyncio.Event())
+            with self._lock:
+                if self.open < self.limit:
+                    self.open += 1
+                    return True
+                left = deadline - loop.time()
+                if self._closing or left <= 0:
+                    return False
+                self._slot_waiters.add(waiter)
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(waiter[1].wait(), left)
+            finally:
+                with self._lock:
+                    self._slot_waiters.discard(waiter)
+
     def give(self) -> None:
         with self._lock:
             self.open -= 1
+            # Every waiter tries again (one takes the slot, the rest wait on): a
+            # wakeup handed to one waiter could be lost to its timing out meanwhile.
+            waiters = list(self._slot_waiters)
+        _wake(waiters)
+
+
+def _wake(waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]) -> None:
+    for loop, event in waiters:
+        try:
+            loop.call_soon_threadsafe(event.set)
+        except RuntimeError:
+            pass  # that loop is closed: its stream is gone
 
 
 class BodyLimit:

@@ -8,6 +8,11 @@ brings nothing new, so a log closed after a non-terminal chunk gets a final
 synthetic `RUN_ERROR` (no id: it is not in the log), as TanStack's own sink
 writes on abort. Errors (unknown run, bad offset) are a `RUN_ERROR` event on a
 real event stream, never an HTML page.
+
+A from-start join of a run known to be running whose first chunk is late gets
+a `CUSTOM` event named `threadlog.waiting` (no id: it is not in the log) after
+`EARLY_S`: `ChatClient` gives a rejoin 2 s to yield its first chunk, and
+threadlog may wait `first_chunk_wait_ms` (5 s) for one.
 """
 
 from __future__ import annotations
@@ -17,17 +22,17 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 import anyio
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..delivery import DeliveryLog
 from ..kernel.errors import INTERNAL, UNAVAILABLE, ThreadLogError, unavailable
 from ..metrics import Metrics
-from .guard import TOO_MANY_STREAMS, StreamSlots
+from .guard import TOO_MANY_STREAMS, Limits, StreamSlots
 
 log_ = logging.getLogger("threadlog.http")
 
@@ -35,6 +40,11 @@ TERMINAL = frozenset({"RUN_FINISHED", "RUN_ERROR"})
 INCOMPLETE = "RUN_INCOMPLETE"  # code of the synthetic error: closed without a terminal chunk
 KEEPALIVE_SECONDS = 15.0
 FINAL_SEND_S = 1.0  # longest wait to end a response whose client reads nothing
+# A from-start join with no chunk after this long hears WAITING, if its run is
+# known to be running: well under @tanstack/ai-client's 2 s rejoin deadline
+# (REJOIN_CONNECT_DEADLINE_MS, time to its first chunk), with room for the ask.
+EARLY_S = 0.5
+WAITING = "threadlog.waiting"
 HEADERS = {
     "Cache-Control": "no-store",
     "X-Accel-Buffering": "no",  # nginx: do not buffer an event stream
@@ -62,7 +72,15 @@ def _passing(exc: ThreadLogError) -> bool:
     return exc.code == UNAVAILABLE and exc.retryable
 
 
-def _cut(exc: ThreadLogError) -> bytes:
+def waiting(run_id: str) -> bytes:
+    """The event of a join still waiting for its run's first chunk: a CUSTOM
+    chunk, which ChatClient counts as its first (its rejoin then waits on) and
+    otherwise only hands to `onChunk` / `onCustomEvent`."""
+    return event({"type": "CUSTOM", "name": WAITING, "value": {"runId": run_id},
+                  "timestamp": int(time.time() * 1000)})
+
+
+def _cut(code: str) -> bytes:
     """The end of a stream the client should resume: a last line with no newline.
 
     Why not a RUN_ERROR: it is terminal to @tanstack/ai-client, so a passing
@@ -70,7 +88,7 @@ def _cut(exc: ThreadLogError) -> bytes:
     StreamTruncatedError, as for a dropped connection: it reconnects with
     Last-Event-ID, with its backoff and attempt limit (an EventSource
     reconnects anyway). Only for a client that holds an event id."""
-    return f": {exc.code}: resume with Last-Event-ID".encode()
+    return f": {code}: resume with Last-Event-ID".encode()
 
 
 def is_terminal(chunk: Any) -> bool:
@@ -94,7 +112,7 @@ class StreamCursor:
 
     def ended(self, exc: ThreadLogError) -> bytes:
         """The last bytes of a stream ended by a passing error `exc`."""
-        return _cut(exc) if self.holds_id() else run_error(self.run_id, exc.code, exc.message)
+        return _cut(exc.code) if self.holds_id() else run_error(self.run_id, exc.code, exc.message)
 
     def farewell(self) -> bytes:
         """The last bytes of a stream the server ends as it shuts down. Not a clean
@@ -105,19 +123,69 @@ class StreamCursor:
         return self.ended(unavailable("this server is shutting down: join the run again on another"))
 
 
-async def stream_run(log: DeliveryLog, after: str, cursor: StreamCursor | None = None) -> AsyncIterator[bytes]:
+async def _announced(reader: AsyncIterator[tuple[str, dict]],
+                     running: Callable[[], Awaitable[bool]]) -> AsyncIterator[tuple[str | None, dict]]:
+    """`reader`'s chunks, preceded by a WAITING pseudo-chunk (offset None) when
+    none came within EARLY_S and `running()` says the run is running. Only the
+    first chunk is awaited in a task of its own; the rest as `stream_run` does."""
+    first: asyncio.Future[Any] = asyncio.ensure_future(reader.__anext__())
+    asking: asyncio.Future[Any] | None = None
+    try:
+        done, _ = await asyncio.wait({first}, timeout=EARLY_S)
+        if not done:
+            asking = asyncio.ensure_future(running())
+            await asyncio.wait({first, asking}, return_when=asyncio.FIRST_COMPLETED)
+            # Never for an unknown run: ChatClient's deadline is what drops a stale
+            # pointer. A failed ask is taken as "not known".
+            if not first.done() and _said_yes(asking):
+                yield None, {}
+        try:
+            item = await first
+        except StopAsyncIteration:
+            return
+        yield item
+    finally:
+        for task in (first, asking):
+            if task is None:
+                continue
+            if not task.done():
+                task.cancel()
+                # Over before the reader is closed (not while it runs), even when we
+                # are cancelled ourselves (a shutdown, a disconnect): shielded.
+                with anyio.CancelScope(shield=True):
+                    await asyncio.wait({task})
+            if not task.cancelled():
+                task.exception()  # seen: an ask that failed is not logged as never retrieved
+    async for offset, chunk in reader:
+        yield offset, chunk
+
+
+def _said_yes(task: asyncio.Future[Any]) -> bool:
+    return task.done() and not task.cancelled() and task.exception() is None and task.result() is True
+
+
+async def stream_run(log: DeliveryLog, after: str, cursor: StreamCursor | None = None,
+                     running: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[bytes]:
     """The SSE events of one connection: chunks strictly after `after` until the log closes.
 
     Keepalives are not in here: `EventStreamResponse` sends them from a timer
     while this waits. So each chunk is awaited by the task that sends it: no
     task per chunk, no `asyncio.wait` -- on the latency path every loop
-    iteration saved counts (see README, "SSE latency")."""
+    iteration saved counts (see README, "SSE latency"). `running()`: is the run
+    known to be running (a from-start join then hears WAITING if its first
+    chunk is late)."""
     cursor = cursor or StreamCursor(log.run_id, after)
     reader = log.read(after)
+    chunks: AsyncIterator[tuple[str | None, dict]] = reader
+    if after == "-1" and running is not None:
+        chunks = _announced(reader, running)
     last: Any = None
     try:
         try:
-            async for offset, chunk in reader:
+            async for offset, chunk in chunks:
+                if offset is None:  # WAITING: not in the log, no id
+                    yield waiting(log.run_id)
+                    continue
                 cursor.yielded += 1
                 last = chunk
                 yield event(chunk, offset)
@@ -129,7 +197,7 @@ async def stream_run(log: DeliveryLog, after: str, cursor: StreamCursor | None =
             return
         except Exception:
             if log.client_closing:  # the app closed its client under the stream: resume elsewhere
-                yield _cut(unavailable("the threadlog client is closing"))
+                yield _cut(UNAVAILABLE)  # the threadlog client is closing
                 return
             # Not ours to raise (a foreign record, a bug): the stream must still end
             # as an event stream, with a code, not cut with a server traceback.
@@ -150,16 +218,22 @@ async def stream_run(log: DeliveryLog, after: str, cursor: StreamCursor | None =
                 last = await log.chunk_at(after)  # nothing after the cursor: it is the last chunk
             except ThreadLogError as exc:
                 if _passing(exc):  # not a RUN_INCOMPLETE of a run that may have finished well
-                    yield _cut(exc)
+                    yield _cut(exc.code)
                     return
                 last = None
         if not is_terminal(last):
             yield run_error(log.run_id, INCOMPLETE,
                             "the run's delivery log was closed without a RUN_FINISHED or RUN_ERROR chunk")
     finally:
+        if chunks is not reader:
+            await chunks.aclose()  # type: ignore[attr-defined]  # first: it may be reading
         aclose = getattr(reader, "aclose", None)  # an async generator: end it (its consumer goes back)
         if aclose is not None:
             await aclose()
+
+
+class ClientStalled(Exception):
+    """An event could not be written within the write stall bound."""
 
 
 class EventStreamResponse(StreamingResponse):
@@ -171,21 +245,32 @@ class EventStreamResponse(StreamingResponse):
 
     def __init__(self, content: AsyncIterator[bytes], metrics: Metrics | None = None,
                  slots: StreamSlots | None = None, keepalive: float = KEEPALIVE_SECONDS,
-                 cursor: StreamCursor | None = None) -> None:
+                 cursor: StreamCursor | None = None, limits: Limits | None = None) -> None:
         super().__init__(content, media_type="text/event-stream; charset=utf-8", headers=HEADERS)
         self.metrics = metrics
         self.slots = slots
         self.keepalive = keepalive
         self.cursor = cursor  # what the client holds, for the last bytes of a shutdown
+        limits = limits or Limits()
+        self.slot_wait = limits.max_stream_wait_ms / 1000.0
+        self.write_stall = limits.max_write_stall_ms / 1000.0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The stream's slot is taken and given back here, around the whole
         # stream: whatever ends it (the log, a disconnect, an error) frees it.
-        if self.slots is not None and not self.slots.take():
+        if self.slots is not None and not await self.slots.take_within(self.slot_wait):
             await self.body_iterator.aclose()  # type: ignore[attr-defined]  # never started: nothing read
-            busy = JSONResponse({"error": {"code": TOO_MANY_STREAMS,
-                                           "message": f"{self.slots.limit} event streams are open; retry later"}},
-                                status_code=503, headers={"Cache-Control": "no-store", "Retry-After": "1"})
+            busy: Response
+            if self.cursor is not None and self.cursor.holds_id():
+                # @tanstack/ai-client takes any non-OK answer as the run's end, a
+                # healthy run's too, and an EventSource never reconnects after one:
+                # a cut stream, which both resume with Last-Event-ID (and backoff).
+                busy = Response(_cut(TOO_MANY_STREAMS), media_type="text/event-stream; charset=utf-8",
+                                headers=HEADERS)
+            else:
+                busy = JSONResponse({"error": {"code": TOO_MANY_STREAMS,
+                                               "message": f"{self.slots.limit} event streams are open; retry later"}},
+                                    status_code=503, headers={"Cache-Control": "no-store", "Retry-After": "1"})
             await busy(scope, receive, send)
             return
         try:
@@ -221,8 +306,8 @@ class EventStreamResponse(StreamingResponse):
                         try:
                             await send({"type": "http.response.body", "body": b": keepalive\n\n",
                                         "more_body": True})
-                        except OSError:
-                            return  # the client went away: the body's next send or the disconnect ends the stream
+                        except (OSError, ClientStalled):
+                            return  # the client went away (or stalled): the stream ends without us
                     sent_at = time.monotonic()
 
         timer = asyncio.ensure_future(keepalive())
@@ -248,7 +333,14 @@ class EventStreamResponse(StreamingResponse):
 
         async def sending(message: MutableMapping[str, Any]) -> None:
             nonlocal started, completed
-            await send(message)
+            with anyio.move_on_after(self.write_stall) as bound:
+                await send(message)
+            if bound.cancelled_caught:
+                # A client that reads nothing (its receive window full) held this
+                # send, its slot and its reader for as long as it lived: bounded.
+                # The body's and the keepalive's sends both come here.
+                tg.cancel_scope.cancel()
+                raise ClientStalled
             started = True
             completed = completed or (message["type"] == "http.response.body" and not message.get("more_body"))
 
@@ -259,6 +351,8 @@ class EventStreamResponse(StreamingResponse):
                     await self.stream_response(sending)
                 except OSError:
                     pass  # the client went away mid-send
+                except ClientStalled:
+                    log_.warning("an event stream's client read nothing for %.1f s: stream ended", self.write_stall)
                 tg.cancel_scope.cancel()
 
             async def disconnect() -> None:
