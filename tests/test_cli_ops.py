@@ -166,6 +166,8 @@ def test_demo_interrupted_during_its_open_removes_what_it_created(bootstrap, nam
     (["worker", "--listen", "bad"], "--listen must be HOST:PORT"),
     (["worker", "--snapshot-every", "0"], "--snapshot-every and --snapshot-interval must be positive"),
     (["worker", "--drain-timeout", "-1"], "--drain-timeout must be >= 0"),
+    (["worker", "--stall-after", "nan"], "--stall-after must be a finite number of seconds > 0"),
+    (["serve", "--stall-after", "0"], "--stall-after must be a finite number of seconds > 0"),
     (["replay", "r", "--records", "--follow"], "cannot --follow"),
     (["broker", "start", "--nodes", "0"], "--nodes must be at least 1"),
     (["broker", "start", "--acls"], "--acls needs --sasl"),

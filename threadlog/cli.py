@@ -157,13 +157,23 @@ def cmd_worker(args: argparse.Namespace) -> int:
                                f"number of seconds), got {args.snapshot_every} and {args.snapshot_interval}")
     if not _drain_timeout_ok(args.drain_timeout):
         raise invalid_argument(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
+    _require_stall_after(args.stall_after)
     if args.advertise is not None and not addresses.is_host(args.advertise):
         raise invalid_argument(f"--advertise must be a host name or address, got {args.advertise!r}")
     _require_bindable(*listen, "--listen")
     if http is not None:
         _require_bindable(*http, "--http")
     rt = Runtime(opts, worker=True, snapshot_every=args.snapshot_every, snapshot_interval_s=args.snapshot_interval)
-    return asyncio.run(_worker(rt, listen, http, args.drain_timeout, args.verbose, args.advertise))
+    return asyncio.run(_worker(rt, listen, http, args.drain_timeout, args.verbose, args.advertise,
+                               args.stall_after))
+
+
+def _require_stall_after(seconds: float) -> None:
+    from threadlog.kernel.errors import invalid_argument
+
+    # isfinite: NaN would make every comparison false (never stalled), inf never stalls either.
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise invalid_argument(f"--stall-after must be a finite number of seconds > 0, got {seconds}")
 
 
 def _host_port(text: str, flag: str) -> tuple[str, int]:
@@ -243,7 +253,7 @@ async def _start_server(server: Any) -> tuple[asyncio.Future, str, int]:
 
 
 async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None = None, drain_s: float = 10.0,
-                  verbose: bool = False, advertise: str | None = None) -> int:
+                  verbose: bool = False, advertise: str | None = None, stall_after: float = 30.0) -> int:
     """Judge the namespace, serve its state to thin clients, announce it in `<ns>.members`.
 
     SIGTERM/SIGINT: not ready any more, leave `<ns>.members`, answer the requests
@@ -262,7 +272,8 @@ async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
-    readiness = Readiness(rt, timeout=min(5.0, rt.opts.request_timeout))  # before the first assignment
+    # Before the first assignment.
+    readiness = Readiness(rt, timeout=min(5.0, rt.opts.request_timeout), stall_after=stall_after)
     announcer: Announcer | None = None
 
     def owned_now(owned: list[int]) -> None:  # on the judge's thread
@@ -656,6 +667,7 @@ async def _serve(args: argparse.Namespace) -> None:
     import threadlog
 
     guard = _http_guard(args)  # a bad flag or token file fails before connecting
+    _require_stall_after(args.stall_after)
     if not _drain_timeout_ok(args.drain_timeout):
         from threadlog.kernel.errors import invalid_argument
 
@@ -704,7 +716,8 @@ async def _serve_app(args: argparse.Namespace, tl: Any, guard: tuple[Any, Any] |
     # level would inherit it (--no-access-log still wrote access lines).
     logging.getLogger("threadlog.access").setLevel(logging.WARNING if args.no_access_log else logging.INFO)
     authorize, limits = guard or _http_guard(args)
-    app = create_app(tl, namespace=args.namespace, path=args.path, authorize=authorize, limits=limits)
+    app = create_app(tl, namespace=args.namespace, path=args.path, authorize=authorize, limits=limits,
+                     stall_after=args.stall_after)
     server = _uvicorn_server(app, args.host, args.port, args.verbose, graceful_s=args.drain_timeout)
     loop = asyncio.get_running_loop()
 
@@ -1034,6 +1047,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "port 0: a free one, printed)")
     w.add_argument("--drain-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="on SIGTERM, how long to wait for requests in flight before leaving")
+    w.add_argument("--stall-after", type=float, default=30.0, metavar="SECONDS",
+                   help="/readyz is 503 while an owned partition has records to judge and its judged "
+                        "position has not moved for this long")
     w.add_argument("--snapshot-every", type=int, default=50_000, metavar="RECORDS",
                    help="snapshot a partition's state after this many records judged")
     w.add_argument("--snapshot-interval", type=float, default=300.0, metavar="SECONDS",
@@ -1054,6 +1070,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="how long a join of a run with no chunk yet waits before RUN_NOT_FOUND")
     sv.add_argument("--drain-timeout", type=float, default=2.0, metavar="SECONDS",
                     help="on SIGTERM, how long requests in flight (and SSE streams) may go on")
+    sv.add_argument("--stall-after", type=float, default=30.0, metavar="SECONDS",
+                   help="/readyz is 503 while an owned partition has records to judge and its judged "
+                        "position has not moved for this long")
     sv.add_argument("--no-access-log", action="store_true",
                     help="no access log lines (method, path, status, duration; logger threadlog.access)")
     sv.add_argument("--token-file", default=None, metavar="FILE",
