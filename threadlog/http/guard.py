@@ -228,13 +228,6 @@ class StreamSlots:
             with self._lock:
                 self._waiters.discard(waiter)
 
-    def take(self) -> bool:
-        with self._lock:
-            if self.open >= self.limit:
-                return False
-            self.open += 1
-            return True
-
     async def take_within(self, wait_s: float) -> bool:
         """Take a slot, waiting up to `wait_s` for one to be given back (not
         once the server closes its streams)."""
