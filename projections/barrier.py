@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
@@ -258,11 +259,43 @@ class EndOffsets:
 
 
 class ReadBarrier(EndOffsets):
-    """End offsets, then a wait until `follower` has folded past them."""
+    """End offsets, then a wait until `follower` has folded past them.
 
-    def __init__(self, source: LatestOffsets, follower: Follower, timeout: float = 30.0) -> None:
+    `replaced()`: were the topics deleted and created again under this process
+    (its reason, else None)? Asked when a round finds a folded position past its
+    partition's end. Why: the new log is shorter than the old one the state was
+    folded from, so every barrier passed at once and reads answered the deleted
+    namespace's state -- also after a write to the new one was acknowledged --
+    until the incarnation watch's next round (up to 10 s; a review). A leader
+    whose high watermark is a moment behind its predecessor's looks the same,
+    which the topic ids tell apart."""
+
+    def __init__(self, source: LatestOffsets, follower: Follower, timeout: float = 30.0,
+                 replaced: Callable[[], str | None] | None = None) -> None:
         super().__init__(source, follower.topic, follower.partitions, timeout)
         self.follower = follower
+        self.replaced = replaced
+
+    def _past_end(self, ends: dict[int, int]) -> bool:
+        return self.replaced is not None and any(self.follower.applied(p) > end for p, end in ends.items())
+
+    async def _round(self) -> dict[int, int]:
+        out = await super()._round()
+        if self._past_end(out):
+            assert self.replaced is not None
+            reason = await asyncio.to_thread(self.replaced)
+            if reason is not None:
+                raise unavailable(reason)
+        return out
+
+    def end_offsets_sync(self) -> dict[int, int]:
+        out = super().end_offsets_sync()
+        if self._past_end(out):
+            assert self.replaced is not None
+            reason = self.replaced()
+            if reason is not None:
+                raise unavailable(reason)
+        return out
 
     async def wait(self, partitions: list[int] | None = None) -> None:
         """Return once every write acknowledged before this call is folded."""

@@ -111,6 +111,8 @@ class Watch:
         self.on_change = on_change
         self.every_s = WATCH_S if every_s is None else every_s
         self._stop = threading.Event()
+        self._fired_lock = threading.Lock()
+        self._fired: str | None = None  # the reason on_change was called with (once)
         self._thread = threading.Thread(target=self._run, name="incarnation-watch", daemon=True)
 
     def start(self) -> None:
@@ -135,10 +137,20 @@ class Watch:
                     "the old ones. Restart it: the state is emptied and folded again from the new topics")
         return None
 
+    def confirm(self) -> str | None:
+        """Check now (not at the next round); on a change, `on_change` is called
+        (once, whoever saw it first) and the reason returned."""
+        reason = self.check()
+        if reason is None:
+            return None
+        with self._fired_lock:
+            first, self._fired = self._fired is None, self._fired or reason
+        if first:
+            log.error("%s", reason)
+            self.on_change(reason)
+        return self._fired
+
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
-            reason = self.check()
-            if reason is not None:
-                log.error("%s", reason)
-                self.on_change(reason)
+            if self.confirm() is not None:
                 return

@@ -165,7 +165,8 @@ class Runtime:
         self.deliveries = DeliveryIndex(self.opts.bootstrap_servers, self.topics.deliveries,
                                         self.layout.deliveries, self.index_store, self.codec, self.client_id,
                                         kafka=kafka, owned=set() if self.worker else None)
-        self.delivery_barrier = ReadBarrier(self.ends, self.deliveries, timeout=self.opts.request_timeout)
+        self.delivery_barrier = ReadBarrier(self.ends, self.deliveries, timeout=self.opts.request_timeout,
+                                            replaced=self._replaced)
         self.deliveries.start()
         group = None
         restore = None
@@ -186,7 +187,8 @@ class Runtime:
             self.snapshotter = Snapshotter(self.judge, writer, self.snapshot_every, self.snapshot_interval_s)
             self.ownership_listeners.append(self.snapshotter.ownership_changed)
             self.snapshotter.start()
-        self.barrier = self.seen_offsets = ReadBarrier(self.ends, self.judge, timeout=self.opts.request_timeout)
+        self.barrier = self.seen_offsets = ReadBarrier(self.ends, self.judge, timeout=self.opts.request_timeout,
+                                                       replaced=self._replaced)
         self._watch(ids)
         self.timings["started"] = time.monotonic() - t0
 
@@ -196,6 +198,13 @@ class Runtime:
             assert self.admin is not None
             self.watch = incarnation.Watch(self.admin, ids, self._incarnation_changed)
             self.watch.start()
+
+    def _replaced(self) -> str | None:
+        """Were the topics replaced under us? Asked by a read barrier that found a
+        folded position past its partition's end (projections/barrier.py)."""
+        if self.failed is not None:
+            return self.failed
+        return self.watch.confirm() if self.watch is not None else None
 
     def _incarnation_changed(self, reason: str) -> None:
         """The topics were deleted and created again under this process (projections/incarnation.py)."""
