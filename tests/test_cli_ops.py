@@ -169,6 +169,8 @@ def test_demo_interrupted_during_its_open_removes_what_it_created(bootstrap, nam
     (["worker", "--stall-after", "nan"], "--stall-after must be a finite number of seconds > 0"),
     (["serve", "--stall-after", "0"], "--stall-after must be a finite number of seconds > 0"),
     (["replay", "r", "--records", "--follow"], "cannot --follow"),
+    (["namespaces", "list", "--request-timeout-ms", "-5"], "request_timeout_ms must be a positive int"),
+    (["namespaces", "list", "--request-timeout-ms", "0"], "request_timeout_ms must be a positive int"),
     (["broker", "start", "--nodes", "0"], "--nodes must be at least 1"),
     (["broker", "start", "--acls"], "--acls needs --sasl"),
 ])
@@ -419,3 +421,12 @@ async def test_a_reader_that_stops_reading_is_a_quiet_exit_141(bootstrap, namesp
     finally:
         os.close(write_end)
     assert (proc.returncode, proc.stderr) == (141, ""), proc
+
+
+def test_a_state_dir_that_is_a_file_is_invalid_argument_not_unavailable(bootstrap, namespace, tmp_path):
+    """Tried (a review of the README): `--state-dir` naming a file was
+    `UNAVAILABLE: cannot open namespace ...: Not a directory`, a code callers retry."""
+    afile = tmp_path / "afile"
+    afile.write_text("", encoding="utf-8")
+    proc = cli("replay", "r", "--bootstrap", bootstrap, "--namespace", namespace, "--state-dir", str(afile))
+    assert "is not a directory" in one_error_line(proc, "INVALID_ARGUMENT")

@@ -474,7 +474,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"local Kafka {broker.KAFKA_VERSION} (KRaft) at {bootstrap}")
     namespace = args.namespace or f"demo-{uuid.uuid4().hex[:8]}"
     kafka = _kafka_props(args)
-    if args.namespace and args.namespace in _namespaces(bootstrap, kafka, args.request_timeout_ms / 1000.0):
+    if args.namespace and args.namespace in _namespaces(bootstrap, kafka, _request_timeout_s(args)):
         # The demo deletes its namespace when done: never one it did not create
         # (THREADLOG_BOOTSTRAP may well name a real cluster). Any of its topic
         # names counts, a lone `x.events` of another application too.
@@ -500,7 +500,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         # that failed it would fail the cleanup too, hiding the first error.
         if (opened or interrupted) and not args.keep:
             try:
-                _delete_namespace(bootstrap, namespace, kafka, args.request_timeout_ms / 1000.0)
+                _delete_namespace(bootstrap, namespace, kafka, _request_timeout_s(args))
                 if args.state_dir is None and not state_was_there:
                     _remove_state(default_state_root(), namespace)
                 print(f"removed namespace {namespace!r} (--keep keeps it)")
@@ -598,12 +598,22 @@ def _delete_namespace(bootstrap: str, namespace: str, kafka: dict[str, Any], tim
     return sorted(deleted)
 
 
+def _request_timeout_s(args: argparse.Namespace) -> float:
+    """--request-timeout-ms in seconds, for commands that use it without opening a
+    client (whose Options refuse a bad one): the same rule and message."""
+    from threadlog.kernel.errors import invalid_argument
+
+    if args.request_timeout_ms <= 0:
+        raise invalid_argument(f"request_timeout_ms must be a positive int, got {args.request_timeout_ms}")
+    return args.request_timeout_ms / 1000.0
+
+
 def cmd_namespaces(args: argparse.Namespace) -> int:
     from threadlog.config import NAMESPACE
     from threadlog.kernel.errors import invalid_argument, namespace_not_found
 
     kafka = _kafka_props(args)
-    timeout = args.request_timeout_ms / 1000.0
+    timeout = _request_timeout_s(args)
     found = _namespaces(args.bootstrap, kafka, timeout)
     if args.action == "list":
         # Only full topic sets: any topic named `x.events` would otherwise list `x`.

@@ -76,6 +76,11 @@ class Options:
             raise invalid_argument("clock must be a callable returning epoch ms")
         if self.state_dir is not None and not isinstance(self.state_dir, (str, os.PathLike)):
             raise invalid_argument("state_dir must be a path")
+        # A file where the state goes is the caller's mistake, not an outage: it
+        # surfaced as UNAVAILABLE ("Not a directory"), which callers may retry.
+        for path in (self.state_root, self.namespace_state):
+            if path.exists() and not path.is_dir():
+                raise invalid_argument(f"state_dir: {str(path)!r} is not a directory")
         for name in ("replication_factor", "min_insync_replicas"):
             value = getattr(self, name)
             if value is not None and (not is_int(value) or value <= 0):

@@ -9,6 +9,7 @@ limits: `create_app(tl, limits=Limits(...))` (threadlog/http/guard.py).
 """
 
 from .app import create_app, routes, thread_state
-from .guard import Denied, Limits, bearer_tokens, unauthenticated
+from .guard import Denied, Limits, StreamSlots, bearer_tokens, unauthenticated
 
-__all__ = ["Denied", "Limits", "bearer_tokens", "create_app", "routes", "thread_state", "unauthenticated"]
+__all__ = ["Denied", "Limits", "StreamSlots", "bearer_tokens", "create_app", "routes", "thread_state",
+           "unauthenticated"]
