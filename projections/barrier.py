@@ -275,26 +275,44 @@ class ReadBarrier(EndOffsets):
         super().__init__(source, follower.topic, follower.partitions, timeout)
         self.follower = follower
         self.replaced = replaced
+        self._sound_until = 0.0  # the topics were found the same: not asked again before this
 
-    def _past_end(self, ends: dict[int, int]) -> bool:
-        return self.replaced is not None and any(self.follower.applied(p) > end for p, end in ends.items())
+    def _folded(self) -> dict[int, int] | None:
+        """The folded positions, read *before* a round is sent: a position read
+        after its answer may have moved past the end it gives on a healthy log
+        (a record written and folded meanwhile)."""
+        if self.replaced is None or time.monotonic() < self._sound_until:
+            return None
+        return {p: self.follower.applied(p) for p in range(self.partitions)}
+
+    def _check(self, folded: dict[int, int] | None, ends: dict[int, int]) -> bool:
+        """Is a folded position past its partition's end (ask `replaced`)?"""
+        return folded is not None and any(folded[p] > end for p, end in ends.items())
+
+    def _vet(self, reason: str | None) -> None:
+        if reason is not None:
+            raise unavailable(reason)
+        # Not replaced: a new leader a moment behind. One question per second at most.
+        self._sound_until = time.monotonic() + 1.0
 
     async def _round(self) -> dict[int, int]:
+        folded = self._folded()
         out = await super()._round()
-        if self._past_end(out):
+        if self._check(folded, out):
             assert self.replaced is not None
-            reason = await asyncio.to_thread(self.replaced)
-            if reason is not None:
-                raise unavailable(reason)
+            try:
+                reason = await asyncio.wait_for(asyncio.to_thread(self.replaced), min(5.0, self.timeout))
+            except TimeoutError:
+                reason = None  # unknown (e.g. mid-failover): not held for it; the watch asks again
+            self._vet(reason)
         return out
 
     def end_offsets_sync(self) -> dict[int, int]:
+        folded = self._folded()
         out = super().end_offsets_sync()
-        if self._past_end(out):
+        if self._check(folded, out):
             assert self.replaced is not None
-            reason = self.replaced()
-            if reason is not None:
-                raise unavailable(reason)
+            self._vet(self.replaced())
         return out
 
     async def wait(self, partitions: list[int] | None = None) -> None:

@@ -329,11 +329,12 @@ def produce(bootstrap: str, topic: str, partition: int, key: str, value: bytes, 
     return offsets[0]
 
 
-async def readyz_until(http: httpx.AsyncClient, base: str, status: int) -> dict:
-    """The first /readyz answer with `status` (polled: a stall announces itself to no one)."""
+async def readyz_until(http: httpx.AsyncClient, base: str, status: int, stalled: bool | None = None) -> dict:
+    """The first /readyz answer with `status` (and naming stalled partitions or
+    not, when `stalled` is given; polled: a stall announces itself to no one)."""
     while True:
         r = await http.get(f"{base}/readyz")
-        if r.status_code == status:
+        if r.status_code == status and (stalled is None or ("stalled" in r.json()) == stalled):
             return r.json()
         await asyncio.sleep(0.05)
 
@@ -341,8 +342,10 @@ async def readyz_until(http: httpx.AsyncClient, base: str, status: int) -> dict:
 async def test_readyz_names_a_caught_up_partition_that_waits_for_a_judge_of_newer_rules(open_client, bootstrap):
     """Tried: a record naming judging rules newer than this judge's lands on a
     caught-up partition; its judge waits for an upgraded one, for good. /readyz
-    stayed 200 (only the fold lag gauge showed it): now 503 naming that
-    partition, once it has had that record to judge for the stall bound, not before."""
+    said nothing (only the fold lag gauge showed it): now it names that
+    partition, once it has had that record to judge for the stall bound, not
+    before. Embedded, it stays 200: every replica stalls alike (a worker's 503
+    is the next test)."""
     tl = await open_client()
     await within(tl.messages.save_thread("t", ["x"]))
     p = partition_for("t", tl.runtime.layout.events)
@@ -356,10 +359,10 @@ async def test_readyz_names_a_caught_up_partition_that_waits_for_a_judge_of_newe
                              {"threadId": "t", "messages": "[]"}, rules=RULES + 1)
         began = time.monotonic()
         await asyncio.to_thread(produce, bootstrap, tl.runtime.topics.events, p, "t", newer)
-        answer = await within(readyz_until(http, base, 503), STALL_S + 20)
+        answer = await within(readyz_until(http, base, 200, stalled=True), STALL_S + 20)
         assert time.monotonic() - began >= STALL_S  # never before the bound
-        assert answer["ready"] is False and list(answer["stalled"]) == [str(p)], answer
-        assert f"partitions [{p}] stalled" in answer["reason"]
+        assert answer["ready"] is True and list(answer["stalled"]) == [str(p)], answer
+        assert f"partitions [{p}] stalled" in answer["warning"]
         assert answer["stalled"][str(p)]["end"] == answer["stalled"][str(p)]["applied"] + 1
 
 
@@ -389,7 +392,7 @@ async def test_readyz_is_ready_again_once_a_stalled_partition_moves_and_stays_re
         held = await asyncio.to_thread(produce, bootstrap, events, p, "t1",
                                        raw_proposal(codec, "threadlog.cmd.SaveArtifact", "t1", save, rules=RULES,
                                                     seen=seen))
-        answer = await within(readyz_until(http, base, 503), STALL_S + 20)
+        answer = await within(readyz_until(http, base, 200, stalled=True), STALL_S + 20)
         assert list(answer["stalled"]) == [str(p)] and answer["stalled"][str(p)]["applied"] == held, answer
         last = await asyncio.to_thread(produce, bootstrap, events, p, "t1",
                                        raw_proposal(codec, "threadlog.cmd.SaveTranscript", "t1",
@@ -405,13 +408,37 @@ async def test_readyz_is_ready_again_once_a_stalled_partition_moves_and_stays_re
         await within(tl.messages.save_thread(other, ["moves q"]))  # q reaches the position named
         await until(lambda: judge.verdict(p, last) is not None, 30, "the partition judged on")
         assert judge.verdict(p, held)["ok"]
-        await within(readyz_until(http, base, 200), 20)
-        # Idle now, past its last record a commit marker: ready for several bounds on end.
+        await within(readyz_until(http, base, 200, stalled=False), 20)
+        # Idle now, past its last record a commit marker: no stall for several bounds on end.
         until_s = time.monotonic() + 3 * STALL_S
         while time.monotonic() < until_s:
             r = await http.get(f"{base}/readyz")
-            assert r.status_code == 200, r.text
+            assert r.status_code == 200 and "stalled" not in r.json(), r.text
             await asyncio.sleep(0.05)
         got = await scrape(http, base)
         assert value(got, "threadlog_fold_lag_records", partition=str(p)) == 0
         assert value(got, "threadlog_fold_applied_offset", partition=str(p)) == last + 2  # past the marker
+
+
+async def test_a_worker_with_a_stalled_partition_is_not_ready(open_client, bootstrap, namespace, tmp_path):
+    """A worker owns its partitions alone: one stalled (a record naming newer
+    judging rules) makes its /readyz 503 naming it, after `--stall-after`."""
+    worker = WorkerProcess(bootstrap, namespace, tmp_path / "w", "w1", "--http", "127.0.0.1:0",
+                           "--stall-after", str(STALL_S))
+    try:
+        await worker.start()
+        base = metrics_url(worker)
+        thin = await open_client(processors="external", own_worker=True)
+        await owned_by([worker], 4)
+        await within(thin.read_barrier(None))  # every rules floor marker judged
+        p = partition_for("t", thin.runtime.layout.events)
+        async with httpx.AsyncClient(timeout=10) as http:
+            await within(readyz_until(http, base, 200), 30)
+            newer = raw_proposal(thin.runtime.codec, "threadlog.cmd.SaveTranscript", "t",
+                                 {"threadId": "t", "messages": "[]"}, rules=RULES + 1)
+            await asyncio.to_thread(produce, bootstrap, thin.runtime.topics.events, p, "t", newer)
+            answer = await within(readyz_until(http, base, 503), STALL_S + 30)
+        assert answer["ready"] is False and list(answer["stalled"]) == [str(p)], answer
+        assert f"partitions [{p}] stalled" in answer["reason"]
+    finally:
+        await worker.stop()

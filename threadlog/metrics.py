@@ -18,9 +18,10 @@ Readiness (`Readiness`): embedded -- the judge caught up with the end offsets
 read at startup; worker -- a member of the group, and every owned partition
 caught up with the end offsets read when it was assigned (owning none is ready:
 with more workers than partitions some own none); thin -- a read barrier
-through the workers passes. Embedded and worker alike: not ready while an owned
-partition stalls -- it has records to judge and its judged position has not
-moved for `stall_after` seconds (`Readiness._stalled` says why).
+through the workers passes. A worker is not ready while an owned partition
+stalls -- it has records to judge and its judged position has not moved for
+`stall_after` seconds (`Readiness._stalled` says why); embedded, a stall is
+reported in the answer but does not make the process unready (see `check`).
 """
 
 from __future__ import annotations
@@ -334,20 +335,30 @@ class Readiness:
         behind = {str(p): {"applied": judge.applied(p), "target": self.targets.get(p)} for p in owned
                   if p not in self.targets or judge.applied(p) < self.targets[p]}
         stalled = await self._stalled(owned) if owned else {}
+        # Only a worker's stall makes it not ready. Every embedded replica judges
+        # every partition, so a stall there (one record naming newer rules, which
+        # any writer can produce) is on every replica at once: all of them
+        # answering 503 would take every healthy thread down with the stalled
+        # one behind a load balancer (a review). Embedded, it is reported only.
+        gating = stalled if rt.worker else {}
         member = self.in_group()
-        ready = member and not behind and not stalled
+        ready = member and not behind and not gating
         detail: dict[str, Any] = {"role": "worker" if rt.worker else "embedded", "owned": owned}
+        said = (f"partitions {sorted(int(p) for p in stalled)} stalled: records to judge and no "
+                f"progress for {self.stall_after:g}s or more")
         if not member:
             detail["reason"] = "not a member of the group yet"
-        elif stalled:
-            detail["reason"] = (f"partitions {sorted(int(p) for p in stalled)} stalled: records to judge and no "
-                                f"progress for {self.stall_after:g}s or more")
-            detail["stalled"] = stalled
+        elif gating:
+            detail["reason"] = said
             if behind:
                 detail["behind"] = behind
         elif behind:
             detail["reason"] = "partitions not caught up"
             detail["behind"] = behind
+        if stalled:
+            detail["stalled"] = stalled
+            if not gating:
+                detail["warning"] = said
         return ready, detail
 
 
