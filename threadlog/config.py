@@ -79,7 +79,11 @@ class Options:
         # A file where the state goes is the caller's mistake, not an outage: it
         # surfaced as UNAVAILABLE ("Not a directory"), which callers may retry.
         for path in (self.state_root, self.namespace_state):
-            if path.exists() and not path.is_dir():
+            try:
+                a_file = path.exists() and not path.is_dir()
+            except OSError:  # e.g. not searchable: left to the open, which says why
+                a_file = False
+            if a_file:
                 raise invalid_argument(f"state_dir: {str(path)!r} is not a directory")
         for name in ("replication_factor", "min_insync_replicas"):
             value = getattr(self, name)
