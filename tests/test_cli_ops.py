@@ -128,18 +128,23 @@ def test_demo_interrupted_during_its_open_removes_what_it_created(bootstrap, nam
     the open not returned yet) left the namespace and its local state behind, and
     the same --namespace then failed "already exists". Interrupted as soon as its
     events topic shows; the open still has its floor markers and judge to start.
-    A try whose open returned first proves nothing here: tried again, a few times."""
+    A try whose open returned first proves nothing here: tried again, a few times.
+    The open is held open for seconds after its topics exist: its producers linger
+    3 s (`--kafka-config`), so its rules floor markers wait that long. Without it,
+    two loaded CI runs saw every try's open return before its Ctrl-C."""
     import signal
     import time
 
     env = {k: v for k, v in os.environ.items() if k != "THREADLOG_KAFKA_CONFIG"}
+    slow = tmp_path / "slow.properties"
+    slow.write_text("linger.ms=3000\n", encoding="utf-8")
     admin = AdminClient({"bootstrap.servers": bootstrap})  # one, connected: each poll is one round trip
     tries = []
     for attempt in range(5):
         ns = f"{namespace}-{attempt}"
         proc = subprocess.Popen([sys.executable, "-m", "threadlog", "demo", "--bootstrap", bootstrap, "--namespace",
-                                 ns, "--state-dir", str(tmp_path / ns)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env)
+                                 ns, "--state-dir", str(tmp_path / ns), "--kafka-config", str(slow)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         try:
             deadline = time.monotonic() + 60
             while Topics(ns).events not in admin.list_topics(timeout=10).topics:
