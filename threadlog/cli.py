@@ -170,9 +170,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def _require_stall_after(seconds: float) -> None:
     from threadlog.kernel.errors import invalid_argument
+    from threadlog.metrics import stall_after_ok
 
-    # isfinite: NaN would make every comparison false (never stalled), inf never stalls either.
-    if not (math.isfinite(seconds) and seconds > 0):
+    if not stall_after_ok(seconds):  # checked before connecting, by Readiness's rule
         raise invalid_argument(f"--stall-after must be a finite number of seconds > 0, got {seconds}")
 
 
@@ -474,7 +474,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"local Kafka {broker.KAFKA_VERSION} (KRaft) at {bootstrap}")
     namespace = args.namespace or f"demo-{uuid.uuid4().hex[:8]}"
     kafka = _kafka_props(args)
-    if args.namespace and args.namespace in _namespaces(bootstrap, kafka, _request_timeout_s(args)):
+    timeout = _request_timeout_s(args)
+    if args.namespace and args.namespace in _namespaces(bootstrap, kafka, timeout):
         # The demo deletes its namespace when done: never one it did not create
         # (THREADLOG_BOOTSTRAP may well name a real cluster). Any of its topic
         # names counts, a lone `x.events` of another application too.
@@ -500,7 +501,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         # that failed it would fail the cleanup too, hiding the first error.
         if (opened or interrupted) and not args.keep:
             try:
-                _delete_namespace(bootstrap, namespace, kafka, _request_timeout_s(args))
+                _delete_namespace(bootstrap, namespace, kafka, timeout)
                 if args.state_dir is None and not state_was_there:
                     _remove_state(default_state_root(), namespace)
                 print(f"removed namespace {namespace!r} (--keep keeps it)")
@@ -777,11 +778,11 @@ async def _replay(args: argparse.Namespace) -> int:
                 print(json.dumps({"offset": offset, "chunk": chunk}, ensure_ascii=False), flush=True)
                 printed = True
         if not printed:
-            await _require_run(tl, args.run_id)
+            await _require_run(tl, log)
     return 0
 
 
-async def _require_run(tl: Any, run_id: str) -> None:
+async def _require_run(tl: Any, log: Any) -> None:
     """Nothing printed: say so when the run is unknown, rather than exit 0 silently.
 
     A mistyped run id and a run that has produced nothing yet both print nothing;
@@ -790,8 +791,8 @@ async def _require_run(tl: Any, run_id: str) -> None:
     """
     from threadlog.kernel.errors import RUN_NOT_FOUND, ThreadLogError
 
-    if await tl.runs.get(run_id) is None and not await tl.delivery(run_id).records("-1"):
-        raise ThreadLogError(RUN_NOT_FOUND, f"run {run_id!r} is unknown in this namespace: "
+    if await tl.runs.get(log.run_id) is None and not await log.records("-1"):
+        raise ThreadLogError(RUN_NOT_FOUND, f"run {log.run_id!r} is unknown in this namespace: "
                                             "no run record and no delivery record")
 
 
@@ -1081,8 +1082,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--drain-timeout", type=float, default=2.0, metavar="SECONDS",
                     help="on SIGTERM, how long requests in flight (and SSE streams) may go on")
     sv.add_argument("--stall-after", type=float, default=30.0, metavar="SECONDS",
-                   help="/readyz is 503 while an owned partition has records to judge and its judged "
-                        "position has not moved for this long")
+                    help="/readyz names a partition that has records to judge and whose judged position "
+                         "has not moved for this long (it stays 200: every embedded replica stalls alike)")
     sv.add_argument("--no-access-log", action="store_true",
                     help="no access log lines (method, path, status, duration; logger threadlog.access)")
     sv.add_argument("--token-file", default=None, metavar="FILE",

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
@@ -209,6 +210,12 @@ def attach(target: Any, metrics: Metrics | None = None) -> Metrics:
 STALL_AFTER_S = 30.0
 
 
+def stall_after_ok(seconds: float) -> bool:
+    """The one rule for a stall bound (`Readiness`, `--stall-after`): finite and
+    > 0. NaN compares false with everything (never stalled); inf never stalls."""
+    return math.isfinite(seconds) and seconds > 0
+
+
 class Readiness:
     """Is this process ready for traffic? See the module docstring for the rules."""
 
@@ -217,7 +224,7 @@ class Readiness:
         empty one, is how it knows it joined the group); `start()` it on the loop.
         `stall_after`: seconds an owned partition may have records to judge without
         moving before it makes the process not ready."""
-        if not stall_after > 0 or stall_after == float("inf"):
+        if not stall_after_ok(stall_after):
             raise ValueError(f"stall_after must be a finite number of seconds > 0, got {stall_after}")
         self.target = target
         self.rt = _runtime_of(target)

@@ -19,7 +19,7 @@ REST: `GET /runs/{run_id}/stream` (the same event stream) and
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -170,7 +170,7 @@ def routes(get_tl: Callable[[], ThreadLog], path: str = "/api/chat", *,
         # From here on every outcome is an event stream: errors are RUN_ERROR events.
         after = _resume_offset(request, query)
         cursor = StreamCursor(run_id, after)
-        return EventStreamResponse(stream_run(tl.delivery(run_id), after, cursor, _running(tl, run_id)),
+        return EventStreamResponse(stream_run(tl.delivery(run_id), after, cursor, lambda: _running(tl, run_id)),
                                    attached(tl), streams, cursor=cursor, limits=limits)
 
     return [
@@ -182,17 +182,10 @@ def routes(get_tl: Callable[[], ThreadLog], path: str = "/api/chat", *,
     ]
 
 
-def _running(tl: ThreadLog, run_id: str) -> Callable[[], Awaitable[bool]] | None:
-    """Asks whether `run_id` has a run record that is `running` (None: no run store here)."""
-    runs = getattr(tl, "runs", None)
-    if runs is None:
-        return None
-
-    async def running() -> bool:
-        run = await runs.get(run_id)
-        return run is not None and run["status"] == "running"
-
-    return running
+async def _running(tl: ThreadLog, run_id: str) -> bool:
+    """Has `run_id` a run record that is `running`?"""
+    run = await tl.runs.get(run_id)
+    return run is not None and run["status"] == "running"
 
 
 def _denied_json(denied: Denied) -> JSONResponse:
