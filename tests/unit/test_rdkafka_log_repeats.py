@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from confluent_kafka import Producer
@@ -14,9 +15,11 @@ class Lines(logging.Handler):
     def __init__(self) -> None:
         super().__init__()
         self.lines: list[str] = []
+        self.said = threading.Event()  # set by every line
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(record.getMessage())
+        self.said.set()
 
 
 def test_a_refused_broker_is_logged_once_not_per_reconnect():
@@ -58,3 +61,28 @@ def test_a_repeat_after_the_window_says_how_many_were_dropped():
     quiet.window = 0.0
     late = record(40)
     assert quiet.filter(late) and late.getMessage().endswith("(2 more like it in the last 0s)")
+
+
+def test_repeats_that_stop_are_still_counted_when_the_window_ends():
+    # Tried: a broker down for 10 s, then back. The reconnect failures stopped,
+    # no line of their kind came after the window, and the log showed one
+    # failure where there had been dozens.
+    name = "threadlog.rdkafka.repeats-test"
+    log = logging.getLogger(name)
+    lines = Lines()
+    repeats = kafka_config._RepeatFilter(window=0.3)
+    log.addFilter(repeats)
+    log.addHandler(lines)
+    log.propagate = False
+    try:
+        for ms in (1, 2, 3):
+            log.error("FAIL [c] failed: Connection refused (after %sms in state CONNECT)", ms)
+        assert lines.lines == ["FAIL [c] failed: Connection refused (after 1ms in state CONNECT)"]
+        lines.said.clear()
+        assert lines.said.wait(5), "the window ended and its two dropped lines were never counted"
+        assert lines.lines[1].startswith("FAIL [c] failed: Connection refused (after 3ms in state CONNECT) (2 more")
+        log.error("FAIL [c] failed: Connection refused (after %sms in state CONNECT)", 4)
+        assert lines.lines[2] == "FAIL [c] failed: Connection refused (after 4ms in state CONNECT)"  # a new window
+    finally:
+        log.removeHandler(lines)
+        log.removeFilter(repeats)

@@ -10,7 +10,6 @@ the settings threadlog needs for correctness (which `check()` refuses).
 from __future__ import annotations
 
 import logging
-import math
 import re
 import threading
 import time
@@ -50,32 +49,57 @@ class _RepeatFilter(logging.Filter):
     dropped, and the next one after the window says how many were. A kind is the
     text with its timings ("after 12ms") masked, so a line that differs only in
     them is a repeat, while another broker or another error is a new kind.
+
+    If no line of the kind comes after the window (the outage ended, or the
+    client closed), a timer says how many were dropped when the window ends:
+    otherwise the log would show one failure where there were dozens.
     """
 
     _TIMING = re.compile(r"\d+ms\b")
     _MAX_KINDS = 1024  # bounded: kinds carry broker addresses, which may churn
+    _SUMMARY = "threadlog_repeats"  # set on the timer's summary record: it passes as is
 
     def __init__(self, window: float = 30.0) -> None:
         super().__init__()
         self.window = window
         self._lock = threading.Lock()
-        self._kinds: dict[str, tuple[float, int]] = {}  # kind -> (window start, lines dropped)
+        # kind -> [window start, lines dropped, the last line dropped]
+        self._kinds: dict[str, list[Any]] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, self._SUMMARY, False):
+            return True
         kind = self._TIMING.sub("#ms", record.getMessage())
         now = time.monotonic()
         with self._lock:
-            start, dropped = self._kinds.get(kind, (-math.inf, 0))
-            if now - start < self.window:
-                self._kinds[kind] = (start, dropped + 1)
+            entry = self._kinds.get(kind)
+            if entry is not None and now - entry[0] < self.window:
+                entry[1] += 1
+                entry[2] = record
+                if entry[1] == 1:  # the window's first drop: make sure the count is said
+                    timer = threading.Timer(entry[0] + self.window - now, self._summarize, (kind, entry))
+                    timer.daemon = True
+                    timer.start()
                 return False
             if len(self._kinds) >= self._MAX_KINDS:
                 self._kinds.clear()
-            self._kinds[kind] = (now, 0)
-        if dropped:
-            record.msg = f"{record.getMessage()} ({dropped} more like it in the last {now - start:.0f}s)"
+            self._kinds[kind] = [now, 0, None]
+        if entry is not None and entry[1]:
+            record.msg = f"{record.getMessage()} ({entry[1]} more like it in the last {now - entry[0]:.0f}s)"
             record.args = None
         return True
+
+    def _summarize(self, kind: str, entry: list[Any]) -> None:
+        """The window of `entry` ended: say its drops, unless a later line of the kind already did."""
+        with self._lock:
+            if self._kinds.get(kind) is not entry:
+                return  # a line after the window carried the count (or the kinds were cleared)
+            del self._kinds[kind]  # the next line of the kind passes and starts a window
+        start, dropped, last = entry
+        summary = logging.makeLogRecord({
+            **last.__dict__, "args": None, self._SUMMARY: True,
+            "msg": f"{last.getMessage()} ({dropped} more like it in the last {time.monotonic() - start:.0f}s)"})
+        logging.getLogger(last.name).handle(summary)
 
 
 _rdkafka_log.addFilter(_SharedPropertyFilter())
