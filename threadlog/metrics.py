@@ -238,6 +238,7 @@ class Readiness:
         # In the group: the judge's assignment callback ran (librdkafka calls it with
         # an empty list too, when the group gives this member nothing).
         self.joined = False
+        self._last_owned: set[int] = set()  # as the judge's last assignment callback gave it (its thread only)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task] = set()
         self.rt.ownership_listeners.append(self._owned_changed)
@@ -250,9 +251,24 @@ class Readiness:
 
     def _owned_changed(self, owned: list[int]) -> None:  # on the judge's thread
         self.joined = True
+        changed = self._last_owned.symmetric_difference(owned)
+        self._last_owned = set(owned)
         loop = self._loop
         if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._forget, changed)
             loop.call_soon_threadsafe(self._spawn)
+
+    def _forget(self, partitions: set[int]) -> None:
+        """Drop what was learnt about partitions given up or given (on the loop).
+
+        Why: a partition revoked and assigned again between two checks looked
+        continuously owned. Its stall clock ran on from before the revoke, so a
+        worker restoring it (its judged position not moving yet) answered 503
+        "stalled" at once; and its target stayed the end offset read at its
+        first assignment, not at this one."""
+        for p in partitions:
+            self._held.pop(p, None)
+            self.targets.pop(p, None)
 
     def _spawn(self) -> None:
         task = asyncio.get_running_loop().create_task(self._read_targets())

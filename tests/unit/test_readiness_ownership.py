@@ -1,0 +1,88 @@
+"""Readiness forgets what it learnt about a partition when its ownership changes.
+
+The judge and the broker are stood in for by the two things `Readiness` reads
+(the judged positions and the end offsets): the rule under test is readiness's
+own bookkeeping, not Kafka's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from threadlog.metrics import Readiness
+
+
+class Judge:
+    group = "workers"
+
+    def __init__(self) -> None:
+        self.owned: set[int] = {0}
+        self.positions = {0: 5}
+
+    def applied(self, p: int) -> int:
+        return self.positions[p]
+
+
+class Barrier:
+    def __init__(self) -> None:
+        self.ends = {0: 10}
+
+    async def end_offsets(self) -> dict[int, int]:
+        return dict(self.ends)
+
+
+class Runtime:
+    worker = True
+    failed = None
+
+    def __init__(self) -> None:
+        self.judge = Judge()
+        self.barrier = Barrier()
+        self.ownership_listeners: list = []
+
+    def owned_now(self) -> None:  # what the judge does, on its thread, after an (un)assignment
+        listeners = list(self.ownership_listeners)
+        owned = sorted(self.judge.owned)
+        worker = threading.Thread(target=lambda: [f(owned) for f in listeners])
+        worker.start()
+        worker.join(5)
+
+
+async def settle(readiness: Readiness) -> None:
+    """Let the loop run what the judge's thread posted (forget, then read targets)."""
+    for _ in range(3):
+        await asyncio.sleep(0)
+    if readiness._tasks:
+        await asyncio.wait_for(asyncio.gather(*readiness._tasks), 5)
+
+
+async def test_a_partition_revoked_and_given_back_between_checks_starts_its_stall_clock_again():
+    # Tried: a worker restoring a partition given back to it (its judged
+    # position not moving yet) answered 503 "stalled" at its first check, the
+    # clock still running from before the partition was revoked.
+    rt = Runtime()
+    readiness = Readiness(rt, stall_after=0.2)
+    readiness.start()
+    rt.owned_now()
+    await settle(readiness)
+    assert readiness.targets == {0: 10}
+    ready, detail = await readiness.check()
+    assert ready is False and detail["reason"] == "partitions not caught up"  # 5 judged of 10
+    assert "stalled" not in detail
+    started = time.monotonic()
+    while time.monotonic() - started < 0.25:  # past the stall bound, at the same position
+        await asyncio.sleep(0.05)
+    assert "stalled" in (await readiness.check())[1]
+
+    # Revoked and assigned again with no check between (the judge's two callbacks).
+    rt.judge.owned = set()
+    rt.owned_now()
+    rt.barrier.ends = {0: 12}
+    rt.judge.owned = {0}
+    rt.owned_now()
+    await settle(readiness)
+    ready, detail = await readiness.check()
+    assert "stalled" not in detail, detail  # the clock starts again with this ownership
+    assert readiness.targets == {0: 12}  # and the target is this assignment's end
