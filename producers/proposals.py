@@ -136,6 +136,12 @@ class Verdicts(Protocol):
     def forget(self, partition: int, offset: int, callback: Callable[[dict], None]) -> None: ...
 
 
+def _left(deadline: float) -> float:
+    """Seconds left before a call's deadline (a floor, so a step past it still gets
+    its answer asked once rather than an instant timeout)."""
+    return max(0.05, deadline - time.monotonic())
+
+
 class ProposalBus:
     metrics = None  # threadlog.metrics.Metrics, when attached
 
@@ -176,20 +182,27 @@ class ProposalBus:
     # -- the verb ---------------------------------------------------------------------
     async def send(self, type_name: str, key: str, payload: dict, timeout: float | None = None) -> Any:
         """Propose; return the accepted proposal's result or raise its refusal."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         body = self.codec.encode(type_name, payload)
-        verdict = await self.propose(type_name, key, body, timeout=timeout)
-        return await self._conclude(verdict, timeout)
+        verdict = await self.propose(type_name, key, body, timeout=_left(deadline))
+        return await self._conclude(verdict, deadline)
 
     async def send_encoded(self, type_name: str, key: str, payload: bytes, timeout: float | None = None) -> Any:
         """Propose a payload that is already encoded (tests send broken ones)."""
-        return await self._conclude(await self.propose(type_name, key, payload, timeout=timeout), timeout)
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        return await self._conclude(await self.propose(type_name, key, payload, timeout=_left(deadline)), deadline)
 
-    async def _conclude(self, verdict: dict, timeout: float | None) -> Any:
+    async def _conclude(self, verdict: dict, deadline: float) -> Any:
+        """Act on a verdict within the call's one deadline: the steps a verdict
+        asks for (a fork's second step) share the time the caller gave, so a
+        call is bounded by its timeout however many steps it takes (SPEC §2);
+        each step had the whole timeout again, and a fork during an outage took
+        twice it (a review)."""
         if not verdict.get("ok"):
             raise ThreadLogError(verdict.get("code") or "INVALID_ARGUMENT", verdict.get("message") or "refused")
         if verdict.get("effects"):
             try:
-                await self._emit(verdict["effects"])
+                await self._emit(verdict["effects"], _left(deadline))
             except Exception as exc:
                 # The proposal was accepted: failing to write what it derived (blob
                 # chunk tombstones) only delays reclamation -- a sweep finds those
@@ -198,7 +211,7 @@ class ProposalBus:
                             exc)
         result = verdict.get("result")
         for step in verdict.get("follow") or ():
-            result = await self.send(step["type"], step["key"], step["payload"], timeout)
+            result = await self.send(step["type"], step["key"], step["payload"], _left(deadline))
         return result
 
     async def propose(self, type_name: str, key: str, payload: bytes, *, timeout: float | None = None,
@@ -266,12 +279,13 @@ class ProposalBus:
             self.metrics.verdict_latency(type_name, time.perf_counter() - t0)
         return verdict
 
-    async def _emit(self, effects: list[dict]) -> None:
+    async def _emit(self, effects: list[dict], timeout: float) -> None:
         """Write the idempotent records a verdict derived (tombstones), awaiting their acks."""
         # Other topics: a newer judge's effect kind, not ours to write.
-        await self.tombstone_blob_chunks([(eff["key"], None) for eff in effects if eff["topic"] == "blobs"])
+        await self.tombstone_blob_chunks([(eff["key"], None) for eff in effects if eff["topic"] == "blobs"],
+                                         timeout)
 
-    async def tombstone_blob_chunks(self, keys: list[tuple[str, int | None]]) -> None:
+    async def tombstone_blob_chunks(self, keys: list[tuple[str, int | None]], timeout: float | None = None) -> None:
         """Tombstones for these chunk keys on `<ns>.blobs` -- each on the partition
         given (where its record was read), else on its key's -- awaiting their acks.
         Idempotent: only ever for chunks a judged verdict gave up."""
@@ -287,5 +301,5 @@ class ProposalBus:
             where = partition_for(k, self.layout.blobs) if partition is None else partition
             self.producer.produce(self.topics.blobs, None, k.encode("utf-8"), partition=where, on_delivery=done)
         if futures:
-            await asyncio.wait_for(asyncio.gather(*futures), self.timeout)
+            await asyncio.wait_for(asyncio.gather(*futures), self.timeout if timeout is None else timeout)
 

@@ -183,8 +183,8 @@ async def test_a_replaced_version_whose_tombstones_were_partly_written_is_reclai
     bus = tl.session.bus
     real_emit = bus._emit
 
-    async def died_midway(effects):
-        await real_emit(effects[:20])
+    async def died_midway(effects, timeout):
+        await real_emit(effects[:20], timeout)
 
     monkeypatch.setattr(bus, "_emit", died_midway)
     await within(tl.blobs.put(key, b"replacement"))
