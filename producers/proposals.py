@@ -42,7 +42,7 @@ from threadlog.schemas import Codec
 from threadlog.kernel import kafka_config
 from threadlog.kernel.errors import OUTCOME_UNKNOWN, ThreadLogError, invalid_argument, unavailable
 from threadlog.kernel.partitioning import partition_for
-from threadlog.kernel.topics import TopicLayout, Topics
+from threadlog.kernel.topics import MAX_MESSAGE_BYTES, TopicLayout, Topics
 
 from .pump import ProducerPump, delivery_failure, produce_refused, settle_threadsafe, within
 
@@ -51,6 +51,13 @@ log = logging.getLogger("threadlog.proposals")
 # A proposal's effects are about as large as the proposal: keep 1 MiB of
 # headroom under the topics' 16 MiB record limit.
 MAX_PROPOSAL_BYTES = 15 * 1024 * 1024
+# A saga's next step (a fork's destination step) is derived from an accepted
+# proposal and may be a little larger than it: it carries a copy of the source
+# checkpoint plus the ids the first step named. Held to the caller's limit, a
+# fork of a stored checkpoint near that limit was refused for its size alone
+# (a review: a 15 MiB checkpoint, a 3 000-character destination id). Up to the
+# topics' own record limit, with room for the envelope and headers.
+MAX_FOLLOW_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
 
 
 
@@ -180,11 +187,12 @@ class ProposalBus:
         self._pump.stop()
 
     # -- the verb ---------------------------------------------------------------------
-    async def send(self, type_name: str, key: str, payload: dict, timeout: float | None = None) -> Any:
+    async def send(self, type_name: str, key: str, payload: dict, timeout: float | None = None, *,
+                   limit: int = MAX_PROPOSAL_BYTES) -> Any:
         """Propose; return the accepted proposal's result or raise its refusal."""
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         body = self.codec.encode(type_name, payload)
-        verdict = await self.propose(type_name, key, body, timeout=_left(deadline))
+        verdict = await self.propose(type_name, key, body, timeout=_left(deadline), limit=limit)
         return await self._conclude(verdict, deadline)
 
     async def send_encoded(self, type_name: str, key: str, payload: bytes, timeout: float | None = None) -> Any:
@@ -211,11 +219,12 @@ class ProposalBus:
                             exc)
         result = verdict.get("result")
         for step in verdict.get("follow") or ():
-            result = await self.send(step["type"], step["key"], step["payload"], _left(deadline))
+            result = await self.send(step["type"], step["key"], step["payload"], _left(deadline),
+                                     limit=MAX_FOLLOW_BYTES)
         return result
 
     async def propose(self, type_name: str, key: str, payload: bytes, *, timeout: float | None = None,
-                      proposal_id: str | None = None) -> dict:
+                      proposal_id: str | None = None, limit: int = MAX_PROPOSAL_BYTES) -> dict:
         """Produce one proposal (payload already encoded) and return its verdict."""
         timeout = self.timeout if timeout is None else timeout
         began = time.monotonic()
@@ -233,8 +242,8 @@ class ProposalBus:
             "payload": payload,
         }
         value = self.codec.encode("threadlog.Proposal", env)
-        if len(value) > MAX_PROPOSAL_BYTES:
-            raise invalid_argument(f"{type_name} is {len(value)} bytes; the limit is {MAX_PROPOSAL_BYTES} "
+        if len(value) > limit:
+            raise invalid_argument(f"{type_name} is {len(value)} bytes; the limit is {limit} "
                                    "(store large content in tl.blobs)")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()

@@ -196,3 +196,34 @@ async def test_rejects_an_orphaned_checkpoint_id_without_changing_the_destinatio
         tl, tl.checkpoints.fork_from_checkpoint(**fork_input(destination_writer,
                                                             destination_checkpoint_id="orphaned-id")),
         "SANDBOX_SNAPSHOT_FORK_DESTINATION_NOT_EMPTY")
+
+
+async def test_a_stored_checkpoint_near_the_size_limit_forks_under_a_long_destination_id(tl):
+    # Tried (a review): a ~15 MiB checkpoint, accepted, forked into a thread
+    # whose id is 3 000 characters long. The fork's second step carries a copy
+    # of the source plus the ids, and was refused INVALID_ARGUMENT for its size
+    # -- not a refusal SPEC §4 gives a fork -- so that checkpoint could never
+    # be forked.
+    from threadlog.producers.proposals import MAX_PROPOSAL_BYTES
+
+    source_thread, destination = "big-source", "d" * 3000
+    writer = await within(tl.checkpoints.acquire_writer(source_thread))
+    destination_writer = await within(tl.checkpoints.acquire_writer(destination))
+    size = MAX_PROPOSAL_BYTES - 600
+    for _ in range(20):  # the largest conversation the append takes (the envelope's bytes vary little)
+        big = {**source_checkpoint(), "id": "big-root", "threadId": source_thread, "files": [],
+               "conversation": [{"role": "user", "content": "x" * size}]}
+        try:
+            await within(tl.checkpoints.append(checkpoint=big, expected_head_id=None, writer=writer))
+            break
+        except ThreadLogError as exc:
+            assert exc.code == "INVALID_ARGUMENT" and "the limit is" in str(exc), exc
+            size -= 400
+    else:
+        raise AssertionError("no size under the proposal limit was accepted")
+    root = await within(tl.checkpoints.fork_from_checkpoint(
+        source_thread_id=source_thread, source_checkpoint_id="big-root", destination_thread_id=destination,
+        destination_checkpoint_id="big-fork-root", created_at=20, writer=destination_writer))
+    assert root["id"] == "big-fork-root" and root["threadId"] == destination
+    assert root["conversation"][0]["content"] == "x" * size
+    assert await within(tl.checkpoints.get_head(destination)) == "big-fork-root"
