@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 
 import httpx
@@ -16,7 +17,7 @@ from delivery_support import chunk
 from http_support import read_stream, serve_process, serving, sse_events
 from support import until, within
 
-from threadlog.http import Limits, create_app, unauthenticated
+from threadlog.http import Limits, StreamSlots, create_app, unauthenticated
 from threadlog.kernel.errors import UNAVAILABLE, ThreadLogError
 
 
@@ -545,3 +546,157 @@ async def test_a_join_over_the_cap_waits_for_a_slot_before_its_503(tl, client):
             r = await client.get(url, headers={"Last-Event-ID": first})
             assert r.status_code == 200 and r.content == b": TOO_MANY_STREAMS: resume with Last-Event-ID"
             await events.aclose()
+
+
+# -- StreamSlots on its own: who gets a slot given back ------------------------------
+
+
+async def _stepped() -> None:
+    """Return once every task made so far ran to its first wait (a join: queued).
+    Not a timing: the loop runs its ready callbacks in order, and this one's
+    callback was scheduled after their first steps."""
+    loop = asyncio.get_running_loop()
+    stepped = loop.create_future()
+    loop.call_soon(stepped.set_result, None)
+    await stepped  # plain: wait_for would let the loop run more iterations first
+
+
+async def _waiting_joins(slots: StreamSlots, n: int, wait_s: float = 30) -> list[asyncio.Future]:
+    """`n` joins waiting for a slot, queued one after the other (a known order)."""
+    before = len(slots._slot_waiters)
+    joins: list[asyncio.Future] = []
+    for _ in range(n):
+        joins.append(asyncio.ensure_future(slots.take_within(wait_s)))
+        await _stepped()
+        assert len(slots._slot_waiters) == before + len(joins)
+    return joins
+
+
+async def test_stream_slots_given_back_go_to_the_waiting_joins_in_arrival_order():
+    """Tried: give() woke every waiting join (a set, unordered) to try again: the
+    one that had waited longest could lose to any other, or to a join arriving
+    just then, and time out into a 503 while later ones got streams. Now the
+    slot passes straight to the oldest waiting join."""
+    slots = StreamSlots(1)
+    assert await slots.take_within(0)
+    joins = await _waiting_joins(slots, 3)
+    for i, join in enumerate(joins):
+        slots.give()  # the stream holding the slot ended
+        # The slot is already the oldest join's, though it has not run yet: a
+        # join arriving now does not take it.
+        assert not await slots.take_within(0)
+        assert await within(join, 10) is True
+        assert not any(later.done() for later in joins[i + 1:])
+        assert slots.open == 1
+    slots.give()
+    assert slots.open == 0 and not slots._slot_waiters
+    assert await slots.take_within(0)  # free, nobody waiting: taken at once
+    slots.give()
+
+
+async def test_a_stream_slot_given_back_wakes_one_waiting_join_not_all(monkeypatch):
+    slots = StreamSlots(1)
+    assert await slots.take_within(0)
+    joins = await _waiting_joins(slots, 4)
+    loop = asyncio.get_running_loop()
+    wakes: list = []
+    real = loop.call_soon_threadsafe
+
+    def counting(callback, *args, **kwargs):
+        wakes.append(callback)
+        return real(callback, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(loop, "call_soon_threadsafe", counting)  # how waiters are woken, from any thread
+        slots.give()
+    assert len(wakes) == 1  # not 4: the others sleep on
+    assert await within(joins[0], 10) is True
+    assert [j.done() for j in joins] == [True, False, False, False]
+    for join in joins[1:]:
+        slots.give()
+        assert await within(join, 10) is True
+    slots.give()
+    assert slots.open == 0 and not slots._slot_waiters
+
+
+async def test_a_stream_slot_handed_to_a_join_whose_wait_ran_out_is_taken_not_lost():
+    """A slot handed to a join whose deadline passed before it could run again:
+    the join takes it (True) -- neither dropped (a slot lost for good) nor given
+    back as well as taken (counted twice)."""
+    slots = StreamSlots(1)
+    loop = asyncio.get_running_loop()
+    assert await slots.take_within(0)
+    late = asyncio.ensure_future(slots.take_within(0.001))
+    behind = asyncio.ensure_future(slots.take_within(30))
+    await _stepped()  # one step: another one and `late` might see its timeout first
+    assert len(slots._slot_waiters) == 2
+    # This task runs before `late` sees its timeout (its wakeup was scheduled
+    # first). A spin, not a sleep: the loop must not run meanwhile, and the
+    # deadline must have passed when the slot is handed over.
+    past = loop.time() + 0.005
+    while loop.time() < past:
+        pass
+    slots.give()
+    assert await within(late, 10) is True
+    assert slots.open == 1 and not behind.done()
+    slots.give()  # `late`'s stream ended: its slot goes on to the join behind
+    assert await within(behind, 10) is True
+    slots.give()
+    assert slots.open == 0 and not slots._slot_waiters
+
+
+async def test_a_stream_slot_handed_to_a_join_cancelled_before_it_ran_goes_to_the_next():
+    """A join handed a slot and cancelled before it woke (its client went away):
+    the slot passes on to the next waiting join; none is lost."""
+    slots = StreamSlots(1)
+    assert await slots.take_within(0)
+    gone, behind = await _waiting_joins(slots, 2)
+    slots.give()  # to `gone`...
+    gone.cancel()  # ...which is cancelled before it runs
+    with pytest.raises(asyncio.CancelledError):
+        await within(gone, 10)
+    assert await within(behind, 10) is True  # no second give(): `gone` passed it on
+    assert slots.open == 1
+    slots.give()
+    assert slots.open == 0 and not slots._slot_waiters
+
+
+async def test_a_stream_slot_is_handed_to_a_join_waiting_on_another_loop():
+    # One asyncio.Event per waiter, made on its own loop, set from the giver's
+    # thread with call_soon_threadsafe (a second TestClient of one app runs its
+    # own loop in its own thread).
+    slots = StreamSlots(1)
+    assert await slots.take_within(0)
+    queued = threading.Event()
+    got: list[bool] = []
+
+    def on_own_loop() -> None:
+        async def join() -> None:
+            task = asyncio.ensure_future(slots.take_within(30))
+            await _stepped()
+            queued.set()
+            got.append(await asyncio.wait_for(task, 30))
+            slots.give()  # its stream ended, on its own loop
+
+        asyncio.run(join())
+
+    thread = threading.Thread(target=on_own_loop)
+    thread.start()
+    try:
+        assert await within(asyncio.to_thread(queued.wait, 10))
+        slots.give()
+        await within(asyncio.to_thread(thread.join, 15))
+    finally:
+        thread.join(15)
+    assert got == [True]
+    assert slots.open == 0 and not slots._slot_waiters
+
+
+async def test_close_streams_ends_every_waiting_join_and_frees_slots_for_nobody():
+    slots = StreamSlots(1)
+    assert await slots.take_within(0)
+    joins = await _waiting_joins(slots, 3)
+    slots.close_streams()
+    assert [await within(j, 10) for j in joins] == [False, False, False]
+    slots.give()
+    assert slots.open == 0 and not slots._slot_waiters

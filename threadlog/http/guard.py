@@ -22,6 +22,7 @@ whose client reads nothing for `max_write_stall_ms` is ended.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hmac
 import inspect
@@ -190,20 +191,44 @@ def path_problem(request: Request) -> str | None:
     return None
 
 
+class _SlotWaiter:
+    """One join waiting for a stream slot, on its own loop (see StreamSlots)."""
+
+    __slots__ = ("event", "loop", "state")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.event = asyncio.Event()
+        # QUEUED: in the queue; GRANTED: handed a slot, not yet taken up; DONE:
+        # out of the queue (took its slot, left, or passed its slot on).
+        # Changed only under the StreamSlots lock.
+        self.state = _QUEUED
+
+
+_QUEUED, _GRANTED, _DONE = "queued", "granted", "done"
+
+
 class StreamSlots:
     """At most `limit` SSE streams open at once (server-wide; thread-safe), and
-    the server's word that they end (`close_streams`, on the server's loop)."""
+    the server's word that they end (`close_streams`, on the server's loop).
+
+    Joins over the cap wait in arrival order, and a slot given back goes straight
+    to the oldest (`open` unchanged: the slot passes from the giver to it), which
+    alone is woken. Tried before: every waiter woken to try again, one took the
+    slot -- a thundering herd, and unfair: a join that had waited longest could
+    lose to any other, again and again, until its wait ran out and it got a 503
+    while later ones got streams."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.open = 0
+        self.open = 0  # slots held, a slot handed to a waiter not yet awake included
         self._lock = threading.Lock()
         self._closing = False
         # One event per waiting stream, made on its own loop: one asyncio.Event
         # for all bound itself to the first loop that waited, and a stream on
         # another loop (a second TestClient of one app) then failed.
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
-        self._slot_waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()  # joins over the cap
+        self._slot_waiters: collections.deque[_SlotWaiter] = collections.deque()  # joins over the cap, oldest first
 
     def close_streams(self) -> None:
         """End every open stream, and any opened from now on, cleanly (a server
@@ -212,7 +237,7 @@ class StreamSlots:
         Callable from any thread."""
         with self._lock:
             self._closing = True
-            waiters = list(self._waiters) + list(self._slot_waiters)
+            waiters = list(self._waiters) + [(w.loop, w.event) for w in self._slot_waiters]
         _wake(waiters)
 
     async def wait_closing(self) -> None:
@@ -231,32 +256,64 @@ class StreamSlots:
     async def take_within(self, wait_s: float) -> bool:
         """Take a slot, waiting up to `wait_s` for one to be given back (not
         once the server closes its streams)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
-        while True:
-            waiter = (loop, asyncio.Event())
-            with self._lock:
-                if self.open < self.limit:
-                    self.open += 1
-                    return True
-                left = deadline - loop.time()
-                if self._closing or left <= 0:
-                    return False
-                self._slot_waiters.add(waiter)
-            try:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(waiter[1].wait(), left)
-            finally:
-                with self._lock:
-                    self._slot_waiters.discard(waiter)
+        with self._lock:
+            # Only if nobody waits: a new join queues behind those that do. (While
+            # joins wait no slot is free anyway -- a handed slot stays counted --
+            # except once the server closes its streams.)
+            if self.open < self.limit and not self._slot_waiters:
+                self.open += 1
+                return True
+            if self._closing or wait_s <= 0:
+                return False
+            waiter = _SlotWaiter(asyncio.get_running_loop())
+            self._slot_waiters.append(waiter)
+        try:
+            # asyncio.timeout, not wait_for: 3.11's wait_for returned a result that
+            # came as it was cancelled, the cancellation lost.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait_s):
+                    await waiter.event.wait()
+        except BaseException:
+            # Cancelled (the client went away, the server stops): a slot handed
+            # to it meanwhile is nobody's unless passed on.
+            if self._leave(waiter):
+                self.give()
+            raise
+        # Woken by a hand-off, by close_streams, or out of time: what counts is
+        # whether a slot was handed to it, under the lock. A slot handed as its
+        # time ran out is taken all the same (it is this join's; dropping it here
+        # would lose it, or count it twice).
+        return self._leave(waiter)
+
+    def _leave(self, waiter: _SlotWaiter) -> bool:
+        """`waiter` stops waiting: True if it was handed a slot (now its own)."""
+        with self._lock:
+            state, waiter.state = waiter.state, _DONE
+            if state == _QUEUED:
+                self._slot_waiters.remove(waiter)
+            return state == _GRANTED
 
     def give(self) -> None:
-        with self._lock:
-            self.open -= 1
-            # Every waiter tries again (one takes the slot, the rest wait on): a
-            # wakeup handed to one waiter could be lost to its timing out meanwhile.
-            waiters = list(self._slot_waiters)
-        _wake(waiters)
+        """Give a slot back (any thread): to the oldest waiting join, if any."""
+        while True:
+            with self._lock:
+                # Closing: the waiters were told to go; the slot is just freed.
+                if self._closing or not self._slot_waiters:
+                    self.open -= 1
+                    return
+                waiter = self._slot_waiters.popleft()
+                waiter.state = _GRANTED
+            try:
+                waiter.loop.call_soon_threadsafe(waiter.event.set)
+                return
+            except RuntimeError:
+                # Its loop is closed: it never wakes to take the slot. Unless it
+                # left meanwhile (and took it: a coroutine closed by the garbage
+                # collector runs its finally), pass the slot on to the next one.
+                with self._lock:
+                    if waiter.state != _GRANTED:
+                        return
+                    waiter.state = _DONE
 
 
 def _wake(waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]) -> None:
