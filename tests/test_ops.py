@@ -302,6 +302,12 @@ async def test_a_worker_owning_no_partition_is_ready_and_a_thin_serve_is_ready(b
             w.signal(signal.SIGTERM)
         for w in workers:
             assert await w.wait_exit(30) == 0
+        # No worker left: not ready, saying why (a review: the reason was "" when
+        # the barrier's wait timed out, str() of a TimeoutError).
+        async with serving(thin) as base, httpx.AsyncClient(timeout=30) as http:
+            r = await http.get(f"{base}/readyz")
+            assert r.status_code == 503 and r.json()["ready"] is False, r.text
+            assert r.json()["reason"].strip(), r.text
     finally:
         for w in workers:
             await w.stop()

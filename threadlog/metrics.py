@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
@@ -349,8 +350,12 @@ class Readiness:
             try:
                 await asyncio.wait_for(self.target.read_barrier(None), self.timeout)
                 return True, {"role": "thin"}
+            except TimeoutError:
+                # str() of the timeout is empty: the answer said nothing (a review).
+                return False, {"role": "thin", "reason": f"no read barrier through the workers passed within "
+                                                         f"{self.timeout:g}s (are workers running?)"}
             except Exception as exc:
-                return False, {"role": "thin", "reason": str(exc)}
+                return False, {"role": "thin", "reason": str(exc) or type(exc).__name__}
         judge = rt.judge
         owned = sorted(judge.owned)
         if any(p not in self.targets for p in owned):
@@ -423,6 +428,18 @@ def ops_routes(get_metrics: Callable[[], Metrics | None], get_readiness: Callabl
 
 access_log = logging.getLogger("threadlog.access")
 MAX_LOGGED_PATH = 200
+# Characters a text log line must not carry raw: a line break or carriage return
+# in a request's (percent-decoded) path started a forged line of the access log,
+# or rewrote one on a terminal, and escape sequences reached the operator's
+# terminal -- from any client, a refused request included (a review). Written
+# escaped (`\n`, `\x1b`) in the message; the record's `path` field keeps the
+# path as it came (JSON logs escape it themselves).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def printable(text: str) -> str:
+    """`text` with control characters and line separators written as escapes."""
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 # The methods a request counter names; any other is "other". Why: the HTTP parser
@@ -469,6 +486,6 @@ class AccessLog:
             if metrics is not None:
                 metrics.http_requests.labels(method_label(method), str(status[0])).inc()
             if access_log.isEnabledFor(logging.INFO):
-                access_log.info("%s %s %d %.1fms", method, path, status[0], ms,
+                access_log.info("%s %s %d %.1fms", method, printable(path), status[0], ms,
                                 extra={"method": method, "path": path, "status": status[0],
                                        "duration_ms": round(ms, 1)})
