@@ -193,3 +193,9 @@ def test_client_properties_files_parse_like_java(tmp_path):
         kafka_config.load_properties(str(path))
     assert err.value.code == "INVALID_ARGUMENT" and ":2:" in err.value.message
     assert "hunter2" not in err.value.message
+    # Tried (a review): a Latin-1 file was INTERNAL: UnicodeDecodeError, exit 1.
+    path.write_bytes(b"client.id=caf\xe9\nsasl.password=caf\xe9s3cret\n")
+    with pytest.raises(ThreadLogError) as err:
+        kafka_config.load_properties(str(path))
+    assert err.value.code == "INVALID_ARGUMENT" and "not UTF-8" in err.value.message, err.value
+    assert "s3cret" not in err.value.message

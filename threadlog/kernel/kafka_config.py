@@ -438,7 +438,7 @@ _ESCAPED = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
 
 
 def load_properties(path: str) -> dict[str, str]:
-    """A Java `client.properties` file, read as `java.util.Properties.load` reads it:
+    """A Java `client.properties` file (UTF-8), read as `java.util.Properties.load` reads it:
     `key=value` (or `key: value`, `key value`), `#`/`!` comment lines (which never
     continue), a line ending in an odd number of backslashes continued on the next
     (also at the end of the file), escapes (`\\=`, `\\:`, `\\\\`, `\\t`, `\\uHHHH`...)
@@ -456,6 +456,12 @@ def load_properties(path: str) -> dict[str, str]:
             raw = _LINE_END.split(fh.read())
     except OSError as exc:
         raise invalid_argument(f"cannot read kafka config {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        # Read as UTF-8, which Java's Properties.load(Reader) takes too; a byte that is
+        # not UTF-8 (a Latin-1 file) was an INTERNAL error, a bug's code (a review).
+        # Where, never what: the line may be a secret.
+        raise invalid_argument(f"kafka config {path} is not UTF-8 (byte {exc.start}); save it as UTF-8, or "
+                               "write its non-ASCII characters as \\uHHHH escapes") from None
     props: dict[str, str] = {}
     for number, line in _logical_lines(raw):
         try:
