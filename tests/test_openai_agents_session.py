@@ -340,3 +340,21 @@ async def test_a_worker_without_the_items_query_is_read_in_batches(open_client, 
     assert await within(session.get_items()) == items
     assert await within(session.get_items(limit=2)) == items[-2:]
     assert asked.count("query") == 1 and asked.count("get") <= 4 and asked.count("gets") >= 2
+
+
+async def test_a_cancelled_caller_gets_its_cancellation_even_when_the_write_fails(open_client):
+    # Tried (a review): a thin client with no worker to judge, `asyncio.timeout(0.5)`
+    # around `add_items`: the write's OUTCOME_UNKNOWN came out after the request
+    # timeout instead of the TimeoutError, and `task.cancel()` ended in a
+    # ThreadLogError. The SDK's sessions wait for the outcome, then re-raise the
+    # cancellation whatever it was.
+    thin = await open_client(processors="external", own_worker=True, request_timeout_ms=2000)
+    session = ThreadLogSession("cancelled", thin)
+    with pytest.raises(TimeoutError):  # bounded: the write's own 2 s request timeout
+        async with asyncio.timeout(0.3):
+            await session.add_items([{"role": "user", "content": "x"}])
+    task = asyncio.ensure_future(session.pop_item())
+    await asyncio.sleep(0)  # let it start its write
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await within(asyncio.shield(task), 30)

@@ -188,9 +188,18 @@ async def _outcome(aw: Awaitable[T]) -> T:
             await asyncio.wait({task})
         except asyncio.CancelledError as exc:
             cancelled = cancelled or exc
-    result = task.result()  # a refusal (ThreadLogError) wins over the cancellation: it is the outcome
+    # The cancellation wins, also over a failed write (as the SDK's `_await_mutation`):
+    # a caller that cancelled gets CancelledError, so `task.cancel()` and
+    # `asyncio.timeout` mean what they say. A refusal here raised the
+    # ThreadLogError instead, and `asyncio.timeout` never became TimeoutError (a review).
+    try:
+        result = task.result()
+    except BaseException:
+        if cancelled is not None:
+            raise cancelled from None
+        raise
     if cancelled is not None:
-        raise cancelled
+        raise cancelled from None
     return result
 
 
