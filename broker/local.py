@@ -369,10 +369,19 @@ def _cluster_file(data_dir: Path) -> Path:
 
 
 def _read_cluster(data_dir: Path) -> dict | None:
+    """The cluster layout `data_dir` records, or None (none, or not readable as one).
+    Every key the callers read is checked here: a cluster.json without "port"
+    made `broker status` fail INTERNAL (KeyError) where a broken broker.json
+    reads as "not running" (a review)."""
     try:
         raw = json.loads(_cluster_file(data_dir).read_text())
-        return raw if isinstance(raw, dict) and int(raw.get("nodes", 0)) > 1 else None
-    except (OSError, ValueError, TypeError):
+        if not isinstance(raw, dict) or int(raw.get("nodes", 0)) <= 1:
+            return None
+        int(raw["port"])
+        if not isinstance(raw["cluster_id"], str):
+            return None
+        return raw
+    except (OSError, ValueError, TypeError, KeyError):
         return None
 
 

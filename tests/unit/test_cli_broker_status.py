@@ -33,3 +33,14 @@ def test_status_says_alive_not_answering_for_a_silent_broker_process(tmp_path):
     gone = subprocess.run([sys.executable, "-m", "threadlog", "broker", "status", "--data-dir", str(tmp_path)],
                           capture_output=True, text=True, timeout=60)
     assert (gone.returncode, gone.stdout.strip()) == (1, "not running"), gone
+
+
+def test_status_of_a_data_dir_whose_cluster_json_lacks_a_key_is_not_running(tmp_path):
+    # Tried (a review): a cluster.json without "port" -> `INTERNAL: KeyError: 'port'`, exit 1.
+    (tmp_path / "node-1").mkdir()
+    for layout in ({"nodes": 2, "cluster_id": "abc"}, {"nodes": 2, "port": 29092}, {"nodes": 2, "port": "x"}):
+        (tmp_path / "cluster.json").write_text(json.dumps(layout))
+        out = subprocess.run([sys.executable, "-m", "threadlog", "broker", "status", "--data-dir", str(tmp_path)],
+                             capture_output=True, text=True, timeout=60)
+        assert (out.returncode, out.stdout.strip()) == (1, "not running"), (layout, out)
+        assert "INTERNAL" not in out.stderr, out
