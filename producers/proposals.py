@@ -165,12 +165,14 @@ class ProposalBus:
         clock: Callable[[], float] | None = None,
         timeout: float = 30.0,
         kafka: kafka_config.Props | None = None,
+        headers: list[tuple[str, str | bytes | None]] | None = None,
     ) -> None:
+        """`headers`: more headers for every proposal (the incarnation it is written for)."""
         self.topics = topics
         self.layout = layout
         self.codec = codec
         self.verdicts = verdicts
-        self._headers = verdicts.reply_header
+        self._headers = [*(verdicts.reply_header or ()), *(headers or ())] or None
         self.end_offsets = end_offsets
         self.clock = clock or (lambda: time.time() * 1000.0)
         self.timeout = timeout

@@ -19,6 +19,7 @@ from threadlog.schemas import Codec, CodecError
 
 from threadlog.kernel import kafka_config
 from threadlog.kernel.errors import not_owner, unavailable
+from threadlog.kernel.topics import INCARNATION_HEADER
 
 from .fold import EventMeta, apply_event
 from .store import Store
@@ -53,6 +54,12 @@ class Follower:
         self._async_waiters: list[tuple[dict[int, int], asyncio.Future, asyncio.AbstractEventLoop]] = []
         self._stop = threading.Event()
         self.skipped = 0  # poison events seen (for tests and operators)
+        # The incarnation check (`_foreign`), set by the runtime before `start`:
+        # the topic id records of this state's incarnation carry (bytes), and
+        # the question whether the topics were replaced (a reason, or None).
+        self.incarnation: bytes | None = None
+        self.replaced: Callable[[], str | None] | None = None
+        self._vetted_until = 0.0  # an "unchanged" answer is trusted until then
         # Partitions folded here (all of them, unless a subclass takes part in a group).
         self.owned: set[int] = set(range(partitions))
         self._consumer = Consumer(
@@ -202,8 +209,36 @@ class Follower:
                 pass
         time.sleep(0.1)
 
+    def _foreign(self, msgs: list[kafka_config.Consumed]) -> bool:
+        """Does this batch come from another incarnation of the topic than the state's?
+
+        A record written by a client of a newer incarnation names its topic id
+        (INCARNATION_HEADER, threadlog/kernel/topics.py says why). On the first
+        such record, `replaced()` asks the broker now (the incarnation watch,
+        which halts this follower when the ids changed): True drops the batch
+        unfolded. An answer of "unchanged" (a client of an older incarnation, a
+        forged header) is trusted for a second, so headers cannot make every
+        batch cost a DescribeTopics. Records without the header pass."""
+        mine = self.incarnation
+        if mine is None or self.replaced is None or time.monotonic() < self._vetted_until:
+            return False
+        for msg in msgs:
+            headers = msg.headers()
+            if headers:
+                for name, value in headers:
+                    if name == INCARNATION_HEADER and value != mine:
+                        if self.replaced() is not None:
+                            log.error("%s: records of another incarnation of the topic: not folding them",
+                                      self.topic)
+                            return True
+                        self._vetted_until = time.monotonic() + 1.0
+                        return False
+        return False
+
     def _sort(self, msgs: list[kafka_config.Consumed]) -> tuple[dict[int, list[kafka_config.Consumed]], dict[int, int]]:
         """A consumer batch as (records by partition, in order; end-of-partition offsets)."""
+        if self._foreign(msgs):
+            return {}, {}
         eof: dict[int, int] = {}
         by_partition: dict[int, list[kafka_config.Consumed]] = {}
         for msg in msgs:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from support import raw_proposal, until, within
 from threadlog.processors.judge import RULES, all_verdicts
@@ -17,6 +18,7 @@ from threadlog.projections.fold import current_seq
 from worker_support import WorkerProcess
 
 from threadlog import ThreadLogError
+from threadlog.kernel import kafka_config
 from threadlog.kernel.topics import Topics
 
 
@@ -225,3 +227,56 @@ async def test_a_rebuild_that_stops_moving_gives_up_with_unavailable(open_client
                                 timeout=3.0)
     # (At 1/2 offsets, or at 0/2 on a machine too busy to fetch within 3 s.)
     assert err.value.code == "UNAVAILABLE" and "no progress for 3s at" in err.value.message
+
+
+async def test_a_judge_stops_at_the_first_record_of_a_longer_new_log_not_at_the_watchs_round(
+        open_client, tmp_path, bootstrap, namespace, monkeypatch):
+    """Tried: the namespace deleted and created again, and the new log already
+    longer than a running judge's stored positions when it next fetched (its
+    fetches held here). No error tells it: librdkafka does not notice a topic
+    recreated under its name, and the positions are in the new log. It judged
+    the new log's records from there onto the old state -- other verdicts than
+    every other judge's -- until the incarnation watch's next round (10 s; made
+    an hour here). Records now name the topic id their writer opened against,
+    and the first one naming another makes the judge ask at once and stop,
+    judging none of them."""
+    monkeypatch.setattr(incarnation, "WATCH_S", 3600.0)
+    tl = await open_client(state_dir=str(tmp_path / "host"), partitions=1)
+    for n in range(3):
+        await within(tl.messages.save_thread("t", [{"n": n}]))
+    judge = tl.runtime.judge
+    topic = tl.runtime.topics.events
+    await until(lambda: judge.applied(0) >= 3, 30, "the old log judged")
+    judged, position = judge.stats["judged"], judge.applied(0)
+    # Its next fetch comes after the new log grew: the judge's thread pauses its
+    # partition and waits at its next poll (a consumer is paused on its own thread:
+    # `pause` from another blocked while it polled).
+    real_drain, parts = kafka_config.drain, [TopicPartition(topic, 0)]
+    hold, held, release = threading.Event(), threading.Event(), threading.Event()
+
+    def gated(consumer, n, timeout):
+        if consumer is judge._consumer and hold.is_set():
+            hold.clear()
+            consumer.pause(parts)
+            held.set()
+            release.wait(60)
+            consumer.resume(parts)
+        return real_drain(consumer, n, timeout)
+
+    monkeypatch.setattr(kafka_config, "drain", gated)
+    hold.set()
+    await until(held.is_set, 30, "the judge holding its fetches")
+    try:
+        await delete_and_wait(bootstrap, namespace)
+        other = await open_client(state_dir=str(tmp_path / "other"), partitions=1)  # creates it anew
+        for n in range(position + 5):
+            await within(other.messages.save_thread(f"new-{n}", [{"n": "new"}]))
+        assert (await within(other.runtime.seen_offsets.end_offsets()))[0] > position + 5  # longer than the old
+    finally:
+        release.set()
+    await until(lambda: tl.runtime.failed is not None, 30, "the judge saw a record of the new topic")
+    assert "deleted and created again" in tl.runtime.failed
+    assert judge.stats["judged"] == judged and judge.applied(0) == position  # none of the new log judged
+    with pytest.raises(ThreadLogError) as err:
+        await within(tl.messages.load_thread("new-0"))
+    assert err.value.code == "UNAVAILABLE"

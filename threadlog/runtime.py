@@ -35,7 +35,7 @@ from .config import Options
 from .kernel import kafka_config
 from .kernel.errors import ThreadLogError, invalid_argument
 from .kernel.partitioning import owner_partition, partition_for
-from .kernel.topics import TopicLayout, Topics, ensure_topics, require_topics
+from .kernel.topics import INCARNATION_HEADER, TopicLayout, Topics, ensure_topics, require_topics
 from .kernel.validation import int_digits_problem
 from .processors.handlers import load_all as load_handlers
 from .processors.judge import Judge
@@ -46,6 +46,7 @@ from .projections import incarnation
 from .projections.barrier import EndOffsets, LatestOffsets, ReadBarrier
 from .projections.delivery_follower import DeliveryIndex
 from .projections.fold import load_all as load_folds
+from .projections.follower import Follower
 from .projections.partition_stores import PartitionStores, Slot, claim_slot
 from .projections.snapshots import Origin, RestoreInfo, SnapshotWriter
 from .projections.snapshots import restore as restore_snapshot
@@ -95,6 +96,9 @@ class Runtime:
         self.failed: str | None = None
         self.failure_listeners: list[Callable[[str], None]] = []
         self.watch: incarnation.Watch | None = None
+        # The ids of the topics this process opened against (None: not readable);
+        # its records carry them (INCARNATION_HEADER in threadlog/kernel/topics.py).
+        self.topic_ids: dict[str, str] | None = None
         self.origin: Origin | None = None  # the log this state is folded from (a worker's snapshots name it)
 
     def start(self) -> None:
@@ -144,8 +148,8 @@ class Runtime:
                                      self.opts.request_timeout, self.opts.kafka, partitions=self.layout.events)
             self.query.start(warn_alone=self.thin)
         self.ends = LatestOffsets(self.opts.bootstrap_servers, self.client_id, kafka)
-        ids = incarnation.topic_ids(self.admin, [self.topics.events, self.topics.deliveries],
-                                    min(10.0, self.opts.request_timeout))
+        ids = self.topic_ids = incarnation.topic_ids(self.admin, [self.topics.events, self.topics.deliveries],
+                                                     min(10.0, self.opts.request_timeout))
         if self.thin:
             self.seen_offsets = EndOffsets(self.ends, self.topics.events, self.layout.events,
                                            self.opts.request_timeout)
@@ -167,6 +171,7 @@ class Runtime:
                                         kafka=kafka, owned=set() if self.worker else None)
         self.delivery_barrier = ReadBarrier(self.ends, self.deliveries, timeout=self.opts.request_timeout,
                                             replaced=self._replaced)
+        self._vet_incarnation(self.deliveries, self.topics.deliveries)
         self.deliveries.start()
         group = None
         restore = None
@@ -180,6 +185,7 @@ class Runtime:
             self.codec, self.client_id, kafka=kafka, group=group, lookups=self.lookups,
             restore=restore, on_ownership=self._ownership_changed,
         )
+        self._vet_incarnation(self.judge, self.topics.events)
         self.judge.start()
         if self.worker:
             writer = SnapshotWriter(self.opts.bootstrap_servers, self.topics.snapshots, self.client_id, kafka,
@@ -198,6 +204,17 @@ class Runtime:
             assert self.admin is not None
             self.watch = incarnation.Watch(self.admin, ids, self._incarnation_changed)
             self.watch.start()
+
+    def _vet_incarnation(self, follower: Follower, topic: str) -> None:
+        """Have `follower` check the incarnation named by the records it folds (Follower._foreign)."""
+        if self.topic_ids is not None and topic in self.topic_ids:
+            follower.incarnation = self.topic_ids[topic].encode()
+            follower.replaced = self._replaced
+
+    def incarnation_header(self, topic: str) -> list[tuple[str, str | bytes | None]]:
+        """The header naming the incarnation of `topic` this process writes to (none if unknown)."""
+        tid = (self.topic_ids or {}).get(topic)
+        return [] if tid is None else [(INCARNATION_HEADER, tid.encode())]
 
     def _replaced(self) -> str | None:
         """Were the topics replaced under us? Asked by a read barrier that found a

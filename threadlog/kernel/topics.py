@@ -17,6 +17,15 @@ HOUR_MS = 3600 * 1000
 # (processors/verdict_push.py); its value is the client's reply token, the
 # hash of the secret (at most MAX_REPLY_SECRET_BYTES) it subscribes with.
 REPLY_HEADER = "threadlog.reply"
+# The header naming the incarnation of the topic a client wrote a record for:
+# the topic id (base64 text) the client read when it opened. Why: a namespace
+# deleted and created again under a running judge, whose new log had already
+# grown past the judge's stored positions, was judged from those positions
+# onto the old state (librdkafka does not notice a topic recreated under the
+# same name), wrong verdicts answered until the incarnation watch's next round
+# (up to 10 s). A record naming another id makes the judge ask at once
+# (`Follower._foreign`); the header never changes a verdict.
+INCARNATION_HEADER = "threadlog.topic"
 MAX_REPLY_SECRET_BYTES = 64
 # The query service's refusal of an answer too long for one line (a code of
 # the wire protocol between clients and workers, not of the public API).
