@@ -271,3 +271,36 @@ async def test_ids_holding_a_slash_are_reachable_on_the_rest_routes(tl, client):
         assert r.status_code == 200 and r.json()["messages"] == transcript
         _, events = await read_stream(client, f"{base}/runs/run%2F1/stream")
         assert [e.id for e in events] == offs
+
+
+async def test_ids_holding_a_newline_are_reachable_on_the_rest_routes(tl, client):
+    """Tried (a review): `?threadId=a%0Ab` answered, but `/threads/a%0Ab` and
+    `/runs/a%0Ab/stream` were 404 -- Starlette's `path` convertor (`.*`) stops at
+    a newline -- and `/threads/a%0A` answered with thread "a"'s state (the
+    route's closing `$` matches before a last newline)."""
+    from urllib.parse import quote
+
+    threads = {"a\nb": "inner", "a\n": "trailing", "\n": "only a newline", "a": "plain"}
+    for thread_id, content in threads.items():
+        await within(tl.messages.save_thread(thread_id, [{"role": "user", "content": content}]))
+    await within(tl.runs.create_or_resume(run_id="r\nx", thread_id="a\nb", started_at=1000))
+    offsets = {}
+    for n, run_id in enumerate(("r\nx", "r\n", "r")):
+        log = tl.delivery(run_id)
+        offsets[run_id] = await within(log.append([chunk(n), FINISHED]))
+        await within(log.close())
+    async with serving(tl) as base:
+        for thread_id, content in threads.items():
+            r = await client.get(f"{base}/threads/{quote(thread_id, safe='')}")
+            assert r.status_code == 200, thread_id
+            assert r.json()["messages"] == [{"role": "user", "content": content}], thread_id
+            assert r.json() == (await client.get(f"{base}/api/chat", params={"threadId": thread_id})).json()
+        assert (await client.get(f"{base}/threads/a%0Ab")).json()["activeRun"] == {"runId": "r\nx"}
+        for n, run_id in enumerate(("r\nx", "r\n", "r")):
+            r, events = await read_stream(client, f"{base}/runs/{quote(run_id, safe='')}/stream")
+            assert r.status_code == 200, run_id
+            assert [(e.id, e.data) for e in events] == list(zip(offsets[run_id], [chunk(n), FINISHED],
+                                                                strict=True)), run_id
+        # No id's stream URL ends past "/stream": not run "r"'s stream.
+        r = await client.get(f"{base}/runs/r/stream%0A")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "NOT_FOUND"

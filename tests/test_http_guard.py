@@ -700,3 +700,44 @@ async def test_close_streams_ends_every_waiting_join_and_frees_slots_for_nobody(
     assert [await within(j, 10) for j in joins] == [False, False, False]
     slots.give()
     assert slots.open == 0 and not slots._slot_waiters
+
+
+async def test_a_stream_request_with_a_body_over_the_limit_is_a_413_before_the_stream_starts(tl, client):
+    """Tried (a review): GET /runs/R/stream with a 5000-byte chunked body, the
+    limit 1000: a 200 event stream with no body at all -- the disconnect watcher
+    read the body once the stream had started, too late for a 413 -- which an SSE
+    client takes for a clean end. The stream routes now read a body (and drop it)
+    before they answer."""
+    log = tl.delivery("run-body")
+    offs = await within(log.append([chunk(0), {"type": "RUN_FINISHED", "runId": "run-body"}]))
+    await within(log.close())
+
+    def body(size: int):
+        async def chunked():  # no Content-Length: only counted as it arrives
+            for _ in range(size // 500):
+                yield b"y" * 500
+        return chunked()
+
+    paths = ("/runs/run-body/stream", "/api/chat?runId=run-body&offset=-1")
+    async with serving(tl, limits=Limits(max_body_bytes=1000)) as base:
+        for path in paths:
+            r = await within(client.request("GET", base + path, content=body(5000)))
+            assert r.status_code == 413, (path, r.headers, r.content)
+            assert r.json()["error"]["code"] == "PAYLOAD_TOO_LARGE", path
+            # Within the limit, a body is read and dropped: the stream is the one without a body.
+            for content in (body(1000), None):
+                async with client.stream("GET", base + path, content=content) as r:
+                    assert r.status_code == 200, path
+                    events = [e async for e in sse_events(r)]
+                assert [e.id for e in events] == offs, path
+
+    # The routes in an app without BodyLimit: their own limit answers the same.
+    from starlette.applications import Starlette
+
+    from threadlog.http import routes
+
+    app = Starlette(routes=routes(lambda: tl, limits=Limits(max_body_bytes=1000)))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as c:
+        for path in paths:
+            r = await within(c.request("GET", path, content=body(5000)))
+            assert r.status_code == 413 and r.json()["error"]["code"] == "PAYLOAD_TOO_LARGE", path

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -39,6 +40,7 @@ from .guard import (
     Limits,
     StreamSlots,
     bearer_tokens,
+    body_refusal,
     check,
     id_problem,
     path_problem,
@@ -47,6 +49,29 @@ from .guard import (
 from .sse import HEADERS, EventStreamResponse, StreamCursor, run_error, stream_run
 
 NO_STORE = {"Cache-Control": "no-store"}
+
+
+class _IdConvertor(Convertor[str]):
+    """An id as a path segment of the REST routes: any characters, "/" (sent as
+    %2F, decoded before routing) and newlines included -- SPEC 1: an id is any
+    non-empty UTF-8 string. Starlette's `path` is `.*`, whose `.` stops at a
+    newline: `/threads/a%0Ab` was a 404 while `?threadId=a%0Ab` answered, and
+    `/threads/a%0A` read thread "a" (the route's closing `$` also matches just
+    before a last newline)."""
+
+    regex = r"[\s\S]*"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return str(value)
+
+
+# Registered under a name of our own: Starlette's table is process-wide, and
+# `path` stays what other routes (an app mounting ours) expect.
+ID_CONVERTOR = "threadlog_id"
+register_url_convertor(ID_CONVERTOR, _IdConvertor())
 
 
 def _bad_request(message: str) -> JSONResponse:
@@ -130,6 +155,10 @@ def routes(get_tl: Callable[[], ThreadLog], path: str = "/api/chat", *,
         problem = path_problem(request)
         if problem:
             return _bad_request(problem)
+        if not request.scope["path"].endswith("/stream"):
+            # `/runs/x/stream%0A`: the route's closing `$` matches before a last
+            # newline, so it matched with run "x". No id's URL ends so: not ours.
+            raise HTTPException(404)
         return await _stream(get_tl(), request.path_params["run_id"], request, q)
 
     async def thread(request: Request) -> Response:
@@ -154,6 +183,12 @@ def routes(get_tl: Callable[[], ThreadLog], path: str = "/api/chat", *,
         return JSONResponse(body, headers=NO_STORE)
 
     async def _stream(tl: ThreadLog, run_id: str, request: Request, query: dict[str, str]) -> Response:
+        # The body first, whole, before the stream starts: read later (by the
+        # stream's disconnect watcher) a body over the limit could only end a
+        # started 200 early, an empty stream a client took for a clean end.
+        refused = await body_refusal(request, limits)
+        if refused is not None:
+            return refused
         problem = id_problem(run_id, "runId", limits)
         if problem:
             return _bad_request(problem)
@@ -175,10 +210,11 @@ def routes(get_tl: Callable[[], ThreadLog], path: str = "/api/chat", *,
 
     return [
         Route(path, durability, methods=["GET"]),
-        # `path`, not `str`: an id may hold "/" (SPEC 1: any non-empty UTF-8
-        # string), sent as %2F, which the server decodes before routing.
-        Route("/runs/{run_id:path}/stream", run_stream, methods=["GET"]),
-        Route("/threads/{thread_id:path}", thread, methods=["GET"]),
+        # Not `str`: an id may hold "/" (SPEC 1: any non-empty UTF-8 string),
+        # sent as %2F, which the server decodes before routing; nor `path`, which
+        # stops at a newline (_IdConvertor).
+        Route(f"/runs/{{run_id:{ID_CONVERTOR}}}/stream", run_stream, methods=["GET"]),
+        Route(f"/threads/{{thread_id:{ID_CONVERTOR}}}", thread, methods=["GET"]),
     ]
 
 

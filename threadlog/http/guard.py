@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse
 
 # Stable codes of the HTTP layer (README "HTTP", docs/reference.md).
 UNAUTHENTICATED = "UNAUTHENTICATED"      # 401: no or unknown credentials
@@ -43,6 +44,10 @@ PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"  # 413: a body over max_body_bytes
 
 Authorize = Callable[..., "bool | Awaitable[bool]"]
 SHOWN = 64  # characters of a rejected id quoted back in a message
+# Longest the rest of a body over the limit is read (and dropped) before its 413:
+# a server that answers and closes while the client still sends makes the kernel
+# reset the connection, and the client reads a reset, never the 413.
+LINGER_S = 1.0
 
 
 class Denied(Exception):
@@ -341,15 +346,18 @@ class BodyLimit:
             await _too_large(send, self.max_bytes)
             return
         seen = 0
-        started = completed = False
+        started = completed = ended = False
 
         async def counting() -> Any:
-            nonlocal seen
+            nonlocal seen, ended
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
+                ended = not message.get("more_body")
                 if seen > self.max_bytes:
                     raise _TooLarge
+            else:
+                ended = True  # gone: nothing more comes
             return message
 
         async def sending(message: dict) -> None:
@@ -363,14 +371,17 @@ class BodyLimit:
         try:
             await self.app(scope, counting, sending)
         except* _TooLarge:
-            # except*: an event stream's disconnect watcher reads the body in a task
-            # group, which raises it wrapped in an ExceptionGroup (a traceback and a
-            # cut 200 stream instead of this answer).
+            # except*: a body read in a task group (a streaming response's disconnect
+            # watcher) raises it wrapped in an ExceptionGroup (a traceback and a cut
+            # 200 stream instead of this answer).
             if not started:
+                if not ended:
+                    await _linger(receive)
                 await _too_large(send, self.max_bytes)
             elif not completed:
-                # The response had begun (an event stream reads the body only while it
-                # streams): end it there, not as "returned without completing response".
+                # The response had begun before its body was read (an app's own
+                # route: ours read theirs before they answer, body_refusal): it
+                # can only be ended there, not as "returned without completing response".
                 with contextlib.suppress(OSError):
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -379,15 +390,51 @@ class _TooLarge(Exception):
     pass
 
 
-async def _too_large(send: Callable, max_bytes: int) -> None:
-    from starlette.responses import JSONResponse
+def too_large(max_bytes: int) -> JSONResponse:
+    """The 413 of a request body over `max_bytes`."""
+    return JSONResponse({"error": {"code": PAYLOAD_TOO_LARGE, "message": f"request body over {max_bytes} bytes"}},
+                        status_code=413, headers={"Cache-Control": "no-store", "Connection": "close"})
 
-    response = JSONResponse({"error": {"code": PAYLOAD_TOO_LARGE,
-                                       "message": f"request body over {max_bytes} bytes"}},
-                            status_code=413, headers={"Cache-Control": "no-store", "Connection": "close"})
-    await response({"type": "http"}, _no_receive, send)
+
+async def _linger(receive: Callable) -> None:
+    """Read the rest of a body over the limit, dropping it, for up to LINGER_S."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(LINGER_S):
+            while True:
+                message = await receive()
+                if message["type"] != "http.request" or not message.get("more_body"):
+                    return
+
+
+async def _too_large(send: Callable, max_bytes: int) -> None:
+    await too_large(max_bytes)({"type": "http"}, _no_receive, send)
+
+
+async def body_refusal(request: Request, limits: Limits) -> JSONResponse | None:
+    """Read a request's body to its end, dropping it: the 413 if it is over
+    `limits.max_body_bytes`, else None.
+
+    For a route whose answer is an event stream: no route uses a body, but one
+    left unread is read by the stream's disconnect watcher once the 200 has
+    started, where a body over the limit can no longer be a 413 -- the stream
+    ended empty, which an SSE client takes for a clean end (a review). Counted
+    here too, not only by BodyLimit (which raises first under `create_app`):
+    `routes()` may be mounted in an app without it."""
+    seen = 0
+    try:
+        async with asyncio.timeout(None) as linger:
+            async for part in request.stream():
+                seen += len(part)
+                if seen > limits.max_body_bytes and linger.when() is None:
+                    linger.reschedule(asyncio.get_running_loop().time() + LINGER_S)  # the rest read, dropped
+    except ClientDisconnect:
+        # Gone mid-body: the stream goes ahead and its disconnect watcher, told
+        # at once, ends it, as for a client gone before its first event.
+        pass
+    except TimeoutError:
+        pass  # still sending after LINGER_S: answered all the same
+    return too_large(limits.max_body_bytes) if seen > limits.max_body_bytes else None
 
 
 async def _no_receive() -> dict:
     return {"type": "http.disconnect"}
-
