@@ -12,13 +12,14 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from threadlog.projections import incarnation
 from threadlog.projections.barrier import LatestOffsets, ReadBarrier
 from threadlog.projections.fold import load_all
-from threadlog.projections.partition_stores import PartitionStores, hold_slot, slot_holder
+from threadlog.projections.partition_stores import PartitionStores, hold_slot, slot_held, slot_holder
 from threadlog.schemas import default_codec
 
 from threadlog.kernel import kafka_config
@@ -47,24 +48,46 @@ def rebuild(
     (INVALID_ARGUMENT) and a log whose first records were deleted (UNAVAILABLE).
     A store a live process holds (its slot lock) is STORE_IN_USE, also before
     anything is touched: dropping it under a running judge would corrupt what
-    that process serves.
+    that process serves. A refused rebuild leaves not even a `<store>.lock`.
     """
     if not (timeout > 0 and math.isfinite(timeout)):
         raise invalid_argument(f"the stall timeout must be a positive number of seconds, got {timeout!r}")
     problem = int_digits_problem()  # before anything is dropped (threadlog/kernel/validation.py)
     if problem is not None:
         raise invalid_argument(problem)
-    slot = hold_slot(store_path)
-    if slot is None:
-        pid = slot_holder(store_path)
-        by = f" (pid {pid})" if pid is not None else ""
-        raise ThreadLogError(STORE_IN_USE, f"store {store_path} is in use by a live process{by}; "
-                                           "stop it first, or rebuild another slot with --store")
+    # Every refusal before the slot is held: holding it creates `<store>.lock` (and
+    # the store's folder), which a refused rebuild left behind. A live holder is
+    # asked first without creating anything, so STORE_IN_USE needs no broker.
+    if slot_held(store_path):
+        _in_use(store_path)
+    _require_store_layout(Path(store_path))
+    load_all()
+    load_handlers()
+    topics = Topics(namespace)
+    trap = kafka_config.ErrorTrap((kafka or {}).get("error_cb"))
+    admin = AdminClient(kafka_config.base(bootstrap, f"{namespace}.rebuild.admin", kafka, trap))
     try:
+        layout = require_topics(admin, topics, request_timeout)
+    except ThreadLogError as exc:
+        raise trap.explain(exc, admin, kafka) from None
+    _require_whole_log(bootstrap, topics.events, layout.events, kafka, request_timeout)
+    slot = hold_slot(store_path)
+    if slot is None:  # taken since it was asked
+        _in_use(store_path)
+    try:
+        # Again, held: what is deleted is what was checked.
         _require_store_layout(Path(store_path))
-        return _rebuild(bootstrap, namespace, store_path, progress, timeout, kafka, request_timeout)
+        return _rebuild(bootstrap, store_path, progress, timeout, kafka, request_timeout, topics, admin,
+                        layout.events)
     finally:
         slot.release()
+
+
+def _in_use(store_path: str | Path) -> NoReturn:
+    pid = slot_holder(store_path)
+    by = f" (pid {pid})" if pid is not None else ""
+    raise ThreadLogError(STORE_IN_USE, f"store {store_path} is in use by a live process{by}; "
+                                       "stop it first, or rebuild another slot with --store")
 
 
 # What a store directory holds (projections/partition_stores.py, threadlog/runtime.py,
@@ -109,18 +132,11 @@ def _require_whole_log(bootstrap: str, topic: str, partitions: int, kafka: kafka
         consumer.close()
 
 
-def _rebuild(bootstrap: str, namespace: str, store_path: str | Path, progress: Callable[[str], None],
-             timeout: float, kafka: kafka_config.Props | None, request_timeout: float) -> dict:
-    load_all()
-    load_handlers()
-    topics = Topics(namespace)
-    trap = kafka_config.ErrorTrap((kafka or {}).get("error_cb"))
-    admin = AdminClient(kafka_config.base(bootstrap, f"{namespace}.rebuild.admin", kafka, trap))
-    try:
-        layout = require_topics(admin, topics, request_timeout)
-    except ThreadLogError as exc:
-        raise trap.explain(exc, admin, kafka) from None
-    _require_whole_log(bootstrap, topics.events, layout.events, kafka, request_timeout)
+def _rebuild(bootstrap: str, store_path: str | Path, progress: Callable[[str], None], timeout: float,
+             kafka: kafka_config.Props | None, request_timeout: float, topics: Topics, admin: AdminClient,
+             partitions: int) -> dict:
+    """The rebuild itself: the slot held, every refusal past."""
+    namespace = topics.namespace
     ids = incarnation.topic_ids(admin, [topics.events, topics.deliveries], request_timeout)
     PartitionStores(store_path, topics.events).destroy()
     if ids is not None:
@@ -128,7 +144,7 @@ def _rebuild(bootstrap: str, namespace: str, store_path: str | Path, progress: C
         # this state as it is, even after the namespace is deleted and created again.
         incarnation.settle(Path(store_path), ids)
     store = PartitionStores(store_path, topics.events)
-    follower = Judge(bootstrap, topics.events, layout.events, store, default_codec(), f"{namespace}.rebuild",
+    follower = Judge(bootstrap, topics.events, partitions, store, default_codec(), f"{namespace}.rebuild",
                      kafka=kafka)
     ends: LatestOffsets | None = None
     started = time.monotonic()

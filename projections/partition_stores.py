@@ -87,6 +87,22 @@ def hold_slot(path: str | os.PathLike) -> Slot | None:
     return Slot(path, handle)
 
 
+def slot_held(path: str | os.PathLike) -> bool:
+    """Is the slot at `path` held now (the lock `claim_slot` and `hold_slot` take)?
+    Asked without creating anything (`hold_slot` makes the lock file and its
+    folder): a caller that refuses before it holds the slot leaves no `<slot>.lock`."""
+    try:
+        handle = open(Path(path).parent / f"{Path(path).name}.lock", "rb")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        return False  # never claimed: nobody holds it
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # dropped as it closes
+        except BlockingIOError:
+            return True
+    return False
+
+
 def slot_holder(path: str | os.PathLike) -> int | None:
     """The pid holding the slot at `path`, when /proc/locks says (Linux), else None."""
     try:

@@ -299,6 +299,40 @@ async def test_rebuild_refuses_a_path_that_is_not_a_store_or_a_log_cut_short(boo
     assert sorted(p.name for p in slot.iterdir()) == before and (slot / "events-0" / "CURRENT").exists()
 
 
+def _locks(root) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*.lock"))
+
+
+def test_a_refused_rebuild_leaves_no_lock_file_behind(bootstrap, namespace, tmp_path):
+    """Tried (a review): a rebuild refused as INVALID_ARGUMENT (a folder that is
+    not a store, a file) or NAMESPACE_NOT_FOUND left `<store>.lock` next to the
+    store it was told to leave alone (and the store's folder, made to hold it):
+    the slot lock was taken before anything was checked."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "important.txt").write_text("not a store")
+    afile = tmp_path / "afile"
+    afile.write_text("not a store either")
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    ensure_topics(admin, Topics(namespace), partitions=1, timeout=30)
+    for store, says in ((victim, "not a threadlog store"), (afile, "is not a directory")):
+        proc = cli("rebuild", "--bootstrap", bootstrap, "--namespace", namespace, "--store", str(store))
+        assert says in one_error_line(proc, "INVALID_ARGUMENT")
+        assert proc.returncode == 2
+    unknown = tmp_path / "new" / "slot-0"
+    for args in (["--store", str(unknown)], ["--state-dir", str(tmp_path / "state")]):
+        proc = cli("rebuild", "--bootstrap", bootstrap, "--namespace", f"{namespace}-none", *args)
+        assert f"{namespace}-none" in one_error_line(proc, "NAMESPACE_NOT_FOUND")
+        assert proc.returncode == 2
+    assert _locks(tmp_path) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "victim"]  # no folder made either
+    assert (victim / "important.txt").read_text() == "not a store" and afile.read_text() == "not a store either"
+    # Not refused: the rebuild holds its slot as before.
+    proc = cli("rebuild", "--bootstrap", bootstrap, "--namespace", namespace, "--store", str(unknown))
+    assert proc.returncode == 0, proc.stderr
+    assert _locks(tmp_path) == ["new/slot-0.lock"]
+
+
 def test_serve_refuses_a_bad_token_file_or_limit_in_one_line(tmp_path):
     proc = cli("serve", "--token-file", str(tmp_path / "missing"), "--bootstrap", "127.0.0.1:1")
     assert "--token-file" in one_error_line(proc, "INVALID_ARGUMENT")
