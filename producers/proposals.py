@@ -190,7 +190,7 @@ class ProposalBus:
 
     # -- the verb ---------------------------------------------------------------------
     async def send(self, type_name: str, key: str, payload: dict, timeout: float | None = None, *,
-                   limit: int = MAX_PROPOSAL_BYTES) -> Any:
+                   limit: int | None = None) -> Any:
         """Propose; return the accepted proposal's result or raise its refusal."""
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         body = self.codec.encode(type_name, payload)
@@ -226,7 +226,7 @@ class ProposalBus:
         return result
 
     async def propose(self, type_name: str, key: str, payload: bytes, *, timeout: float | None = None,
-                      proposal_id: str | None = None, limit: int = MAX_PROPOSAL_BYTES) -> dict:
+                      proposal_id: str | None = None, limit: int | None = None) -> dict:
         """Produce one proposal (payload already encoded) and return its verdict."""
         timeout = self.timeout if timeout is None else timeout
         began = time.monotonic()
@@ -244,6 +244,8 @@ class ProposalBus:
             "payload": payload,
         }
         value = self.codec.encode("threadlog.Proposal", env)
+        # Read when called, not bound as a default: tests scale the limit down.
+        limit = MAX_PROPOSAL_BYTES if limit is None else limit
         if len(value) > limit:
             raise invalid_argument(f"{type_name} is {len(value)} bytes; the limit is {limit} "
                                    "(store large content in tl.blobs)")

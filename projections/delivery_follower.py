@@ -292,6 +292,11 @@ class DeliveryIndex(Follower):
         # Once per batch: does anyone take pushed answers (record headers are read only then)?
         self._pushing = self.push is not None and self.push.active
         super()._handle(msgs)  # folds (via _fold), stores, advances positions
+        if self._stop.is_set():
+            # Halted in that batch (`Follower._foreign`: records of another
+            # incarnation, dropped unfolded): nothing of it is dispatched, and no
+            # reader's position moves past records never folded.
+            return
         reached: dict[int, int] = {}
         for msg in msgs:
             err = msg.error()

@@ -741,3 +741,35 @@ async def test_a_stream_request_with_a_body_over_the_limit_is_a_413_before_the_s
         for path in paths:
             r = await within(c.request("GET", path, content=body(5000)))
             assert r.status_code == 413 and r.json()["error"]["code"] == "PAYLOAD_TOO_LARGE", path
+
+
+async def test_a_stream_request_announcing_a_body_it_never_sends_is_not_held(tl, tmp_path, monkeypatch):
+    """Tried (a review of the body read above): a client with no token sending
+    `Content-Length: 100` and then nothing was held on a stream route (no slot
+    taken, so no cap) until it went away: the body was awaited before the
+    request was authorized. Now: refused at once; and an authorized client's
+    unsent body holds its stream back BODY_WAIT_S at most."""
+    from threadlog.http import guard
+
+    monkeypatch.setattr(guard, "BODY_WAIT_S", 0.5, raising=False)
+    log = tl.delivery("run-unsent")
+    await within(log.append([chunk(0)]))
+    await within(log.close())
+    tokens = tmp_path / "tokens"
+    tokens.write_text("unsent-token-1\n")
+
+    async def first_line(base: str, path: str, headers: str) -> bytes:
+        host, port = base.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n{headers}Content-Length: 100\r\n\r\n".encode())
+            await writer.drain()
+            return await asyncio.wait_for(reader.readline(), 10)
+        finally:
+            writer.close()
+
+    async with serving(tl, token_file=str(tokens)) as base:
+        for path in ("/runs/run-unsent/stream", "/api/chat?runId=run-unsent&offset=-1"):
+            assert (await first_line(base, path, "")).startswith(b"HTTP/1.1 401"), path
+            line = await first_line(base, path, "Authorization: Bearer unsent-token-1\r\n")
+            assert line.startswith(b"HTTP/1.1 200"), (path, line)

@@ -183,12 +183,6 @@ def routes(get_tl: Callable[[], ThreadLog], path: str = "/api/chat", *,
         return JSONResponse(body, headers=NO_STORE)
 
     async def _stream(tl: ThreadLog, run_id: str, request: Request, query: dict[str, str]) -> Response:
-        # The body first, whole, before the stream starts: read later (by the
-        # stream's disconnect watcher) a body over the limit could only end a
-        # started 200 early, an empty stream a client took for a clean end.
-        refused = await body_refusal(request, limits)
-        if refused is not None:
-            return refused
         problem = id_problem(run_id, "runId", limits)
         if problem:
             return _bad_request(problem)
@@ -197,6 +191,14 @@ def routes(get_tl: Callable[[], ThreadLog], path: str = "/api/chat", *,
             # An event stream all the same: SSE clients read the RUN_ERROR's code.
             return Response(run_error(run_id, denied.code, denied.message), status_code=denied.status,
                             media_type="text/event-stream; charset=utf-8", headers={**HEADERS, **denied.headers})
+        # The body, whole, before the stream starts (and only once authorized: a
+        # client without a token was held while it announced a body and sent
+        # none, a review): read later, by the stream's disconnect watcher, a body
+        # over the limit could only end a started 200 early, an empty stream a
+        # client took for a clean end.
+        refused = await body_refusal(request, limits)
+        if refused is not None:
+            return refused
         if request.method == "HEAD":
             # The headers a GET would get, and no stream: a HEAD has no body to
             # notice a gone client by, so a stream for it held its slot and its

@@ -48,6 +48,10 @@ SHOWN = 64  # characters of a rejected id quoted back in a message
 # a server that answers and closes while the client still sends makes the kernel
 # reset the connection, and the client reads a reset, never the 413.
 LINGER_S = 1.0
+# Longest a stream route waits for a body that stays within the limit before it
+# streams all the same: a client announcing a body and sending none must not
+# hold the request (it takes no stream slot) for as long as it likes (a review).
+BODY_WAIT_S = 10.0
 
 
 class Denied(Exception):
@@ -419,20 +423,24 @@ async def body_refusal(request: Request, limits: Limits) -> JSONResponse | None:
     started, where a body over the limit can no longer be a 413 -- the stream
     ended empty, which an SSE client takes for a clean end (a review). Counted
     here too, not only by BodyLimit (which raises first under `create_app`):
-    `routes()` may be mounted in an app without it."""
-    seen = 0
+    `routes()` may be mounted in an app without it. Bounded: BODY_WAIT_S for
+    the body, then the stream goes ahead (its watcher reads what comes later);
+    call it after the request is authorized, so only a client allowed the
+    stream can make the server wait on its body."""
+    seen, over = 0, False
     try:
-        async with asyncio.timeout(None) as linger:
+        async with asyncio.timeout(BODY_WAIT_S) as linger:
             async for part in request.stream():
                 seen += len(part)
-                if seen > limits.max_body_bytes and linger.when() is None:
+                if seen > limits.max_body_bytes and not over:
+                    over = True
                     linger.reschedule(asyncio.get_running_loop().time() + LINGER_S)  # the rest read, dropped
     except ClientDisconnect:
         # Gone mid-body: the stream goes ahead and its disconnect watcher, told
         # at once, ends it, as for a client gone before its first event.
         pass
     except TimeoutError:
-        pass  # still sending after LINGER_S: answered all the same
+        pass  # still sending after LINGER_S (over) or BODY_WAIT_S: answered all the same
     return too_large(limits.max_body_bytes) if seen > limits.max_body_bytes else None
 
 
