@@ -9,7 +9,6 @@ the settings threadlog needs for correctness (which `check()` refuses).
 
 from __future__ import annotations
 
-import atexit
 import logging
 import re
 import threading
@@ -52,9 +51,10 @@ class _RepeatFilter(logging.Filter):
     them is a repeat, while another broker or another error is a new kind.
 
     If no line of the kind comes after the window (the outage ended, or the
-    client closed), a timer says how many were dropped when the window ends,
-    or the process's exit does if that comes first (the timers are daemons):
-    otherwise the log would show one failure where there were dozens.
+    client closed), a timer says how many were dropped when the window ends:
+    otherwise the log would show one failure where there were dozens. Not at
+    the process's exit (the timers are daemons): a count said then came after
+    the CLI's one coded error line, which must stay the last line it prints.
     """
 
     _TIMING = re.compile(r"\d+ms\b")
@@ -67,7 +67,6 @@ class _RepeatFilter(logging.Filter):
         self._lock = threading.Lock()
         # kind -> [window start, lines dropped, the last line dropped]
         self._kinds: dict[str, list[Any]] = {}
-        atexit.register(self._summarize_all)  # before logging's own shutdown: atexit runs last-in first
 
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, self._SUMMARY, False):
@@ -91,13 +90,6 @@ class _RepeatFilter(logging.Filter):
             record.msg = f"{record.getMessage()} ({entry[1]} more like it in the last {now - entry[0]:.0f}s)"
             record.args = None
         return True
-
-    def _summarize_all(self) -> None:
-        """Say every window's drops now (the process exits: its timers never fire)."""
-        with self._lock:
-            pending = [(kind, entry) for kind, entry in self._kinds.items() if entry[1]]
-        for kind, entry in pending:
-            self._summarize(kind, entry)
 
     def _summarize(self, kind: str, entry: list[Any]) -> None:
         """The window of `entry` ended: say its drops, unless a later line of the kind already did."""
