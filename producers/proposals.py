@@ -167,12 +167,12 @@ class ProposalBus:
         kafka: kafka_config.Props | None = None,
         headers: list[tuple[str, str | bytes | None]] | None = None,
     ) -> None:
-        """`headers`: more headers for every proposal (the incarnation it is written for)."""
+        """`headers`: those of every proposal (None: the verdict source's reply header)."""
         self.topics = topics
         self.layout = layout
         self.codec = codec
         self.verdicts = verdicts
-        self._headers = [*(verdicts.reply_header or ()), *(headers or ())] or None
+        self._headers = verdicts.reply_header if headers is None else headers
         self.end_offsets = end_offsets
         self.clock = clock or (lambda: time.time() * 1000.0)
         self.timeout = timeout

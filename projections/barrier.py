@@ -275,13 +275,12 @@ class ReadBarrier(EndOffsets):
         super().__init__(source, follower.topic, follower.partitions, timeout)
         self.follower = follower
         self.replaced = replaced
-        self._sound_until = 0.0  # the topics were found the same: not asked again before this
 
     def _folded(self) -> dict[int, int] | None:
         """The folded positions, read *before* a round is sent: a position read
         after its answer may have moved past the end it gives on a healthy log
         (a record written and folded meanwhile)."""
-        if self.replaced is None or time.monotonic() < self._sound_until:
+        if self.replaced is None:
             return None
         return {p: self.follower.applied(p) for p in range(self.partitions)}
 
@@ -290,10 +289,10 @@ class ReadBarrier(EndOffsets):
         return folded is not None and any(folded[p] > end for p, end in ends.items())
 
     def _vet(self, reason: str | None) -> None:
+        # None: not replaced (a new leader a moment behind). `replaced` asks the
+        # broker at most once a second (projections/incarnation.py `Watch.confirm`).
         if reason is not None:
             raise unavailable(reason)
-        # Not replaced: a new leader a moment behind. One question per second at most.
-        self._sound_until = time.monotonic() + 1.0
 
     async def _round(self) -> dict[int, int]:
         folded = self._folded()

@@ -59,7 +59,6 @@ class Follower:
         # the question whether the topics were replaced (a reason, or None).
         self.incarnation: bytes | None = None
         self.replaced: Callable[[], str | None] | None = None
-        self._vetted_until = 0.0  # an "unchanged" answer is trusted until then
         # Partitions folded here (all of them, unless a subclass takes part in a group).
         self.owned: set[int] = set(range(partitions))
         self._consumer = Consumer(
@@ -216,23 +215,22 @@ class Follower:
         (INCARNATION_HEADER, threadlog/kernel/topics.py says why). On the first
         such record, `replaced()` asks the broker now (the incarnation watch,
         which halts this follower when the ids changed): True drops the batch
-        unfolded. An answer of "unchanged" (a client of an older incarnation, a
-        forged header) is trusted for a second, so headers cannot make every
-        batch cost a DescribeTopics. Records without the header pass."""
+        unfolded. "Unchanged" (a client of an older incarnation, a forged
+        header) folds it; the watch asks the broker at most once a second, so
+        headers cannot make every batch cost a DescribeTopics. Records without
+        the header pass."""
         mine = self.incarnation
-        if mine is None or self.replaced is None or time.monotonic() < self._vetted_until:
+        if mine is None or self.replaced is None:
             return False
         for msg in msgs:
             headers = msg.headers()
             if headers:
                 for name, value in headers:
                     if name == INCARNATION_HEADER and value != mine:
-                        if self.replaced() is not None:
-                            log.error("%s: records of another incarnation of the topic: not folding them",
-                                      self.topic)
-                            return True
-                        self._vetted_until = time.monotonic() + 1.0
-                        return False
+                        if self.replaced() is None:
+                            return False
+                        log.error("%s: records of another incarnation of the topic: not folding them", self.topic)
+                        return True
         return False
 
     def _sort(self, msgs: list[kafka_config.Consumed]) -> tuple[dict[int, list[kafka_config.Consumed]], dict[int, int]]:

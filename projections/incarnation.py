@@ -89,6 +89,8 @@ def settle(slot: Path, ids: dict[str, str]) -> None:
 # How often a running host asks whether its namespace's topics are still the
 # ones its state was folded from (one DescribeTopics request).
 WATCH_S = 10.0
+# How often the question may be asked on suspicion (`Watch.confirm`), whoever asks.
+ASK_EVERY_S = 1.0
 
 
 class Watch:
@@ -113,6 +115,7 @@ class Watch:
         self._stop = threading.Event()
         self._fired_lock = threading.Lock()
         self._fired: str | None = None  # the reason on_change was called with (once)
+        self._asked_at = -float("inf")  # when `confirm` last asked the broker
         self._thread = threading.Thread(target=self._run, name="incarnation-watch", daemon=True)
 
     def start(self) -> None:
@@ -139,7 +142,18 @@ class Watch:
 
     def confirm(self) -> str | None:
         """Check now (not at the next round); on a change, `on_change` is called
-        (once, whoever saw it first) and the reason returned."""
+        (once, whoever saw it first) and the reason returned.
+
+        At most one check a second, whoever asks; in between, the last answer
+        stands. Why here: read barriers (a folded position past its end: maybe a
+        new leader a moment behind) and followers (a record naming another topic
+        id: maybe a stale or forged header) ask on suspicion, which a healthy
+        cluster or any writer can raise on every round or batch."""
+        now = time.monotonic()
+        with self._fired_lock:
+            if self._fired is not None or now - self._asked_at < ASK_EVERY_S:
+                return self._fired
+            self._asked_at = now
         reason = self.check()
         if reason is None:
             return None

@@ -73,12 +73,17 @@ def claim_slot(base: str | os.PathLike, max_slots: int = 64) -> Slot:
     raise RuntimeError(f"no free state slot under {base} ({max_slots} in use)")
 
 
+def _lock_file(path: str | os.PathLike) -> Path:
+    """The lock file of the slot at `path` (`<base>/slot-N.lock`)."""
+    return Path(path).parent / f"{Path(path).name}.lock"
+
+
 def hold_slot(path: str | os.PathLike) -> Slot | None:
     """The slot at `path` (a `<base>/slot-N` directory) held by this process, or
     None while another process holds it -- the same lock `claim_slot` takes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle = open(path.parent / f"{path.name}.lock", "ab")  # noqa: SIM115 - held for the slot's life
+    handle = open(_lock_file(path), "ab")  # noqa: SIM115 - held for the slot's life
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -92,7 +97,7 @@ def slot_held(path: str | os.PathLike) -> bool:
     Asked without creating anything (`hold_slot` makes the lock file and its
     folder): a caller that refuses before it holds the slot leaves no `<slot>.lock`."""
     try:
-        handle = open(Path(path).parent / f"{Path(path).name}.lock", "rb")  # noqa: SIM115 - closed below
+        handle = open(_lock_file(path), "rb")  # noqa: SIM115 - closed below
     except FileNotFoundError:
         return False  # never claimed: nobody holds it
     with handle:
@@ -106,7 +111,7 @@ def slot_held(path: str | os.PathLike) -> bool:
 def slot_holder(path: str | os.PathLike) -> int | None:
     """The pid holding the slot at `path`, when /proc/locks says (Linux), else None."""
     try:
-        inode = os.stat(Path(path).parent / f"{Path(path).name}.lock").st_ino
+        inode = os.stat(_lock_file(path)).st_ino
         with open("/proc/locks") as locks:
             for line in locks:
                 fields = line.split()

@@ -84,7 +84,7 @@ class ThreadLog:
             clock=self.opts.clock,
             timeout=self.opts.request_timeout,
             kafka=self.opts.kafka,
-            headers=self.runtime.incarnation_header(self.runtime.topics.events),
+            headers=self.runtime.record_headers(self.runtime.topics.events, verdicts.reply_header),
         )
         # The run index it reads (if folded here) is the runtime's, started with it.
         self.session.delivery = DeliveryService(self.session)

@@ -56,6 +56,8 @@ from .schemas import Codec, default_codec
 
 log = logging.getLogger("threadlog.runtime")
 
+Headers = list[tuple[str, str | bytes | None]]
+
 
 class Runtime:
     """`worker=True`: this process is one member of the namespace's group of
@@ -211,10 +213,12 @@ class Runtime:
             follower.incarnation = self.topic_ids[topic].encode()
             follower.replaced = self._replaced
 
-    def incarnation_header(self, topic: str) -> list[tuple[str, str | bytes | None]]:
-        """The header naming the incarnation of `topic` this process writes to (none if unknown)."""
+    def record_headers(self, topic: str, reply_header: Headers | None) -> Headers | None:
+        """The headers of every record this process writes to `topic`: the reply
+        token a worker pushes its answers by (thin clients), and the incarnation
+        of `topic` it opened against (if known)."""
         tid = (self.topic_ids or {}).get(topic)
-        return [] if tid is None else [(INCARNATION_HEADER, tid.encode())]
+        return [*(reply_header or ()), *(() if tid is None else [(INCARNATION_HEADER, tid.encode())])] or None
 
     def _replaced(self) -> str | None:
         """Were the topics replaced under us? Asked by a read barrier that found a

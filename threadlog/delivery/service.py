@@ -46,8 +46,7 @@ class DeliveryService:
         self.writer = DeliveryWriter(bootstrap=session.opts.bootstrap_servers, topic=self.topic,
                                      partitions=self.partitions, codec=rt.codec, client_id=rt.client_id,
                                      timeout=self.timeout, kafka=session.opts.kafka,
-                                     headers=[*(verdicts.reply_header or ()),
-                                              *rt.incarnation_header(self.topic)] or None)
+                                     headers=rt.record_headers(self.topic, verdicts.reply_header))
         self.pool = ConsumerPool(session.opts.bootstrap_servers, rt.client_id, kafka=session.opts.kafka)
         self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="delivery-read")
         self.closing = threading.Event()
