@@ -301,6 +301,11 @@ async def test_ids_holding_a_newline_are_reachable_on_the_rest_routes(tl, client
             assert r.status_code == 200, run_id
             assert [(e.id, e.data) for e in events] == list(zip(offsets[run_id], [chunk(n), FINISHED],
                                                                 strict=True)), run_id
-        # No id's stream URL ends past "/stream": not run "r"'s stream.
-        r = await client.get(f"{base}/runs/r/stream%0A")
-        assert r.status_code == 404 and r.json()["error"]["code"] == "NOT_FOUND"
+        # No id's stream URL ends past "/stream": not run "r"'s stream. Nor is any
+        # other route answered for its path plus a last newline (Starlette's `$`
+        # matched there: `/api/chat%0A` answered as `/api/chat`).
+        for url in ("/runs/r/stream%0A", "/api/chat%0A?threadId=a", "/healthz%0A", "/readyz%0A",
+                    "/metrics%0A"):
+            r = await client.get(f"{base}{url}")
+            assert r.status_code == 404 and r.json()["error"]["code"] == "NOT_FOUND", url
+        assert (await client.get(f"{base}/healthz")).status_code == 200

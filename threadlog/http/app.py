@@ -19,6 +19,7 @@ REST: `GET /runs/{run_id}/stream` (the same event stream) and
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -74,6 +75,22 @@ ID_CONVERTOR = "threadlog_id"
 register_url_convertor(ID_CONVERTOR, _IdConvertor())
 
 
+def whole_path(routes: list[Route]) -> list[Route]:
+    """`routes`, each matching the whole path and nothing more.
+
+    Why: Starlette closes a route's pattern with `$`, which also matches just
+    before a last newline, so `/api/chat%0A` answered as `/api/chat`,
+    `/healthz%0A` as `/healthz` and `/runs/x/stream%0A` as run "x"'s stream (a
+    review). `\\Z` matches only at the very end. Done here, once, for every
+    route this package serves, rather than by a check in each endpoint.
+    """
+    for route in routes:
+        pattern = route.path_regex.pattern
+        if pattern.endswith("$"):
+            route.path_regex = re.compile(pattern[:-1] + r"\Z")
+    return routes
+
+
 def _bad_request(message: str) -> JSONResponse:
     return JSONResponse({"error": {"code": INVALID_ARGUMENT, "message": message}}, status_code=400,
                         headers=NO_STORE)
@@ -116,7 +133,10 @@ def routes(get_tl: Callable[[], ThreadLog], path: str = "/api/chat", *,
 
     `authorize(request, thread_id=..., run_id=...)` is asked before every read
     (threadlog/http/guard.py); `limits` bound ids and (with `streams`, shared
-    by every route set of one server) open SSE streams."""
+    by every route set of one server) open SSE streams.
+
+    Add them to the application's own route list: under a Starlette `Mount`,
+    whose pattern is `.*`, an id holding a newline never reaches them (404)."""
     limits = limits or Limits()
     streams = streams or StreamSlots(limits.max_streams)
 
@@ -155,10 +175,6 @@ def routes(get_tl: Callable[[], ThreadLog], path: str = "/api/chat", *,
         problem = path_problem(request)
         if problem:
             return _bad_request(problem)
-        if not request.scope["path"].endswith("/stream"):
-            # `/runs/x/stream%0A`: the route's closing `$` matches before a last
-            # newline, so it matched with run "x". No id's URL ends so: not ours.
-            raise HTTPException(404)
         return await _stream(get_tl(), request.path_params["run_id"], request, q)
 
     async def thread(request: Request) -> Response:
@@ -210,14 +226,14 @@ def routes(get_tl: Callable[[], ThreadLog], path: str = "/api/chat", *,
         return EventStreamResponse(stream_run(tl.delivery(run_id), after, cursor, lambda: _running(tl, run_id)),
                                    attached(tl), streams, cursor=cursor, limits=limits)
 
-    return [
+    return whole_path([
         Route(path, durability, methods=["GET"]),
         # Not `str`: an id may hold "/" (SPEC 1: any non-empty UTF-8 string),
         # sent as %2F, which the server decodes before routing; nor `path`, which
         # stops at a newline (_IdConvertor).
         Route(f"/runs/{{run_id:{ID_CONVERTOR}}}/stream", run_stream, methods=["GET"]),
         Route(f"/threads/{{thread_id:{ID_CONVERTOR}}}", thread, methods=["GET"]),
-    ]
+    ])
 
 
 async def _running(tl: ThreadLog, run_id: str) -> bool:
@@ -299,7 +315,7 @@ def create_app(
     def get_tl() -> ThreadLog:
         return holder["tl"]
 
-    ops = ops_routes(lambda: holder.get("metrics"), lambda: holder.get("ready"))
+    ops = whole_path(ops_routes(lambda: holder.get("metrics"), lambda: holder.get("ready")))
     streams = StreamSlots(limits.max_streams)
     app = Starlette(routes=[*ops, *routes(get_tl, path, authorize=authorize, limits=limits, streams=streams)],
                     lifespan=lifespan,
