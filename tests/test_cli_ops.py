@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -59,6 +60,10 @@ def test_unreachable_bootstrap_is_one_line_naming_the_cause_and_v_shows_the_trac
     verbose = cli("-v", *args)
     assert verbose.returncode == 2 and "Traceback" in verbose.stderr
     assert verbose.stderr.splitlines()[-1].startswith("threadlog: UNAVAILABLE: ")
+    # With -v librdkafka's lines show, each repeated reconnect failure once per
+    # window: how many were dropped is said before the one coded line, not never
+    # (the window outlived the process) nor after it (said at exit).
+    assert re.search(r"Connection refused .*\(\d+ more like it in the last \d+s\)", verbose.stderr), verbose.stderr
 
 
 def test_kafka_config_file_and_env_refusals_name_the_property_and_hide_secrets(bootstrap, tmp_path):

@@ -1208,7 +1208,7 @@ def main(argv: list[str] | None = None) -> int:
         # starts, its error line says why instead (see _started()).
         logging.getLogger("threadlog.rdkafka").setLevel(logging.CRITICAL + 1)
     from threadlog.kernel.errors import INTERNAL, ThreadLogError
-    from threadlog.kernel.kafka_config import scrub
+    from threadlog.kernel.kafka_config import say_dropped, scrub
 
     try:
         return int(args.fn(args) or 0)
@@ -1223,6 +1223,11 @@ def main(argv: list[str] | None = None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except Exception as exc:
+        # The coded line below is the last line printed: librdkafka's dropped
+        # repeats are said now, not at exit after it, and nothing of theirs
+        # comes later.
+        say_dropped()
+        logging.getLogger("threadlog.rdkafka").setLevel(logging.CRITICAL + 1)
         if args.verbose and args.log_format != "json":
             traceback.print_exc()
         if isinstance(exc, ThreadLogError):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import threading
 import time
 
@@ -87,3 +89,22 @@ def test_repeats_that_stop_are_still_counted_when_the_window_ends():
         log.removeHandler(lines)
         log.removeFilter(repeats)
 
+
+
+def test_repeats_still_counted_when_the_process_exits_within_the_window():
+    # Tried (a review): a process exiting before the window ended never said
+    # how many lines it dropped (its timer is a daemon).
+    script = (
+        "import logging, sys\n"
+        "from threadlog.kernel import kafka_config\n"
+        "log = logging.getLogger('threadlog.rdkafka.exit-test')\n"
+        "log.addHandler(logging.StreamHandler(sys.stdout))\n"
+        "log.propagate = False\n"
+        "log.addFilter(kafka_config._repeats)\n"
+        "for ms in (1, 2, 3):\n"
+        "    log.error('FAIL [c] failed: Connection refused (after %sms in state CONNECT)', ms)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and len(lines) == 2, out
+    assert lines[1].startswith("FAIL [c] failed: Connection refused (after 3ms in state CONNECT) (2 more"), out

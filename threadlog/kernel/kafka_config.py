@@ -9,6 +9,7 @@ the settings threadlog needs for correctness (which `check()` refuses).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import re
 import threading
@@ -52,9 +53,11 @@ class _RepeatFilter(logging.Filter):
 
     If no line of the kind comes after the window (the outage ended, or the
     client closed), a timer says how many were dropped when the window ends:
-    otherwise the log would show one failure where there were dozens. Not at
-    the process's exit (the timers are daemons): a count said then came after
-    the CLI's one coded error line, which must stay the last line it prints.
+    otherwise the log would show one failure where there were dozens. The
+    timers are daemons, so a process exiting within a window says its counts at
+    exit (`say_dropped`); the CLI says them before its one coded error line,
+    which must stay the last line it prints (a CI run caught a count said after
+    it).
     """
 
     _TIMING = re.compile(r"\d+ms\b")
@@ -91,6 +94,13 @@ class _RepeatFilter(logging.Filter):
             record.args = None
         return True
 
+    def say_all(self) -> None:
+        """Say every open window's drops now (its timer may never fire: the process exits)."""
+        with self._lock:
+            pending = [(kind, entry) for kind, entry in self._kinds.items() if entry[1]]
+        for kind, entry in pending:
+            self._summarize(kind, entry)
+
     def _summarize(self, kind: str, entry: list[Any]) -> None:
         """The window of `entry` ended: say its drops, unless a later line of the kind already did."""
         with self._lock:
@@ -105,7 +115,19 @@ class _RepeatFilter(logging.Filter):
 
 
 _rdkafka_log.addFilter(_SharedPropertyFilter())
-_rdkafka_log.addFilter(_RepeatFilter())
+_repeats = _RepeatFilter()
+_rdkafka_log.addFilter(_repeats)
+
+
+def say_dropped() -> None:
+    """Say how many repeated librdkafka lines each open window dropped, now.
+
+    At exit (registered below, so before logging's own shutdown: atexit runs
+    last-in first), and by the CLI before its final error line."""
+    _repeats.say_all()
+
+
+atexit.register(say_dropped)
 # The throwaway clients of `validate()` must not add connection noise to the logs.
 _validate_log = logging.getLogger("threadlog.rdkafka.validate")
 _validate_log.propagate = False
