@@ -240,6 +240,7 @@ class Readiness:
         # an empty list too, when the group gives this member nothing).
         self.joined = False
         self._last_owned: set[int] = set()  # as the judge's last assignment callback gave it (its thread only)
+        self._changes = 0  # ownership changes seen on the loop: a target read across one is dropped
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task] = set()
         self.rt.ownership_listeners.append(self._owned_changed)
@@ -267,6 +268,7 @@ class Readiness:
         worker restoring it (its judged position not moving yet) answered 503
         "stalled" at once; and its target stayed the end offset read at its
         first assignment, not at this one."""
+        self._changes += 1
         for p in partitions:
             self._held.pop(p, None)
             self.targets.pop(p, None)
@@ -285,10 +287,16 @@ class Readiness:
         missing = owned - self.targets.keys()
         if not missing:
             return
+        changes = self._changes
         try:
             ends = await asyncio.wait_for(self.rt.barrier.end_offsets(), self.timeout)
         except Exception as exc:
             log.warning("readiness: end offsets unavailable: %s", exc)
+            return
+        if self._changes != changes:
+            # Ownership changed while this round waited: its ends may have been read
+            # before a partition was given again, an earlier target than this
+            # assignment's (ready too soon). The change spawned a round of its own.
             return
         for p in missing:
             if p in judge.owned and p not in self.targets:

@@ -28,9 +28,13 @@ class Judge:
 class Barrier:
     def __init__(self) -> None:
         self.ends = {0: 10}
+        self.hold: asyncio.Event | None = None  # set: rounds read now, then wait for it
 
     async def end_offsets(self) -> dict[int, int]:
-        return dict(self.ends)
+        ends, hold = dict(self.ends), self.hold
+        if hold is not None:
+            await asyncio.wait_for(hold.wait(), 5)
+        return ends
 
 
 class Runtime:
@@ -86,3 +90,36 @@ async def test_a_partition_revoked_and_given_back_between_checks_starts_its_stal
     ready, detail = await readiness.check()
     assert "stalled" not in detail, detail  # the clock starts again with this ownership
     assert readiness.targets == {0: 12}  # and the target is this assignment's end
+
+
+async def test_a_target_read_before_a_partition_was_given_again_is_not_kept():
+    # Tried (a review's suspicion, reproduced here): a targets round that read
+    # the end offsets, then waited, while its partition was revoked and given
+    # again, stored the old end as the new assignment's target -- before the
+    # new assignment's round answered -- and the worker answered ready before
+    # it had judged what was there when the partition was given.
+    rt = Runtime()
+    readiness = Readiness(rt)
+    first, later = asyncio.Event(), asyncio.Event()
+    rt.barrier.hold = first
+    readiness.start()
+    rt.owned_now()
+    for _ in range(3):
+        await asyncio.sleep(0)  # the first rounds have read {0: 10} and wait
+    rt.barrier.hold = later
+    rt.judge.owned = set()
+    rt.owned_now()
+    rt.barrier.ends = {0: 12}
+    rt.judge.owned = {0}
+    rt.owned_now()
+    for _ in range(3):
+        await asyncio.sleep(0)  # this assignment's rounds have read {0: 12} and wait
+    first.set()  # the rounds from before the revoke answer first
+    for _ in range(5):
+        await asyncio.sleep(0)
+    later.set()
+    await settle(readiness)
+    assert readiness.targets == {0: 12}
+    rt.judge.positions = {0: 10}
+    ready, detail = await readiness.check()
+    assert ready is False and detail["reason"] == "partitions not caught up", detail
