@@ -1007,7 +1007,7 @@ def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: di
         if decision.reply and decision.result is not None:
             verdict["result"] = decision.result
         if decision.records:
-            verdict["effects"] = [{"topic": r.topic, "key": r.key} for r in decision.records if r.payload is None]
+            verdict["effects"] = [r.effect() for r in decision.records]
         if decision.follow_ups:
             verdict["follow"] = [{"key": f.key, "type": f.type, "payload": f.payload} for f in decision.follow_ups]
     # Time moves on with every judged proposal, accepted or refused.

@@ -44,6 +44,7 @@ from threadlog.kernel.errors import OUTCOME_UNKNOWN, ThreadLogError, invalid_arg
 from threadlog.kernel.partitioning import partition_for
 from threadlog.kernel.topics import MAX_MESSAGE_BYTES, TopicLayout, Topics
 
+from .blob_chunks import chunk_key
 from .pump import ProducerPump, delivery_failure, produce_refused, settle_threadsafe, within
 
 log = logging.getLogger("threadlog.proposals")
@@ -294,9 +295,16 @@ class ProposalBus:
 
     async def _emit(self, effects: list[dict], timeout: float) -> None:
         """Write the idempotent records a verdict derived (tombstones), awaiting their acks."""
-        # Other topics: a newer judge's effect kind, not ours to write.
-        await self.tombstone_blob_chunks([(eff["key"], None) for eff in effects if eff["topic"] == "blobs"],
-                                         timeout)
+        # "blob-chunks": chunks 0..count-1 of a blob version; "blobs": one chunk
+        # key (judges before the range); any other: a newer judge's effect
+        # kind, not ours to write.
+        keys: list[tuple[str, int | None]] = []
+        for eff in effects:
+            if eff["topic"] == "blob-chunks":
+                keys.extend((chunk_key(eff["key"], eff["version"], i), None) for i in range(eff["count"]))
+            elif eff["topic"] == "blobs":
+                keys.append((eff["key"], None))
+        await self.tombstone_blob_chunks(keys, timeout)
 
     async def tombstone_blob_chunks(self, keys: list[tuple[str, int | None]], timeout: float | None = None) -> None:
         """Tombstones for these chunk keys on `<ns>.blobs` -- each on the partition

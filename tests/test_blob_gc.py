@@ -181,14 +181,14 @@ async def test_a_replaced_version_whose_tombstones_were_partly_written_is_reclai
     key = "big/blob"
     old = await within(tl.blobs.put(key, os.urandom(40 * 1024)))
     bus = tl.session.bus
-    real_emit = bus._emit
+    real_write = bus.tombstone_blob_chunks
 
-    async def died_midway(effects, timeout):
-        await real_emit(effects[:20], timeout)
+    async def died_midway(keys, timeout=None):
+        await real_write(keys[:20], timeout)
 
-    monkeypatch.setattr(bus, "_emit", died_midway)
+    monkeypatch.setattr(bus, "tombstone_blob_chunks", died_midway)
     await within(tl.blobs.put(key, b"replacement"))
-    monkeypatch.setattr(bus, "_emit", real_emit)
+    monkeypatch.setattr(bus, "tombstone_blob_chunks", real_write)
     log = chunk_log(bootstrap, tl)
     old_keys = versions_in(log)[old["etag"]]
     assert len(old_keys) == 40 and sum(is_tombstoned(log, k) for k in old_keys) == 20

@@ -32,22 +32,27 @@ class FollowUp:
 
 
 @dataclass
-class OutRecord:
-    """A record for another topic of the namespace, derived from an accepted proposal.
+class ChunkTombstones:
+    """Tombstones for chunks 0..count-1 of one blob version on `<ns>.blobs`,
+    derived from an accepted proposal.
 
     No transaction spans topics any more: the proposer writes these after the
-    verdict. Each is idempotent (a tombstone), so writing one twice is harmless
-    and a lost one only delays reclamation.
+    verdict. Each is idempotent, so writing one twice is harmless and a lost
+    one only delays reclamation (a GC sweep finds the chunk).
 
-    `topic` is a role: "deliveries" (claim markers, keyed by run id) or "blobs"
-    (keyed by blob/chunk key). The partition is the key's murmur2 partition of
-    that topic. `payload=None` writes a tombstone (compaction reclaims the key).
+    Why a range and not a record per chunk: the verdict names them and is
+    stored with the partition's state. One forged `AbandonBlobVersion` of
+    ~100 bytes naming 2**20 chunks was judged into a 71 MB verdict in 1.8 s
+    of judge CPU, every time it was sent (a review).
     """
 
-    topic: str
-    key: str
-    type: str | None = None
-    payload: dict | None = None
+    blob_key: str
+    version: str
+    count: int
+
+    def effect(self) -> dict:
+        """As a verdict names it (`producers/proposals.py` expands it)."""
+        return {"topic": "blob-chunks", "key": self.blob_key, "version": self.version, "count": self.count}
 
 
 @dataclass
@@ -55,7 +60,7 @@ class Decision:
     events: list[tuple[str, dict]] = field(default_factory=list)
     result: Any = None
     follow_ups: list[FollowUp] = field(default_factory=list)
-    records: list[OutRecord] = field(default_factory=list)
+    records: list[ChunkTombstones] = field(default_factory=list)
     # False when a follow-up step will reply to the client instead.
     reply: bool = True
 

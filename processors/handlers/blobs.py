@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import math
 
-from threadlog.producers.blob_chunks import MAX_CHUNK, chunk_key, is_version
+from threadlog.producers.blob_chunks import MAX_CHUNK, is_version
 from threadlog.projections.folds import blob_gc as gc
 from threadlog.projections.folds import blobs as state
 
 from threadlog.kernel.errors import invalid_argument
 from threadlog.kernel.validation import is_valid_id
 
-from . import Context, Decision, OutRecord, handles
+from . import ChunkTombstones, Context, Decision, handles
 
 # A sanity bound on chunk counts named by a command (2**20 chunks of 512 KiB = 512 GiB).
 MAX_CHUNKS = 1 << 20
@@ -44,12 +44,11 @@ def _version(cmd: dict) -> str:
     return v
 
 
-def tombstones(blob_key: str, layout: dict | None) -> list[OutRecord]:
+def tombstones(blob_key: str, layout: dict | None) -> list[ChunkTombstones]:
     """Tombstones for every chunk of the version `layout` describes."""
-    if layout is None:
+    if layout is None or not layout["chunks"]:
         return []
-    version = layout["version"]
-    return [OutRecord("blobs", chunk_key(blob_key, version, i), None, None) for i in range(len(layout["chunks"]))]
+    return [ChunkTombstones(blob_key, layout["version"], len(layout["chunks"]))]
 
 
 @handles("threadlog.cmd.PutBlob", thread_keyed=False)
@@ -123,7 +122,7 @@ def abandon_blob_version(ctx: Context, cmd: dict) -> Decision:
     current = state.current_layout(ctx.view, key)
     if current is not None and current["version"] == version:
         return Decision(result=False)  # it is the committed version: keep it
-    records = [OutRecord("blobs", chunk_key(key, version, i), None, None) for i in range(count)]
+    records = [ChunkTombstones(key, version, count)] if count else []
     # Remembered, so a PutBlob of this version judged later (a put slower than
     # a GC sweep's grace window) is refused instead of naming reclaimed chunks.
     events = [] if gc.is_abandoned(ctx.view, key, version) else [
