@@ -594,8 +594,13 @@ class QueryClient:
         if code == NOT_OWNER:
             self.failovers += 1
             raise _Retry(address)
-        if code == BEHIND and deadline - time.monotonic() > 0.05:
-            raise _Behind(address)  # the owner is catching up: ask it again
+        if code == BEHIND:
+            if deadline - time.monotonic() > 0.05:
+                raise _Behind(address)  # the owner is catching up: ask it again
+            # Internal, like NOT_OWNER: a caller gets a SPEC code. BEHIND reached
+            # callers whose timeout ended just after the worker's own (a review).
+            raise unavailable(f"{op}: worker {address} had not judged as far as this read needs by the "
+                              f"request deadline: {msg.get('message') or 'behind'}")
         retryable = msg.get("retryable")  # absent from an older worker's answer: the code's default
         raise ThreadLogError(code, msg.get("message") or "refused by the worker",
                              retryable=retryable if isinstance(retryable, bool) else None)

@@ -217,3 +217,27 @@ async def test_no_owner_announced_within_the_request_timeout_is_unavailable(clie
     qc.members = LateWorker("127.0.0.1:9", None)
     outcome, took = await timed(qc.announced_owner(0))
     assert outcome == "UNAVAILABLE" and took >= 0.5
+
+
+async def test_an_owner_still_behind_at_the_deadline_is_unavailable_not_its_wire_code(client_of):
+    # Tried (a review): a worker answers BEHIND when it cannot reach a read's
+    # position within ITS request timeout; a client whose own timeout ended just
+    # after the worker's raised ThreadLogError("BEHIND") -- a code of the wire
+    # between client and workers, not of SPEC 3.
+    import orjson
+
+    async def behind(reader, writer):
+        while line := await reader.readline():
+            req = orjson.loads(line)
+            await asyncio.sleep(0.97)  # the worker's own timeout: the client's 1 s has < 50 ms left
+            writer.write(orjson.dumps({"id": req["id"], "ok": False, "code": "BEHIND", "message": "catching up",
+                                       "retryable": True}) + b"\n")
+            await writer.drain()
+
+    worker = await asyncio.start_server(behind, "127.0.0.1", 0)
+    qc = client_of(f"127.0.0.1:{worker.sockets[0].getsockname()[1]}", 1.0)
+    try:
+        outcome, took = await timed(qc.acall("get", {"key": ""}, [0]))
+        assert outcome == "UNAVAILABLE" and took < 2.0, (outcome, took)
+    finally:
+        worker.close()
