@@ -465,8 +465,14 @@ class QueryServer:
         """How far the judge is on `parts`, read after a read of them: at least the
         state that read saw (positions only move forward). The client raises its
         floor to it, so a later read -- after ownership moved to a worker still
-        catching up -- never answers older state than this one did."""
-        return {str(p): self.judge.applied(p) for p in parts}
+        catching up -- never answers older state than this one did.
+
+        The store's own position counts: it is written in one batch with the
+        state it covers, while the judge publishes its position only after
+        finishing the batch. Read between the two, the judge's alone was below
+        the state the read had just returned (a review)."""
+        topic = self.judge.topic
+        return {str(p): max(self.judge.applied(p), self.stores.offset(topic, p)) for p in parts}
 
     def _bounded(self, asked: Any) -> float:
         try:

@@ -24,11 +24,15 @@ class Stores:
         self.gets += 1
         return VALUE
 
+    def offset(self, topic, p):
+        return 10
+
 
 class Judge:
     owned = {0}
     push = None
     partitions = 1
+    topic = "ns.events"
 
     def applied(self, p):
         return 10
@@ -124,3 +128,29 @@ async def test_a_proposals_questions_past_the_bound_go_in_several_requests(monke
     questions = [(n % 2, "cp", f"id{n}", 7) for n in range(7)]
     answers = await lookups.Lookups(Query())._many(questions)
     assert answers == [[f"t-id{n}"] for n in range(7)] and [len(a) for a in sent] == [3, 3, 1]
+
+
+async def test_a_read_is_answered_with_at_least_the_position_of_the_state_it_read():
+    # Tried (a review): the judge stores a batch's state and position in one write,
+    # then publishes its position only after finishing the batch. A read answered
+    # between the two returned the new state with the old position as its `at`, so
+    # the client's floor did not cover what it had seen, and a later read at a new
+    # owner at that floor could answer older state.
+    class Stored(Stores):
+        def offset(self, topic, p):
+            assert topic == "ns.events"
+            return 12  # the batch just stored: judged up to 12
+
+    class Publishing(Judge):
+        def applied(self, p):
+            return 10  # not yet published
+    server = QueryServer(Stored(), Publishing(), barrier=None, timeout=1.0)
+    host, port = (await server.start("127.0.0.1", 0)).split(":")
+    reader, writer = await asyncio.open_connection(host, int(port), limit=1 << 20)
+    try:
+        writer.write(orjson.dumps({"id": 1, "op": "get", "args": {"key": "AA==", "partitions": [0]}}) + b"\n")
+        answer = orjson.loads(await asyncio.wait_for(reader.readline(), 5))
+        assert answer["ok"] and answer["result"]["at"] == {"0": 12}, answer
+    finally:
+        writer.close()
+        await server.close()
