@@ -707,7 +707,7 @@ class QueryClient:
             self._floor_from(results)
         holders = [parts for parts, result in results.items() if result["value"] is not None]
         if len(holders) > 1:
-            return await self._lowest(k, holders)
+            return await self.read_lowest(k, holders)
         return base64.b64decode(results[holders[0]]["value"]) if holders else None
 
     async def read_sliced(self, k: bytes, partitions: list[int] | None) -> bytes | None:
@@ -764,7 +764,7 @@ class QueryClient:
                 return bytes(data)
         raise unavailable(f"a value of {len(k)}-byte key kept changing while it was read in slices")
 
-    async def _lowest(self, k: bytes, holders: list[tuple[int, ...]]) -> bytes | None:
+    async def read_lowest(self, k: bytes, holders: list[tuple[int, ...]]) -> bytes | None:
         """`k`'s value in the lowest partition holding it, when owners of several do.
 
         A key lives in one partition's state, except an id that two partitions
@@ -814,7 +814,7 @@ class QueryClient:
                     holders[i].append(parts)
         for i, held in enumerate(holders):
             if len(held) > 1:  # twins of one id: the lowest partition's copy, as `read`
-                values[i] = await self._lowest(ks[i], held)
+                values[i] = await self.read_lowest(ks[i], held)
         return values
 
     async def query(self, name: str, args: dict, partitions: list[int] | None, barrier: bool) -> list[Any]:
@@ -919,10 +919,10 @@ class RemoteStore:
             if exc.code != ANSWER_TOO_LARGE:
                 raise
             return self._client.run_sync(self._client.read_sliced(k, None), self._sliced_timeout)
-        for result in results.values():
-            if result["value"] is not None:
-                return base64.b64decode(result["value"])
-        return None
+        holders = [parts for parts, result in results.items() if result["value"] is not None]
+        if len(holders) > 1:  # twins of one id: the lowest partition's, as every reader takes (`read_lowest`)
+            return self._client.run_sync(self._client.read_lowest(k, holders), self._client.timeout + 5)
+        return None if not holders else base64.b64decode(results[holders[0]]["value"])
 
     def get_json(self, k: bytes) -> Any:
         raw = self.get(k)

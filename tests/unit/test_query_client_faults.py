@@ -241,3 +241,50 @@ async def test_an_owner_still_behind_at_the_deadline_is_unavailable_not_its_wire
         assert outcome == "UNAVAILABLE" and took < 2.0, (outcome, took)
     finally:
         worker.close()
+
+
+async def test_a_blocking_get_of_an_id_held_by_two_owners_reads_the_lowest_partition(client_of):
+    # Tried (a review): `RemoteStore.get` (the facades' blocking reads) took the
+    # first answer in the order the owners answered when two partitions held one id
+    # (two concurrent first writes, README) -- after a retry (here: partition 0's
+    # owner answers NOT_OWNER once), partition 1's copy, not the lowest partition's,
+    # which every other reader (an embedded client, `QueryClient.read`) takes.
+    import base64
+
+    import orjson
+
+    def owner_of(value: bytes, refusals: int = 0):
+        async def answer(reader, writer):
+            nonlocal refusals
+            while line := await reader.readline():
+                req = orjson.loads(line)
+                if refusals:
+                    refusals -= 1
+                    out = {"id": req["id"], "ok": False, "code": "NOT_OWNER", "message": "moved"}
+                else:
+                    out = {"id": req["id"], "ok": True, "result": {"value": base64.b64encode(value).decode(),
+                                                                    "at": {}}}
+                writer.write(orjson.dumps(out) + b"\n")
+                await writer.drain()
+        return answer
+
+    low = await asyncio.start_server(owner_of(b"partition 0's copy", refusals=1), "127.0.0.1", 0)
+    high = await asyncio.start_server(owner_of(b"partition 1's copy"), "127.0.0.1", 0)
+    low_at = f"127.0.0.1:{low.sockets[0].getsockname()[1]}"
+    high_at = f"127.0.0.1:{high.sockets[0].getsockname()[1]}"
+
+    class TwoOwners(OneWorker):
+        def live(self):  # partition 1's owner announced first
+            now = time.time() * 1000.0
+            return [Member("high", high_at, 0.0, now, (1,)), Member("low", low_at, 0.0, now, (0,))]
+
+    qc = client_of(high_at, 3.0)
+    qc.members = TwoOwners(high_at)
+    qc.partitions = 2
+    try:
+        store = remote.RemoteStore(qc)
+        assert await asyncio.to_thread(store.get, b"k") == b"partition 0's copy"
+        assert await qc.read(b"k", None, barrier=False) == b"partition 0's copy"
+    finally:
+        low.close()
+        high.close()
