@@ -1309,8 +1309,18 @@ async def off_loop(store: object, read: Callable[..., _T], *args: Any) -> _T:
     thread for a round trip: it runs on a pool thread, so the caller's loop
     serves its other calls meanwhile. Local RocksDB reads run in place."""
     if isinstance(store, RemoteStore):
-        pool = store._client.readers
-        return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(read, *args))
+        client = store._client
+        job = client.readers.submit(functools.partial(read, *args))
+        done = asyncio.wrap_future(job)
+        # A read that has started is bounded by its own requests' timeouts; one still
+        # queued for a thread (READ_THREADS reads of slow workers ahead of it) was
+        # not: a caller waited some multiple of its request timeout (a review). Not
+        # started within the timeout, it is dropped from the queue: never run.
+        finished, _ = await asyncio.wait({done}, timeout=client.timeout)
+        if not finished and job.cancel():
+            raise unavailable(f"no read thread of this client was free within the request timeout "
+                              f"({client.timeout:g}s): {READ_THREADS} slower reads ahead")
+        return await done
     return read(*args)
 
 

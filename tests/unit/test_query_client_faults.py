@@ -288,3 +288,23 @@ async def test_a_blocking_get_of_an_id_held_by_two_owners_reads_the_lowest_parti
     finally:
         low.close()
         high.close()
+
+
+async def test_a_blocking_read_queued_behind_busy_read_threads_fails_at_its_deadline(client_of):
+    # Tried (a review): a thin client's blocking reads (`off_loop`) share
+    # READ_THREADS threads; a read queued behind that many slow ones waited for a
+    # thread outside any timeout. It now fails UNAVAILABLE at its request timeout
+    # and never runs.
+    qc = client_of("127.0.0.1:9", 0.5)
+    release = threading.Event()
+    busy = [qc.readers.submit(release.wait, 10) for _ in range(remote.READ_THREADS)]
+    ran = []
+    try:
+        outcome, took = await timed(remote.off_loop(remote.RemoteStore(qc), lambda: ran.append(1)))
+        assert outcome == "UNAVAILABLE" and took < 1.5, (outcome, took)
+    finally:
+        release.set()
+        for job in busy:
+            job.result(5)
+    assert (await timed(remote.off_loop(remote.RemoteStore(qc), lambda: ran.append(2)))) [0] == "answered"
+    assert ran == [2]  # the one that timed out never ran
