@@ -41,7 +41,8 @@ def rebuild(
     request_timeout: float = 30.0,
 ) -> dict:
     """Drop the state at `store_path` (a directory of per-partition stores) and
-    judge every proposal again. Returns stats.
+    judge every proposal again. Returns stats (`store`: the slot rebuilt, its
+    real path).
 
     Never creates topics: an unknown namespace is NAMESPACE_NOT_FOUND, raised
     before the store is touched; so are a path that is not a store
@@ -52,6 +53,10 @@ def rebuild(
     """
     if not (timeout > 0 and math.isfinite(timeout)):
         raise invalid_argument(f"the stall timeout must be a positive number of seconds, got {timeout!r}")
+    # The slot itself, not a name for it: its lock is `<slot>.lock` beside the real
+    # directory. Taken as given, a symlink to a slot was never dropped (and a live
+    # holder went unseen), and "." planted `./.lock` inside the store (a review).
+    store_path = Path(store_path).resolve()
     problem = int_digits_problem()  # before anything is dropped (threadlog/kernel/validation.py)
     if problem is not None:
         raise invalid_argument(problem)
@@ -95,7 +100,7 @@ def _in_use(store_path: str | Path) -> NoReturn:
 # taken, projections/store.py; a marker being written), and a slot of the older
 # one-store layout (RocksDB's own files).
 _STORE_ENTRY = re.compile(rf"events-\d+|deliveries|{re.escape(incarnation.MARKER)}(\.tmp)?"
-                          r"|\.(events-\d+|deliveries)\.snapshot-.*"
+                          r"|\.(events-\d+|deliveries)\.(snapshot|dropped)-.*"
                           r"|CURRENT|IDENTITY|LOCK|LOG(\.old\..*)?|MANIFEST-\d+|OPTIONS-\d+|\d+\.(sst|log|blob)")
 
 
@@ -173,7 +178,8 @@ def _rebuild(bootstrap: str, store_path: str | Path, progress: Callable[[str], N
                 follower.wait_sync(targets, timeout=1.0)
             except Exception:
                 pass
-        return {"offsets": total, "seconds": time.monotonic() - started, "skipped": follower.stats["poison"]}
+        return {"offsets": total, "seconds": time.monotonic() - started, "skipped": follower.stats["poison"],
+                "store": str(store_path)}
     finally:
         if ends is not None:
             ends.close()

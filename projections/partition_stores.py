@@ -24,6 +24,7 @@ not care how state is split.
 from __future__ import annotations
 
 import fcntl
+import glob
 import heapq
 import json
 import os
@@ -33,7 +34,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from .store import Store
+from .store import DROPPED, Store, discard, sweep
 
 
 class Slot:
@@ -67,7 +68,8 @@ def claim_slot(base: str | os.PathLike, max_slots: int = 64) -> Slot:
         if (path / "CURRENT").exists():
             # A slot from before state was split by partition (one RocksDB for
             # everything): derived state, rebuilt from the log.
-            shutil.rmtree(path, ignore_errors=True)
+            discard(path)
+        _sweep_slot(path)
         path.mkdir(parents=True, exist_ok=True)
         return Slot(path, handle)
     raise RuntimeError(f"no free state slot under {base} ({max_slots} in use)")
@@ -89,7 +91,16 @@ def hold_slot(path: str | os.PathLike) -> Slot | None:
     except BlockingIOError:
         handle.close()
         return None
+    _sweep_slot(path)
     return Slot(path, handle)
+
+
+def _sweep_slot(path: Path) -> None:
+    """What a crash left of the slot at `path`, now held: the slot itself being
+    discarded (beside it) and its stores or snapshot checkpoints (inside)."""
+    for entry in path.parent.glob(f".{glob.escape(path.name)}{DROPPED}*"):
+        shutil.rmtree(entry, ignore_errors=True)
+    sweep(path)
 
 
 def slot_held(path: str | os.PathLike) -> bool:
@@ -170,7 +181,7 @@ class PartitionStores:
         if old is not None:
             old.destroy()
         else:
-            shutil.rmtree(self.dir_of(partition), ignore_errors=True)
+            discard(self.dir_of(partition))
         return self.open(partition)
 
     def has_local(self, partition: int) -> bool:
@@ -225,4 +236,4 @@ class PartitionStores:
 
     def destroy(self) -> None:
         self.close()
-        shutil.rmtree(self.path, ignore_errors=True)
+        discard(self.path)  # whole or gone, whenever a crash comes (`discard`)

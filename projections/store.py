@@ -81,6 +81,42 @@ def _options() -> Options:
     return opt
 
 
+DROPPED = ".dropped-"  # `.<name>.dropped-<id>`: a directory being deleted (`discard`)
+SNAPSHOT = ".snapshot-"  # `.<name>.snapshot-<id>`: a checkpoint a snapshot reads (`Store.snapshot_items`)
+
+
+def discard(path: Path) -> None:
+    """Delete the directory `path` so that a crash at any moment leaves it whole or gone.
+
+    Why: deleted in place, a crash midway left part of it -- a store whose
+    RocksDB files were half gone (unopenable), or a slot whose incarnation
+    marker was gone while old partitions' state stayed, which the next open took
+    as it was (a review: SIGKILL during `rebuild`'s delete, then an open served
+    the previous namespace's state). Renamed first (atomic on one filesystem) to
+    a hidden name beside it, then deleted; `sweep` deletes what a crash left.
+    """
+    path = Path(path)
+    if not path.exists():
+        return
+    gone = path.parent / f".{path.name}{DROPPED}{uuid.uuid4().hex}"
+    os.rename(path, gone)
+    shutil.rmtree(gone, ignore_errors=True)
+
+
+def sweep(directory: Path) -> None:
+    """Delete what a crash left in `directory`: directories `discard` had renamed,
+    and RocksDB checkpoints of snapshots being taken (hard links: disk that
+    doubled once the live store compacted, kept for good). Call it holding the
+    slot `directory` is (or is the parent of)."""
+    try:
+        entries = list(Path(directory).iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name.startswith(".") and (DROPPED in entry.name or SNAPSHOT in entry.name):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
 class Store:
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -124,7 +160,7 @@ class Store:
         deleted when the generator finishes or is closed: use
         `contextlib.closing` when not reading to the end.
         """
-        path = self.path.parent / f".{self.path.name}.snapshot-{uuid.uuid4().hex}"
+        path = self.path.parent / f".{self.path.name}{SNAPSHOT}{uuid.uuid4().hex}"
         try:
             Checkpoint(self._db).create_checkpoint(str(path))
             db = Rdict(str(path), Options(raw_mode=True), access_type=AccessType.read_only())
@@ -179,4 +215,4 @@ class Store:
     def destroy(self) -> None:
         """Close and delete everything (a rebuild starts from an empty store)."""
         self.close()
-        shutil.rmtree(self.path, ignore_errors=True)
+        discard(self.path)

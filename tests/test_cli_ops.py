@@ -18,12 +18,13 @@ import threadlog
 from threadlog.kernel.topics import Topics, ensure_topics
 
 
-def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60,
+        cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
     # The caller's own THREADLOG_KAFKA_CONFIG must not leak into these runs.
     inherited = {k: v for k, v in os.environ.items() if k != "THREADLOG_KAFKA_CONFIG"}
     full_env = {**inherited, **(env or {})}
     return subprocess.run([sys.executable, "-m", "threadlog", *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env)
+                          timeout=timeout, env=full_env, cwd=cwd)
 
 
 def one_error_line(proc: subprocess.CompletedProcess, code: str) -> str:
@@ -281,6 +282,42 @@ async def test_rebuild_of_a_store_a_live_process_holds_says_so_in_one_line(boots
     proc = cli("rebuild", "--bootstrap", bootstrap, "--namespace", namespace, "--state-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1].startswith(f"rebuilt {store}: ")
+
+
+async def test_rebuild_through_a_symlink_or_dot_rebuilds_the_slot_itself(bootstrap, namespace, tmp_path):
+    """Tried (a review): `--store` a symlink to a slot, and `--store .` run inside
+    one. The slot's lock was looked for beside the name given, so a live holder
+    went unseen (INTERNAL from RocksDB's own lock; INVALID_ARGUMENT for ".", which
+    planted `./.lock` in the store and refused every later rebuild of it), and a
+    symlink was never dropped: the "rebuild" resumed from the stored state."""
+    from threadlog.projections.store import Store
+
+    rebuild = ["rebuild", "--bootstrap", bootstrap, "--namespace", namespace, "--store"]
+    async with threadlog.open(bootstrap, namespace=namespace, partitions=1, state_dir=str(tmp_path)) as tl:
+        await within(tl.messages.save_thread("t", [{"role": "user", "content": "kept"}]))
+        slot = tl.runtime.slot.path
+        link = tmp_path / "link"
+        link.symlink_to(slot, target_is_directory=True)
+        for store, cwd in ((str(link), None), (".", slot)):
+            line = one_error_line(cli(*rebuild, store, cwd=cwd), "STORE_IN_USE")
+            assert f"pid {os.getpid()}" in line, line
+        assert not (slot / ".lock").exists()
+    planted = Store(slot / "events-0")  # a key no proposal wrote: a rebuild drops it
+    planted.apply({b"planted": b"x"}, {})
+    planted.close()
+    for store, cwd in ((str(link), None), (".", slot)):
+        proc = cli(*rebuild, store, cwd=cwd)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.splitlines()[-1].startswith(f"rebuilt {slot}: "), proc.stdout
+        assert link.is_symlink() and not (slot / ".lock").exists()
+        rebuilt = Store(slot / "events-0")
+        try:
+            assert rebuilt.get(b"planted") is None
+        finally:
+            rebuilt.close()
+    async with threadlog.open(bootstrap, namespace=namespace, partitions=1, state_dir=str(tmp_path)) as tl:
+        assert tl.runtime.slot.path == slot
+        assert await within(tl.messages.load_thread("t")) == [{"role": "user", "content": "kept"}]
 
 
 async def test_rebuild_refuses_a_path_that_is_not_a_store_or_a_log_cut_short(bootstrap, namespace, tmp_path):

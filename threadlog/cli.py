@@ -655,7 +655,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     path = Path(args.store) if args.store else opts.namespace_state / "slot-0"
     stats = rebuild(args.bootstrap, args.namespace, path, kafka=opts.kafka, request_timeout=opts.request_timeout,
                     timeout=args.stall_timeout)
-    print(f"rebuilt {path}: {stats['offsets']} offsets in {stats['seconds']:.2f}s, "
+    print(f"rebuilt {stats['store']}: {stats['offsets']} offsets in {stats['seconds']:.2f}s, "
           f"{stats['skipped']} undecodable events skipped")
     return 0
 
