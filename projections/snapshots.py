@@ -234,19 +234,27 @@ def _watermarks(consumer: Consumer, topic: str, partition: int, deadline: float)
         time.sleep(0.05)  # a retry backoff, not synchronization
 
 
-def _read(consumer: Consumer, topic: str, partition: int, start: int, stop: int, deadline: float,
+def _read(consumer: Consumer, topic: str, partition: int, start: int, stop: int, stall: float,
           keep: Callable[[str], bool], seg: _Segment | None = None) -> _Segment:
-    """Records [start, stop) of the partition (a compacted log may have gaps)."""
+    """Records [start, stop) of the partition (a compacted log may have gaps),
+    failing UNAVAILABLE when `stall` seconds pass with no record read.
+
+    A stall, not a deadline: a restore reads one snapshot, as long as its state
+    is large. Bounded by the request timeout as a whole, a restore of a large
+    partition always failed and its new owner folded the whole history instead
+    (a review)."""
     seg = seg if seg is not None else _Segment()
     if start >= stop:
         return seg
     consumer.assign([TopicPartition(topic, partition, start)])
+    quiet_until = time.monotonic() + stall
     try:
         while True:
-            left = deadline - time.monotonic()
+            left = quiet_until - time.monotonic()
             if left <= 0:
-                raise unavailable(f"{topic}[{partition}] not read from {start} to {stop} in time")
-            for msg in kafka_config.drain(consumer, 1000, min(left, 0.5)):
+                raise unavailable(f"{topic}[{partition}]: nothing read for {stall:g}s between {start} and {stop}")
+            msgs = kafka_config.drain(consumer, 1000, min(left, 0.5))
+            for msg in msgs:
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
@@ -258,6 +266,8 @@ def _read(consumer: Consumer, topic: str, partition: int, start: int, stop: int,
                 _take(seg, msg, keep)
                 if off + 1 >= stop:
                     return seg
+            if msgs:  # after taking them: the stall is time spent waiting, not working
+                quiet_until = time.monotonic() + stall
     finally:
         consumer.unassign()
 
@@ -502,7 +512,8 @@ class SnapshotWriter:
         consumer = _consumer(self.bootstrap, self.client_id, self.kafka)
         try:
             low, high = _watermarks(consumer, self.topic, partition, deadline)
-            seg = _read(consumer, self.topic, partition, low, high, deadline, keep=lambda _sid: False)
+            seg = _read(consumer, self.topic, partition, low, high, max(0.1, deadline - time.monotonic()),
+                        keep=lambda _sid: False)
         finally:
             consumer.close()
         if seg.manifests:
@@ -537,23 +548,23 @@ def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id:
     UNAVAILABLE (the caller folds from offset 0 instead).
     """
     t0 = time.monotonic()
-    deadline = t0 + timeout
     if not store.is_empty():
         raise invalid_argument(f"restore needs an empty store; {store.path} has keys")
     consumer = _consumer(bootstrap, client_id, kafka)
     records = nbytes = 0
     try:
-        low, high = _watermarks(consumer, topic, partition, deadline)
+        # `timeout` bounds each request and each stall of reading, not the restore.
+        low, high = _watermarks(consumer, topic, partition, time.monotonic() + timeout)
         if high <= low:
             return None
-        usable = _from_origin(consumer, origin, partition, deadline)
+        usable = _from_origin(consumer, origin, partition, timeout)
         # 1. The latest manifest: the end of the log backwards, keeping what is read.
         latest: dict[str, Any] | None = None
         tails: list[_Segment] = []  # newest first
         stop, window = high, 1
         while stop > low and latest is None:
             start = max(low, stop - window)
-            tail = _read(consumer, topic, partition, start, stop, deadline, keep=lambda _sid: True)
+            tail = _read(consumer, topic, partition, start, stop, timeout, keep=lambda _sid: True)
             tails.append(tail)
             records, nbytes = records + tail.records, nbytes + tail.bytes
             if tail.manifests:
@@ -566,7 +577,7 @@ def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id:
         first = int(latest.get("firstOffset", -1))
         seg = _Segment()
         if int(latest["chunks"]) > 0:
-            seg = _read(consumer, topic, partition, max(low, first if first >= 0 else low), stop, deadline,
+            seg = _read(consumer, topic, partition, max(low, first if first >= 0 else low), stop, timeout,
                         keep=lambda s: s == sid)
             records, nbytes = records + seg.records, nbytes + seg.bytes
         for tail in reversed(tails):  # oldest to newest: later records win
@@ -583,7 +594,7 @@ def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id:
             # the newest complete snapshot anywhere in the partition.
             log.warning("snapshot %s on %s[%s] is incomplete; searching the whole partition", sid, topic,
                         partition)
-            seg = _read(consumer, topic, partition, low, high, deadline, keep=lambda _s: True)
+            seg = _read(consumer, topic, partition, low, high, timeout, keep=lambda _s: True)
             records, nbytes = records + seg.records, nbytes + seg.bytes
             for m in reversed(seg.manifests):
                 payloads = _complete(m, seg) if usable(m) else None
@@ -608,7 +619,7 @@ def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id:
 
 
 def _from_origin(consumer: Consumer, origin: Origin | None, partition: int,
-                 deadline: float) -> Callable[[dict[str, Any]], bool]:
+                 timeout: float) -> Callable[[dict[str, Any]], bool]:
     """Which manifests are of `origin`'s log at `partition` (every one without an origin).
 
     Why: the judge folds the log on from the restored position, so state from
@@ -635,7 +646,7 @@ def _from_origin(consumer: Consumer, origin: Origin | None, partition: int,
                         m.get("snapshotId"), partition, origin.topic, partition, origin.topic_id)
             return False
         if not end:
-            end.append(_watermarks(consumer, origin.topic, partition, deadline)[1])
+            end.append(_watermarks(consumer, origin.topic, partition, time.monotonic() + timeout)[1])
         if position > end[0]:
             log.warning("snapshot %s stands at %s[%d]@%d, past the log's end %d: not restored",
                         m.get("snapshotId"), origin.topic, partition, position, end[0])

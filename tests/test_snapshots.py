@@ -127,6 +127,33 @@ def test_round_trip(bootstrap, topics, writer, tmp_path):
     assert err.value.code == "INVALID_ARGUMENT"
 
 
+def test_a_restore_longer_than_its_timeout_still_restores_while_it_reads(bootstrap, topics, writer, tmp_path,
+                                                                        monkeypatch):
+    # Tried (a review): restore's timeout bounded the whole read, so a partition
+    # whose snapshot took longer to read than the request timeout (30 s by
+    # default: a large state) was never restored -- its new owner folded the whole
+    # history instead. The timeout now bounds a stall of reading. Reading is slowed
+    # here (each record taken 30 ms late: a slow disk or link) rather than made
+    # gigabytes large; the snapshot still takes several fetches.
+    from threadlog.projections import snapshots
+
+    src = Store(tmp_path / "src")
+    fill(src, 80_000, seed=3, events=topics.events, partition=1, position=77)  # ~42 MB: several fetches
+    info = writer.write(1, src)
+    taken = snapshots._take
+
+    def slowly(seg, msg, keep):
+        time.sleep(0.03)
+        taken(seg, msg, keep)
+
+    monkeypatch.setattr(snapshots, "_take", slowly)
+    dst = Store(tmp_path / "dst")
+    got = restore(bootstrap, topics.snapshots, 1, dst, "test-restore", timeout=0.5)
+    assert got is not None and got.snapshot_id == info.snapshot_id and got.keys == info.keys
+    assert got.seconds > 1.0  # twice its timeout and more, still restored
+    assert everything(dst) == everything(src)
+
+
 def test_snapshot_items_are_one_instant(tmp_path):
     store = Store(tmp_path / "s")
     store.apply({b"k%05d" % i: b"v%d" % i for i in range(5000)}, {("ns.events", 0): 5000})
