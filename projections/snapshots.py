@@ -639,7 +639,10 @@ def _from_origin(consumer: Consumer, origin: Origin | None, partition: int,
 
     def usable(m: dict[str, Any]) -> bool:
         position = m.get("position")
-        if (m.get("partition") != partition or m.get("topic") != origin.topic
+        # `type(...) is int`: JSON's true equals 1 in Python, so a manifest naming
+        # partition `true` passed as partition 1's (a review).
+        if (type(m.get("partition")) is not int or m.get("partition") != partition
+                or m.get("topic") != origin.topic
                 or (origin.topic_id is not None and m.get("topicId") != origin.topic_id)
                 or type(position) is not int or position < 1):
             log.warning("snapshot %s on partition %d is not of %s[%d] (topic id %s): not restored",
