@@ -472,7 +472,9 @@ class QueryServer:
         finishing the batch. Read between the two, the judge's alone was below
         the state the read had just returned (a review)."""
         topic = self.judge.topic
-        return {str(p): max(self.judge.applied(p), self.stores.offset(topic, p)) for p in parts}
+        # Through `_read`'s guard: a store closed by a revoke meanwhile is NOT_OWNER.
+        stored = self._read(lambda: {p: self.stores.offset(topic, p) for p in parts}, parts)
+        return {str(p): max(self.judge.applied(p), stored[p]) for p in parts}
 
     def _bounded(self, asked: Any) -> float:
         try:

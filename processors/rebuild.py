@@ -8,6 +8,7 @@ reached (tests/test_judging.py compares them).
 from __future__ import annotations
 
 import math
+import os
 import re
 import time
 from collections.abc import Callable
@@ -53,18 +54,20 @@ def rebuild(
     """
     if not (timeout > 0 and math.isfinite(timeout)):
         raise invalid_argument(f"the stall timeout must be a positive number of seconds, got {timeout!r}")
-    # The slot itself, not a name for it: its lock is `<slot>.lock` beside the real
-    # directory. Taken as given, a symlink to a slot was never dropped (and a live
-    # holder went unseen), and "." planted `./.lock` inside the store (a review).
-    store_path = Path(store_path).resolve()
+    # Held by the name given (its locks: that name's and, for a symlink, the real
+    # directory's -- `_lock_names`), rebuilt at the real directory: taken as
+    # given, a symlink to a slot was never dropped, and "." planted `./.lock`
+    # inside the store (a review).
+    given = Path(os.path.abspath(store_path))
+    store_path = given.resolve()
     problem = int_digits_problem()  # before anything is dropped (threadlog/kernel/validation.py)
     if problem is not None:
         raise invalid_argument(problem)
     # Every refusal before the slot is held: holding it creates `<store>.lock` (and
     # the store's folder), which a refused rebuild left behind. A live holder is
     # asked first without creating anything, so STORE_IN_USE needs no broker.
-    if slot_held(store_path):
-        _in_use(store_path)
+    if slot_held(given):
+        _in_use(given)
     _require_store_layout(Path(store_path))
     load_all()
     load_handlers()
@@ -76,9 +79,9 @@ def rebuild(
     except ThreadLogError as exc:
         raise trap.explain(exc, admin, kafka) from None
     _require_whole_log(bootstrap, topics.events, layout.events, kafka, request_timeout)
-    slot = hold_slot(store_path)
+    slot = hold_slot(given)
     if slot is None:  # taken since it was asked
-        _in_use(store_path)
+        _in_use(given)
     try:
         # Again, held: what is deleted is what was checked.
         _require_store_layout(Path(store_path))
@@ -100,7 +103,7 @@ def _in_use(store_path: str | Path) -> NoReturn:
 # taken, projections/store.py; a marker being written), and a slot of the older
 # one-store layout (RocksDB's own files).
 _STORE_ENTRY = re.compile(rf"events-\d+|deliveries|{re.escape(incarnation.MARKER)}(\.tmp)?"
-                          r"|\.(events-\d+|deliveries)\.(snapshot|dropped)-.*"
+                          r"|\.(events-\d+|deliveries)\.(snapshot|dropped)-.*|\.dropped-.*"
                           r"|CURRENT|IDENTITY|LOCK|LOG(\.old\..*)?|MANIFEST-\d+|OPTIONS-\d+|\d+\.(sst|log|blob)")
 
 

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from .incarnation import MARKER
 from .store import DROPPED, Store, discard, sweep
 
 
@@ -45,13 +46,43 @@ class Slot:
     clients of one namespace never share one.
     """
 
-    def __init__(self, path: Path, lock: IO[bytes]) -> None:
+    def __init__(self, path: Path, locks: list[IO[bytes]]) -> None:
         self.path = path
-        self._lock = lock
+        self._locks = locks
 
     def release(self) -> None:
-        if not self._lock.closed:
-            self._lock.close()  # closing the descriptor drops the flock
+        for lock in self._locks:
+            if not lock.closed:
+                lock.close()  # closing the descriptor drops the flock
+
+
+def _lock_names(path: str | os.PathLike) -> list[Path]:
+    """Every lock file of the slot at `path`: `<name>.lock` beside the name it is
+    held by, and beside its real directory when that name is a symlink.
+
+    Why both: a slot may be a symlink (to a bigger disk) and be named either
+    way. Locked only under the name a process claimed, a `rebuild --store`
+    naming the real directory saw no holder and dropped the slot under it;
+    locked only under the real path, one naming the link did (reviews)."""
+    named = Path(os.path.abspath(path))
+    real = named.resolve()
+    return [_lock_file(named)] if real == named else [_lock_file(named), _lock_file(real)]
+
+
+def _take(path: Path) -> list[IO[bytes]] | None:
+    """The slot's locks (`_lock_names`) taken, or None (none kept) while another process holds one."""
+    taken: list[IO[bytes]] = []
+    for name in _lock_names(path):
+        handle = open(name, "ab")  # noqa: SIM115 - held for the slot's life
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            for other in taken:
+                other.close()
+            return None
+        taken.append(handle)
+    return taken
 
 
 def claim_slot(base: str | os.PathLike, max_slots: int = 64) -> Slot:
@@ -59,11 +90,8 @@ def claim_slot(base: str | os.PathLike, max_slots: int = 64) -> Slot:
     base.mkdir(parents=True, exist_ok=True)
     for n in range(max_slots):
         path = base / f"slot-{n}"
-        handle = open(base / f"slot-{n}.lock", "ab")  # noqa: SIM115 - held for the slot's life
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
+        handles = _take(path)
+        if handles is None:
             continue
         if (path / "CURRENT").exists():
             # A slot from before state was split by partition (one RocksDB for
@@ -71,7 +99,7 @@ def claim_slot(base: str | os.PathLike, max_slots: int = 64) -> Slot:
             discard(path)
         _sweep_slot(path)
         path.mkdir(parents=True, exist_ok=True)
-        return Slot(path, handle)
+        return Slot(path, handles)
     raise RuntimeError(f"no free state slot under {base} ({max_slots} in use)")
 
 
@@ -82,17 +110,14 @@ def _lock_file(path: str | os.PathLike) -> Path:
 
 def hold_slot(path: str | os.PathLike) -> Slot | None:
     """The slot at `path` (a `<base>/slot-N` directory) held by this process, or
-    None while another process holds it -- the same lock `claim_slot` takes."""
+    None while another process holds it -- the same locks `claim_slot` takes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle = open(_lock_file(path), "ab")  # noqa: SIM115 - held for the slot's life
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
+    handles = _take(path)
+    if handles is None:
         return None
     _sweep_slot(path)
-    return Slot(path, handle)
+    return Slot(path, handles)
 
 
 def _sweep_slot(path: Path) -> None:
@@ -107,29 +132,31 @@ def slot_held(path: str | os.PathLike) -> bool:
     """Is the slot at `path` held now (the lock `claim_slot` and `hold_slot` take)?
     Asked without creating anything (`hold_slot` makes the lock file and its
     folder): a caller that refuses before it holds the slot leaves no `<slot>.lock`."""
-    try:
-        handle = open(_lock_file(path), "rb")  # noqa: SIM115 - closed below
-    except FileNotFoundError:
-        return False  # never claimed: nobody holds it
-    with handle:
+    for name in _lock_names(path):
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # dropped as it closes
-        except BlockingIOError:
-            return True
+            handle = open(name, "rb")  # noqa: SIM115 - closed below
+        except FileNotFoundError:
+            continue  # never claimed under this name: nobody holds it so
+        with handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # dropped as it closes
+            except BlockingIOError:
+                return True
     return False
 
 
 def slot_holder(path: str | os.PathLike) -> int | None:
     """The pid holding the slot at `path`, when /proc/locks says (Linux), else None."""
-    try:
-        inode = os.stat(_lock_file(path)).st_ino
-        with open("/proc/locks") as locks:
-            for line in locks:
-                fields = line.split()
-                if len(fields) > 5 and fields[1] == "FLOCK" and fields[5].endswith(f":{inode}"):
-                    return int(fields[4])
-    except (OSError, ValueError):
-        pass
+    for name in _lock_names(path):
+        try:
+            inode = os.stat(name).st_ino
+            with open("/proc/locks") as locks:
+                for line in locks:
+                    fields = line.split()
+                    if len(fields) > 5 and fields[1] == "FLOCK" and fields[5].endswith(f":{inode}"):
+                        return int(fields[4])
+        except (OSError, ValueError):
+            pass
     return None
 
 
@@ -236,4 +263,4 @@ class PartitionStores:
 
     def destroy(self) -> None:
         self.close()
-        discard(self.path)  # whole or gone, whenever a crash comes (`discard`)
+        discard(self.path, last=MARKER)  # whole or gone, whenever a crash comes (`discard`)

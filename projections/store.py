@@ -85,7 +85,7 @@ DROPPED = ".dropped-"  # `.<name>.dropped-<id>`: a directory being deleted (`dis
 SNAPSHOT = ".snapshot-"  # `.<name>.snapshot-<id>`: a checkpoint a snapshot reads (`Store.snapshot_items`)
 
 
-def discard(path: Path) -> None:
+def discard(path: Path, last: str | None = None) -> None:
     """Delete the directory `path` so that a crash at any moment leaves it whole or gone.
 
     Why: deleted in place, a crash midway left part of it -- a store whose
@@ -94,13 +94,31 @@ def discard(path: Path) -> None:
     as it was (a review: SIGKILL during `rebuild`'s delete, then an open served
     the previous namespace's state). Renamed first (atomic on one filesystem) to
     a hidden name beside it, then deleted; `sweep` deletes what a crash left.
+    A directory that cannot be renamed (a mount point, a symlink) is emptied in
+    place instead, `last` (an entry's name) moved out last.
     """
     path = Path(path)
     if not path.exists():
         return
     gone = path.parent / f".{path.name}{DROPPED}{uuid.uuid4().hex}"
-    os.rename(path, gone)
-    shutil.rmtree(gone, ignore_errors=True)
+    if not path.is_symlink():
+        try:
+            os.rename(path, gone)
+        except OSError:
+            pass  # a mount point (EBUSY), a parent not ours to write (EACCES): emptied in place
+        else:
+            shutil.rmtree(gone, ignore_errors=True)
+            return
+    # In place (a symlink's target stays where the operator put it): every entry
+    # moved into a hidden folder inside, `last` moved last -- a slot's marker,
+    # so that a crash midway leaves a marker with fewer stores, never stores
+    # without their marker -- then the folder deleted.
+    inside = path / f"{DROPPED}{uuid.uuid4().hex}"
+    inside.mkdir()
+    entries = sorted((e for e in path.iterdir() if e != inside), key=lambda e: e.name == last)
+    for entry in entries:
+        os.rename(entry, inside / entry.name)
+    shutil.rmtree(inside, ignore_errors=True)
 
 
 def sweep(directory: Path) -> None:

@@ -320,6 +320,32 @@ async def test_rebuild_through_a_symlink_or_dot_rebuilds_the_slot_itself(bootstr
         assert await within(tl.messages.load_thread("t")) == [{"role": "user", "content": "kept"}]
 
 
+async def test_rebuild_sees_a_live_holder_of_a_slot_whose_name_is_a_symlink(bootstrap, namespace, tmp_path):
+    """Tried (a review of the resolve above): a slot that is itself a symlink (to
+    a bigger disk) is held by a live process under its name (`slot-0.lock`);
+    resolved only, the rebuild asked the target's lock, saw no holder, and dropped
+    the slot under the running process."""
+    disk = tmp_path / "disk" / "ns-slot"
+    disk.mkdir(parents=True)
+    base = tmp_path / "state" / namespace
+    base.mkdir(parents=True)
+    (base / "slot-0").symlink_to(disk, target_is_directory=True)
+    async with threadlog.open(bootstrap, namespace=namespace, partitions=1,
+                              state_dir=str(tmp_path / "state")) as tl:
+        assert tl.runtime.slot.path == base / "slot-0"
+        await within(tl.messages.save_thread("t", [{"role": "user", "content": "kept"}]))
+        before = sorted(p.name for p in disk.iterdir())
+        for store in ([], ["--store", str(disk)], ["--store", str(base / "slot-0")]):
+            proc = cli("rebuild", "--bootstrap", bootstrap, "--namespace", namespace, "--state-dir",
+                       str(tmp_path / "state"), *store)
+            assert f"pid {os.getpid()}" in one_error_line(proc, "STORE_IN_USE"), store
+        assert sorted(p.name for p in disk.iterdir()) == before
+        assert await within(tl.messages.load_thread("t")) == [{"role": "user", "content": "kept"}]
+    proc = cli("rebuild", "--bootstrap", bootstrap, "--namespace", namespace, "--state-dir", str(tmp_path / "state"))
+    assert proc.returncode == 0, proc.stderr
+    assert (base / "slot-0").is_symlink() and proc.stdout.splitlines()[-1].startswith(f"rebuilt {disk}: ")
+
+
 async def test_rebuild_refuses_a_path_that_is_not_a_store_or_a_log_cut_short(bootstrap, namespace, tmp_path):
     """A rebuild deletes its store first. Tried: --store naming a folder of other
     files, the namespace's folder (holding a live slot and its lock), and a log

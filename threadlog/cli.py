@@ -1226,8 +1226,8 @@ def main(argv: list[str] | None = None) -> int:
         # The coded line below is the last line printed: librdkafka's dropped
         # repeats are said now, not at exit after it, and nothing of theirs
         # comes later.
+        logging.getLogger("threadlog.rdkafka").setLevel(logging.CRITICAL + 1)  # first: no new window opens
         say_dropped()
-        logging.getLogger("threadlog.rdkafka").setLevel(logging.CRITICAL + 1)
         if args.verbose and args.log_format != "json":
             traceback.print_exc()
         if isinstance(exc, ThreadLogError):

@@ -1316,7 +1316,11 @@ async def off_loop(store: object, read: Callable[..., _T], *args: Any) -> _T:
         # queued for a thread (READ_THREADS reads of slow workers ahead of it) was
         # not: a caller waited some multiple of its request timeout (a review). Not
         # started within the timeout, it is dropped from the queue: never run.
-        finished, _ = await asyncio.wait({done}, timeout=client.timeout)
+        try:
+            finished, _ = await asyncio.wait({done}, timeout=client.timeout)
+        except asyncio.CancelledError:
+            done.cancel()  # a caller gone: its read, if still queued, never runs
+            raise
         if not finished and job.cancel():
             raise unavailable(f"no read thread of this client was free within the request timeout "
                               f"({client.timeout:g}s): {READ_THREADS} slower reads ahead")

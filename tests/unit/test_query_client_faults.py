@@ -308,3 +308,23 @@ async def test_a_blocking_read_queued_behind_busy_read_threads_fails_at_its_dead
             job.result(5)
     assert (await timed(remote.off_loop(remote.RemoteStore(qc), lambda: ran.append(2)))) [0] == "answered"
     assert ran == [2]  # the one that timed out never ran
+
+
+async def test_a_cancelled_caller_of_a_queued_blocking_read_drops_it(client_of):
+    # Tried (a review of the deadline above): awaited through asyncio.wait, a read
+    # whose caller was cancelled while it waited for a thread stayed queued and ran
+    # later, for nobody, taking a thread from the callers after it.
+    qc = client_of("127.0.0.1:9", 5.0)
+    release = threading.Event()
+    busy = [qc.readers.submit(release.wait, 10) for _ in range(remote.READ_THREADS)]
+    ran = []
+    caller = asyncio.ensure_future(remote.off_loop(remote.RemoteStore(qc), lambda: ran.append("cancelled")))
+    await asyncio.sleep(0.2)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    release.set()
+    for job in busy:
+        job.result(5)
+    assert (await timed(remote.off_loop(remote.RemoteStore(qc), lambda: ran.append("next"))))[0] == "answered"
+    assert ran == ["next"]

@@ -154,3 +154,29 @@ async def test_a_read_is_answered_with_at_least_the_position_of_the_state_it_rea
     finally:
         writer.close()
         await server.close()
+
+
+async def test_a_read_whose_partition_moves_before_its_position_is_read_is_not_owner():
+    # Tried (a review): the position read after a read's state went to the store,
+    # which a revoke closes; the error came back as a generic refusal, not
+    # NOT_OWNER (which the client answers by asking the new owner).
+    class Revoked(Judge):
+        owned = {0}
+
+    judge = Revoked()
+
+    class Closing(Stores):
+        def offset(self, topic, p):
+            judge.owned = set()  # revoked: the store closes under the read
+            raise RuntimeError("DB is closed")
+
+    server = QueryServer(Closing(), judge, barrier=None, timeout=1.0)
+    host, port = (await server.start("127.0.0.1", 0)).split(":")
+    reader, writer = await asyncio.open_connection(host, int(port), limit=1 << 20)
+    try:
+        writer.write(orjson.dumps({"id": 1, "op": "get", "args": {"key": "AA==", "partitions": [0]}}) + b"\n")
+        answer = orjson.loads(await asyncio.wait_for(reader.readline(), 5))
+        assert not answer["ok"] and answer["code"] == "NOT_OWNER", answer
+    finally:
+        writer.close()
+        await server.close()

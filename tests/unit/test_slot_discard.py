@@ -81,3 +81,49 @@ def test_a_snapshot_checkpoint_left_by_a_killed_process_is_swept_when_the_slot_i
         store.close()
     finally:
         claimed.release()
+
+
+def test_a_symlinked_slot_is_emptied_in_place_marker_last_and_its_link_kept(tmp_path):
+    # Tried (a review): renamed away, a slot that is a symlink (to a bigger disk)
+    # lost its link and kept its contents; one that is a mount point could not be
+    # renamed at all (EBUSY) and `rebuild` failed INTERNAL. Such a slot is
+    # emptied in place: each entry moved into a hidden folder inside it, the
+    # incarnation marker last -- killed midway, the marker is still there with
+    # fewer stores, never stores without their marker -- then deleted.
+    target = make_slot(tmp_path / "disk")
+    extra = Store(target / "events-1")
+    extra.apply({b"more": b"state"}, {("ns.events", 1): 2})
+    extra.close()
+    base = tmp_path / "state"
+    base.mkdir()
+    link = base / "slot-0"
+    link.symlink_to(target, target_is_directory=True)
+    die_in(f"""
+        import os
+        rename, calls = os.rename, []
+        def killed_at_the_second(*args, **kwargs):
+            calls.append(args)
+            if len(calls) == 2:
+                os._exit(137)
+            return rename(*args, **kwargs)
+        os.rename = killed_at_the_second
+        from threadlog.projections.partition_stores import PartitionStores
+        PartitionStores({str(link)!r}, "ns.events").destroy()
+    """)
+    assert link.is_symlink()
+    left = sorted(p.name for p in target.iterdir() if not p.name.startswith("."))
+    assert len(left) == 2 and "topics.json" in left, left  # one store moved out, the marker still there
+    (kept,) = [name for name in left if name != "topics.json"]
+    store = Store(target / kept)
+    assert store.get(b"more" if kept == "events-1" else b"state") is not None  # what is left is whole
+    store.close()
+    held = hold_slot(link)
+    assert held is not None
+    try:
+        assert not [p.name for p in target.iterdir() if p.name.startswith(".")]  # the hidden folder swept
+    finally:
+        held.release()
+    from threadlog.projections.partition_stores import PartitionStores
+
+    PartitionStores(link, "ns.events").destroy()
+    assert link.is_symlink() and list(target.iterdir()) == []
