@@ -21,6 +21,7 @@ from threadlog.projections import incarnation
 from threadlog.projections.barrier import LatestOffsets, ReadBarrier
 from threadlog.projections.fold import load_all
 from threadlog.projections.partition_stores import PartitionStores, hold_slot, slot_held, slot_holder
+from threadlog.projections.store import leftover
 from threadlog.schemas import default_codec
 
 from threadlog.kernel import kafka_config
@@ -68,7 +69,7 @@ def rebuild(
     # asked first without creating anything, so STORE_IN_USE needs no broker.
     if slot_held(given):
         _in_use(given)
-    _require_store_layout(Path(store_path))
+    _require_store_layout(store_path)
     load_all()
     load_handlers()
     topics = Topics(namespace)
@@ -84,7 +85,7 @@ def rebuild(
         _in_use(given)
     try:
         # Again, held: what is deleted is what was checked.
-        _require_store_layout(Path(store_path))
+        _require_store_layout(store_path)
         return _rebuild(bootstrap, store_path, progress, timeout, kafka, request_timeout, topics, admin,
                         layout.events)
     finally:
@@ -99,11 +100,10 @@ def _in_use(store_path: str | Path) -> NoReturn:
 
 
 # What a store directory holds (projections/partition_stores.py, threadlog/runtime.py,
-# projections/incarnation.py), what a crash can leave there (a snapshot being
-# taken, projections/store.py; a marker being written), and a slot of the older
-# one-store layout (RocksDB's own files).
+# projections/incarnation.py), a marker a crash left half written, and a slot of
+# the older one-store layout (RocksDB's own files). What else a crash leaves
+# there is `store.leftover`.
 _STORE_ENTRY = re.compile(rf"events-\d+|deliveries|{re.escape(incarnation.MARKER)}(\.tmp)?"
-                          r"|\.(events-\d+|deliveries)\.(snapshot|dropped)-.*|\.dropped-.*"
                           r"|CURRENT|IDENTITY|LOCK|LOG(\.old\..*)?|MANIFEST-\d+|OPTIONS-\d+|\d+\.(sst|log|blob)")
 
 
@@ -115,7 +115,7 @@ def _require_store_layout(path: Path) -> None:
         return
     if not path.is_dir():
         raise invalid_argument(f"store {path} is not a directory")
-    strangers = sorted(e.name for e in path.iterdir() if not _STORE_ENTRY.fullmatch(e.name))
+    strangers = sorted(e.name for e in path.iterdir() if not (_STORE_ENTRY.fullmatch(e.name) or leftover(e.name)))
     if strangers:
         shown = ", ".join(strangers[:5]) + (", ..." if len(strangers) > 5 else "")
         raise invalid_argument(f"{path} is not a threadlog store (it holds {shown}); a rebuild deletes its store "

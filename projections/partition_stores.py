@@ -24,18 +24,16 @@ not care how state is split.
 from __future__ import annotations
 
 import fcntl
-import glob
 import heapq
 import json
 import os
-import shutil
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from .incarnation import MARKER
-from .store import DROPPED, Store, discard, sweep
+from .store import Store, discard, sweep
 
 
 class Slot:
@@ -123,8 +121,7 @@ def hold_slot(path: str | os.PathLike) -> Slot | None:
 def _sweep_slot(path: Path) -> None:
     """What a crash left of the slot at `path`, now held: the slot itself being
     discarded (beside it) and its stores or snapshot checkpoints (inside)."""
-    for entry in path.parent.glob(f".{glob.escape(path.name)}{DROPPED}*"):
-        shutil.rmtree(entry, ignore_errors=True)
+    sweep(path.parent, of=f"{path.name}.")
     sweep(path)
 
 

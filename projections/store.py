@@ -100,8 +100,8 @@ def discard(path: Path, last: str | None = None) -> None:
     path = Path(path)
     if not path.exists():
         return
-    gone = path.parent / f".{path.name}{DROPPED}{uuid.uuid4().hex}"
     if not path.is_symlink():
+        gone = path.parent / f".{path.name}{DROPPED}{uuid.uuid4().hex}"
         try:
             os.rename(path, gone)
         except OSError:
@@ -121,17 +121,24 @@ def discard(path: Path, last: str | None = None) -> None:
     shutil.rmtree(inside, ignore_errors=True)
 
 
-def sweep(directory: Path) -> None:
-    """Delete what a crash left in `directory`: directories `discard` had renamed,
-    and RocksDB checkpoints of snapshots being taken (hard links: disk that
-    doubled once the live store compacted, kept for good). Call it holding the
-    slot `directory` is (or is the parent of)."""
+def leftover(name: str, of: str = "") -> bool:
+    """Is `name` what a crash leaves (of the entry named `of`, or of any): a
+    directory `discard` had renamed, or the RocksDB checkpoint of a snapshot
+    being taken?"""
+    return name.startswith(f".{of}") and (DROPPED in name or SNAPSHOT in name)
+
+
+def sweep(directory: Path, of: str = "") -> None:
+    """Delete what a crash left in `directory` (`leftover`; with `of`, only that
+    entry's): kept, they were disk for good -- snapshot checkpoints are hard
+    links, doubling a store's disk once it compacted. Call it holding the slot
+    `directory` is (or, with `of`, the slot named `of` in it)."""
     try:
         entries = list(Path(directory).iterdir())
     except OSError:
         return
     for entry in entries:
-        if entry.name.startswith(".") and (DROPPED in entry.name or SNAPSHOT in entry.name):
+        if leftover(entry.name, of):
             shutil.rmtree(entry, ignore_errors=True)
 
 
