@@ -913,10 +913,16 @@ class RemoteStore:
         self._sliced_timeout = client.timeout * SLICE_ATTEMPTS + 5
 
     def get(self, k: bytes) -> bytes | None:
-        # `QueryClient.read`, no barrier (the facades passed theirs): a value too
-        # large for one answer is read in slices, and an id two partitions hold
-        # is read at the lowest, as every reader does.
-        return self._client.run_sync(self._client.read(k, None, False), self._sliced_timeout)
+        try:
+            results = self._client.call_sync("get", {"key": _b64(k)}, self._client.all_partitions())
+        except ThreadLogError as exc:
+            if exc.code != ANSWER_TOO_LARGE:
+                raise
+            return self._client.run_sync(self._client.read_sliced(k, None), self._sliced_timeout)
+        holders = [parts for parts, result in results.items() if result["value"] is not None]
+        if len(holders) > 1:  # twins of one id: the lowest partition's, as every reader takes (`read_lowest`)
+            return self._client.run_sync(self._client.read_lowest(k, holders), self._client.timeout + 5)
+        return None if not holders else base64.b64decode(results[holders[0]]["value"])
 
     def get_json(self, k: bytes) -> Any:
         raw = self.get(k)
