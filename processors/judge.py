@@ -33,7 +33,6 @@ import struct
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,8 +44,7 @@ from threadlog.projections.global_ids import holders_as_of as index_holders
 from threadlog.projections.keys import key
 from threadlog.projections.partition_stores import PartitionStores
 from threadlog.projections.reader import StateReader
-from threadlog.projections.snapshots import RestoreInfo, summary
-from threadlog.projections.store import Store
+from threadlog.projections.snapshots import summary
 from threadlog.projections.view import View
 from threadlog.schemas import Codec, CodecError
 from threadlog.schemas.codec import MARKER
@@ -66,6 +64,7 @@ from threadlog.kernel.validation import dumps, int_digits_problem
 
 from .ahead import Ahead
 from .handlers import GLOBAL_READS, HANDLERS, INTRODUCED, SCHEMA_INTRODUCED, Context, Decision, reads_other_partitions
+from .restores import Restorer, Restores
 from .verdict_push import VerdictPush
 
 if TYPE_CHECKING:
@@ -239,12 +238,14 @@ class Judge(Follower):
 
     def __init__(self, bootstrap: str, topic: str, partitions: int, stores: PartitionStores, codec: Codec,
                  client_id: str, *, kafka: Props | None = None, group: str | None = None,
-                 lookups: Lookups | None = None, restore: Callable[[int, Store], RestoreInfo | None] | None = None,
+                 lookups: Lookups | None = None, restore: Restorer | None = None,
                  on_ownership: Callable[[list[int]], None] | None = None) -> None:
         self.stores = stores
         self.group = group
         self.lookups = lookups
         self.restore = restore
+        # Partitions taken over without local state, restored off this thread (processors/restores.py).
+        self._restoring = Restores(stores, restore) if restore is not None and group is not None else None
         self.on_ownership = on_ownership
         if group is None:
             for p in range(partitions):
@@ -303,20 +304,47 @@ class Judge(Follower):
                                  on_lost=self._revoked)
 
     def _assigned(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
-        """Called on the judge's thread (inside poll): take the partitions over."""
-        # Partitions taken over are restored side by side (the wait for one
-        # snapshot's records overlaps another's decoding).
-        if len(tps) > 1:
-            with ThreadPoolExecutor(max_workers=min(4, len(tps)), thread_name_prefix="restore") as pool:
-                list(pool.map(self._take, [tp.partition for tp in tps]))
-        else:
-            for tp in tps:
-                self._take(tp.partition)
+        """Called on the judge's thread (inside poll): take the partitions over.
+
+        Only what can be judged at once is assigned here; a partition that needs a
+        snapshot first is restored off this thread and assigned when it is
+        (`_restored`): a restore inside poll outlasting max.poll.interval.ms made
+        the worker leave its group, and stopped all judging meanwhile."""
+        ready = []
+        for tp in tps:
+            if self._restoring is not None and tp.partition in self._restoring:
+                self._restoring.start(tp.partition)  # given back mid-restore: its store is still being filled
+            elif self._resumable(tp.partition):
+                ready.append(tp)
+            else:
+                assert self._restoring is not None
+                self._restoring.start(tp.partition)
+        self._own(consumer, ready)  # even none: the assignment callback must assign
+
+    def _restored(self, consumer: Consumer) -> None:
+        """On the judge's thread: own the partitions whose restore ended."""
+        assert self._restoring is not None
+        try:
+            done = self._restoring.finished()
+        except Exception:  # pragma: no cover - a store that cannot be served: the next round tries again
+            log.exception("a restored partition could not be served")
+            return
+        for p, info in done:
+            if info is not None:
+                self.stats["restored"] += 1
+                self.restores[p] = summary(info)
+        if done:
+            self._own(consumer, [TopicPartition(self.topic, p) for p, _ in done])
+
+    def _own(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+        """Assign `tps`, each from its store's position, and judge them from now on."""
         for tp in tps:
             pos = self.stores.offset(self.topic, tp.partition)
             tp.offset = pos if pos > 0 else OFFSET_BEGINNING
             self.ahead.reset(tp.partition, pos)
         consumer.incremental_assign(tps)
+        if not tps:
+            return
         # librdkafka keeps an application pause across unassign and assign: a
         # partition paused by flow control when it was last owned here would
         # otherwise never be fetched again (and never be in `_pending`, where
@@ -330,36 +358,32 @@ class Judge(Follower):
         log.info("%s now owns %s of %s", self.group, sorted(self.owned), self.topic)
         self._ownership_changed()
 
-    def _take(self, p: int) -> None:
-        # A store that does not open must not raise out of here: an exception out of
-        # the assignment callback leaves the partition assigned by the group but
-        # owned by no one -- judged by nobody until the next rebalance.
-        if self.stores.has_local(p) or self.restore is None:
-            try:
-                store = self.stores.open(p)
-            except Exception:  # a corrupt directory, a lock still held: start it again
-                log.exception("partition %d: local state unusable; starting it again from a snapshot or offset 0",
-                              p)
-                store = self.stores.replace(p)  # fresh, without a position: restored below when it can be
-            if self.restore is None or store.offset(self.topic, p) > 0:
-                return  # resumes where an earlier ownership stopped
-            # Empty, or keys without a position (a restore that did not
-            # finish): never fold onto that; restore again.
+    def _resumable(self, p: int) -> bool:
+        """Open `p`'s store; False when a restore must fill it first (`Restores`)."""
+        if not self.stores.has_local(p) and self._restoring is not None:
+            return False
         try:
-            info = self.restore(p, self.stores.replace(p))
-        except Exception as exc:
-            # Folding from offset 0 is slower, never wrong (and never onto a partial restore).
-            # Any failure, not only ours: a snapshot that does not decode, an I/O error.
-            log.warning("no snapshot restore of partition %d (%s): folding it from offset 0", p, exc,
-                        exc_info=not isinstance(exc, ThreadLogError))
+            store = self.stores.open(p)
+        except Exception:  # a corrupt directory, a lock still held: start it again
+            # Never raised out of the assignment callback: that leaves the partition
+            # assigned by the group but owned by no one -- judged by nobody until the
+            # next rebalance.
+            log.exception("partition %d: local state unusable; starting it again from a snapshot or offset 0", p)
+            if self._restoring is not None:
+                return False  # `Restores` drops the directory
             self.stores.replace(p)
-            return
-        if info is not None:
-            self.stats["restored"] += 1
-            self.restores[p] = summary(info)
+            return True
+        if self._restoring is None or store.offset(self.topic, p) > 0:
+            return True  # resumes where an earlier ownership stopped
+        # Empty, or keys without a position (a restore that did not finish):
+        # never fold onto that; restore again.
+        self.stores.close_partition(p)
+        return False
 
     def _revoked(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         gone = {tp.partition for tp in tps}
+        # Those still restoring were never assigned to the consumer (unassigning one fails the whole call).
+        restoring = {p for p in gone if self._restoring is not None and self._restoring.drop(p)}
         calls: list[Callable[[dict], None]] = []
         with self._cond:
             self.owned -= gone
@@ -378,13 +402,27 @@ class Judge(Follower):
             self.ahead.drop(p)
         self._resume(gone)
         try:
-            consumer.incremental_unassign(tps)
+            consumer.incremental_unassign([tp for tp in tps if tp.partition not in restoring])
         except Exception:  # pragma: no cover - on_lost: the assignment is already gone
             pass
         for p in gone:
             self.stores.close_partition(p)
         log.info("%s gave up %s of %s", self.group, sorted(gone), self.topic)
         self._ownership_changed()
+
+    def stop(self) -> None:
+        # Restores are cancelled first (each ends within a read), closed once this
+        # thread is gone: `Restores` is only ever touched by one thread at a time.
+        if self._restoring is not None:
+            self._restoring.cancel()
+        super().stop()
+        if self._restoring is not None:
+            self._restoring.close()
+
+    @property
+    def restoring(self) -> list[int]:
+        """Partitions assigned here whose restore has not ended (not owned yet)."""
+        return [] if self._restoring is None else self._restoring.partitions
 
     def _ownership_changed(self) -> None:
         if self.on_ownership is not None:
@@ -452,6 +490,9 @@ class Judge(Follower):
             # ours moves with our own records; every RETRY_WAITING_S it is looked at.
             asked = any(_remote(pend.questions, self.owned) for pend in waiting)
             timeout = 0.0 if backlog else 0.001 if asked else RETRY_WAITING_S if waiting else 0.1
+            if self._restoring:
+                self._restored(self._consumer)
+                timeout = min(timeout, 0.02)  # a restore ending is no Kafka event: look again soon
             push = self.push  # read once: the query server unsets it when it closes
             if push is not None:
                 push.beat()  # an idle subscriber hears it is still subscribed

@@ -399,6 +399,7 @@ class QueryServer:
         judge = self.judge
         return {"owned": sorted(judge.owned), "judged": judge.stats["judged"], "blocked": judge.stats["blocked"],
                 "restored": {str(p): info for p, info in judge.restores.items()},
+                "restoring": judge.restoring,
                 "applied": {str(p): judge.applied(p) for p in sorted(judge.owned)},
                 "lookups": judge.lookups.asked if judge.lookups is not None else 0,
                 "lookup_requests": judge.lookups.requests if judge.lookups is not None else 0,

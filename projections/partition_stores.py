@@ -199,14 +199,28 @@ class PartitionStores:
                 store.close()
 
     def replace(self, partition: int) -> Store:
-        """An empty store for `partition` (before a restore), dropping what was there."""
+        """An empty store for `partition`, served at once, dropping what was there."""
+        store = self.fresh(partition)
+        self.adopt(partition, store)
+        return store
+
+    def fresh(self, partition: int) -> Store:
+        """An empty store for `partition`, dropping what was there, and not served
+        until `adopt`: a restore fills it on its own thread, unseen by reads."""
         with self._guard:
             old = self._stores.pop(partition, None)
         if old is not None:
             old.destroy()
         else:
             discard(self.dir_of(partition))
-        return self.open(partition)
+        return Store(self.dir_of(partition))
+
+    def adopt(self, partition: int, store: Store) -> None:
+        """Serve `store` (from `fresh`, filled) as `partition`'s."""
+        with self._guard:
+            if partition in self._stores:
+                raise RuntimeError(f"partition {partition} already has a store")
+            self._stores[partition] = store
 
     def has_local(self, partition: int) -> bool:
         """A directory from an earlier ownership exists (folding resumes there)."""

@@ -235,7 +235,8 @@ def _watermarks(consumer: Consumer, topic: str, partition: int, deadline: float)
 
 
 def _read(consumer: Consumer, topic: str, partition: int, start: int, stop: int, stall: float,
-          keep: Callable[[str], bool], seg: _Segment | None = None) -> _Segment:
+          keep: Callable[[str], bool], seg: _Segment | None = None,
+          cancel: threading.Event | None = None) -> _Segment:
     """Records [start, stop) of the partition (a compacted log may have gaps),
     failing UNAVAILABLE when `stall` seconds pass with no record read.
 
@@ -250,6 +251,8 @@ def _read(consumer: Consumer, topic: str, partition: int, start: int, stop: int,
     quiet_until = time.monotonic() + stall
     try:
         while True:
+            if cancel is not None and cancel.is_set():
+                raise unavailable(f"{topic}[{partition}]: reading cancelled (the reader is stopping)")
             left = quiet_until - time.monotonic()
             if left <= 0:
                 raise unavailable(f"{topic}[{partition}]: nothing read for {stall:g}s between {start} and {stop}")
@@ -532,7 +535,7 @@ class SnapshotWriter:
 
 def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id: str,
             kafka: Mapping[str, Any] | None = None, timeout: float = 30.0,
-            origin: Origin | None = None) -> RestoreInfo | None:
+            origin: Origin | None = None, cancel: threading.Event | None = None) -> RestoreInfo | None:
     """Fill the empty `store` from the latest complete snapshot on partition `partition` of `topic`.
 
     None when the partition holds no complete snapshot (the caller folds from
@@ -545,7 +548,8 @@ def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id:
     With `origin`, only a snapshot of that log is taken (`_from_origin`): of
     this partition, of this incarnation of the events topic, at a position the
     log has reached -- and the restored store must stand at that position, else
-    UNAVAILABLE (the caller folds from offset 0 instead).
+    UNAVAILABLE (the caller folds from offset 0 instead). `cancel` set: UNAVAILABLE
+    at the next read (the owner is stopping).
     """
     t0 = time.monotonic()
     if not store.is_empty():
@@ -564,7 +568,7 @@ def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id:
         stop, window = high, 1
         while stop > low and latest is None:
             start = max(low, stop - window)
-            tail = _read(consumer, topic, partition, start, stop, timeout, keep=lambda _sid: True)
+            tail = _read(consumer, topic, partition, start, stop, timeout, keep=lambda _sid: True, cancel=cancel)
             tails.append(tail)
             records, nbytes = records + tail.records, nbytes + tail.bytes
             if tail.manifests:
@@ -578,7 +582,7 @@ def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id:
         seg = _Segment()
         if int(latest["chunks"]) > 0:
             seg = _read(consumer, topic, partition, max(low, first if first >= 0 else low), stop, timeout,
-                        keep=lambda s: s == sid)
+                        keep=lambda s: s == sid, cancel=cancel)
             records, nbytes = records + seg.records, nbytes + seg.bytes
         for tail in reversed(tails):  # oldest to newest: later records win
             held = seg.chunks.setdefault(sid, {})
@@ -594,7 +598,7 @@ def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id:
             # the newest complete snapshot anywhere in the partition.
             log.warning("snapshot %s on %s[%s] is incomplete; searching the whole partition", sid, topic,
                         partition)
-            seg = _read(consumer, topic, partition, low, high, timeout, keep=lambda _s: True)
+            seg = _read(consumer, topic, partition, low, high, timeout, keep=lambda _s: True, cancel=cancel)
             records, nbytes = records + seg.records, nbytes + seg.bytes
             for m in reversed(seg.manifests):
                 payloads = _complete(m, seg) if usable(m) else None

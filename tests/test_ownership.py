@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import signal
+import threading
+import time
 
 import orjson
 import pytest
@@ -382,6 +385,131 @@ async def test_a_partition_paused_by_flow_control_is_judged_again_when_it_comes_
         await until(lambda: all(judge.applied(p) > off for p, off in offsets.items()), 30)
         assert all(judge.verdict(p, off)["code"] == "INVALID_MESSAGE" for p, off in offsets.items())
     finally:
+        await w2.stop()
+        await asyncio.to_thread(rt.stop)
+
+
+async def test_a_long_restore_neither_stops_judging_nor_drops_the_worker_from_its_group(bootstrap, namespace,
+                                                                                        tmp_path, open_client):
+    """A partition taken over is restored from its snapshot, which takes as long as
+    its state is large. Restored inside the assignment callback (inside poll), a
+    restore longer than librdkafka's max.poll.interval.ms made the worker leave its
+    group mid-restore, and no partition was judged until every restore ended.
+    Tried: an in-process worker (max.poll.interval.ms 7 s) takes every partition of
+    a snapshotted namespace; partition 0's restore is held past 8 s. Meanwhile the
+    other partitions are owned and judged; after it, partition 0 is owned and
+    judged from its snapshot, and the worker never gave a partition up."""
+    async with _snapshotting(bootstrap, namespace, tmp_path, open_client, "100", "0.5") as (w1, _w2, thin, total):
+        await owned_by([w1], total)
+        threads = [thread_on({p}, total, "long-restore") for p in range(total)]
+        await within(asyncio.gather(*(thin.messages.save_thread(t, ["kept"]) for t in threads)))
+        history = await within(thin.runtime.query.barrier(None))
+        await within(_snapshotted([w1], history, total), 30)
+        w1.signal(signal.SIGTERM)
+        assert await w1.wait_exit(30) == 0
+
+    rt = Runtime(Options(bootstrap_servers=bootstrap, namespace=namespace, state_dir=str(tmp_path / "rt"),
+                         kafka={"session.timeout.ms": 6000, "max.poll.interval.ms": 7000}), worker=True)
+    release, began = threading.Event(), {}
+    real = rt._restore
+
+    def slow_restore(p, store, *rest):
+        began[p] = time.monotonic()
+        if p == 0:
+            release.wait(40)  # the fault: this partition's snapshot takes long to read
+        return real(p, store, *rest)
+
+    rt._restore = slow_restore
+    seen: list[set[int]] = []
+    rt.ownership_listeners.append(lambda owned: seen.append(set(owned)))
+    await asyncio.to_thread(rt.start)
+    producer = Producer({"bootstrap.servers": bootstrap})
+
+    async def judged(p: int) -> None:
+        sent: list[int] = []
+        producer.produce(rt.topics.events, b"not a proposal", b"k", partition=p,
+                         on_delivery=lambda err, msg: sent.append(msg.offset()))
+        assert producer.flush(30) == 0 and len(sent) == 1
+        await until(lambda: rt.judge.applied(p) > sent[0], 20, f"partition {p} judged past {sent[0]}")
+
+    try:
+        judge, others = rt.judge, set(range(1, total))
+        await until(lambda: judge.owned == others, 30, "every partition but 0 owned during its restore")
+        await judged(1)
+        # The restore is held past max.poll.interval.ms: waiting on elapsed time is the point here.
+        await asyncio.sleep(max(0.0, began[0] + 8.0 - time.monotonic()))
+        assert judge.owned == others and 0 not in judge.restores
+        release.set()
+        await until(lambda: judge.owned == set(range(total)), 30, "partition 0 owned once restored")
+        await judged(0)
+        assert history[0] <= judge.restores[0]["position"], judge.restores
+        assert all(before <= after for before, after in itertools.pairwise(seen)), seen
+    finally:
+        release.set()
+        await asyncio.to_thread(rt.stop)
+
+
+async def test_partitions_revoked_mid_restore_move_to_another_worker_and_the_rest_are_owned_once_restored(
+        bootstrap, namespace, tmp_path, open_client):
+    """A partition revoked while its restore runs was never assigned to the
+    consumer: it must be left out of the unassign (librdkafka refuses the whole
+    call for one partition it does not hold) and never served here. Tried: every
+    restore of an in-process worker held; a second worker joins and takes its
+    share; then the restores end: each partition is owned by exactly one of the
+    two, and every one is judged."""
+    async with _snapshotting(bootstrap, namespace, tmp_path, open_client, "100", "0.5") as (w1, _w2, thin, total):
+        await owned_by([w1], total)
+        threads = [thread_on({p}, total, "moved-restore") for p in range(total)]
+        await within(asyncio.gather(*(thin.messages.save_thread(t, ["kept"]) for t in threads)))
+        history = await within(thin.runtime.query.barrier(None))
+        await within(_snapshotted([w1], history, total), 30)
+        w1.signal(signal.SIGTERM)
+        assert await w1.wait_exit(30) == 0
+
+    rt = Runtime(Options(bootstrap_servers=bootstrap, namespace=namespace, state_dir=str(tmp_path / "rt")),
+                 worker=True)
+    release = threading.Event()
+    real = rt._restore
+
+    def held_restore(p, store, *rest):
+        release.wait(60)  # the fault: every snapshot takes long to read
+        return real(p, store, *rest)
+
+    rt._restore = held_restore
+    await asyncio.to_thread(rt.start)
+    w2 = WorkerProcess(bootstrap, namespace, tmp_path / "w2", "w2")
+    producer = Producer({"bootstrap.servers": bootstrap})
+    try:
+        judge, everything = rt.judge, set(range(total))
+        await until(lambda: set(judge.restoring) == everything, 30, "every partition restoring")
+        await w2.start()
+        await until(lambda: set(judge.restoring) != everything, 30, "a partition revoked mid-restore")
+        theirs: set[int] = set()
+        deadline = time.monotonic() + 60
+        while not theirs or theirs | set(judge.restoring) != everything:
+            assert time.monotonic() < deadline, (theirs, judge.restoring)
+            theirs = set((await ask_worker(w2.address, "stats"))["owned"])
+            await asyncio.sleep(0.1)  # polling two owners' views, no event announces them
+        assert judge.owned == set() and theirs and theirs != everything
+        release.set()
+        await until(lambda: judge.owned == everything - theirs and not judge.restoring, 30,
+                    "the partitions still assigned here owned once restored")
+        assert set((await ask_worker(w2.address, "stats"))["owned"]) == theirs
+        sent: dict[int, int] = {}
+        for p in range(total):
+            producer.produce(rt.topics.events, b"not a proposal", b"k", partition=p,
+                             on_delivery=lambda err, msg: sent.__setitem__(msg.partition(), msg.offset()))
+        assert producer.flush(30) == 0 and len(sent) == total
+
+        async def all_judged() -> bool:
+            applied = (await ask_worker(w2.address, "stats"))["applied"]
+            return all(int(applied[str(p)]) > sent[p] for p in theirs) and all(
+                judge.applied(p) > sent[p] for p in everything - theirs)
+
+        await until(all_judged, 30, "every partition judged by its one owner")
+        assert all(history[p] <= judge.restores[p]["position"] for p in everything - theirs), judge.restores
+    finally:
+        release.set()
         await w2.stop()
         await asyncio.to_thread(rt.stop)
 

@@ -25,6 +25,7 @@ only the partitions its live readers read (threadlog/delivery/).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -238,11 +239,11 @@ class Runtime:
         for listener in list(self.failure_listeners):
             listener(reason)
 
-    def _restore(self, partition: int, store: Store) -> RestoreInfo | None:
+    def _restore(self, partition: int, store: Store, cancel: threading.Event | None = None) -> RestoreInfo | None:
         """A partition taken over without local state: from its latest snapshot (None: fold from 0)."""
         return restore_snapshot(self.opts.bootstrap_servers, self.topics.snapshots, partition, store,
                                 self.client_id, self.opts.kafka, timeout=self.opts.request_timeout,
-                                origin=self.origin)
+                                origin=self.origin, cancel=cancel)
 
     def _ownership_changed(self, owned: list[int]) -> None:
         if self.deliveries is not None and self.layout is not None:
