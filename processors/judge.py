@@ -324,11 +324,7 @@ class Judge(Follower):
     def _restored(self, consumer: Consumer) -> None:
         """On the judge's thread: own the partitions whose restore ended."""
         assert self._restoring is not None
-        try:
-            done = self._restoring.finished()
-        except Exception:  # pragma: no cover - a store that cannot be served: the next round tries again
-            log.exception("a restored partition could not be served")
-            return
+        done = self._restoring.finished()
         for p, info in done:
             if info is not None:
                 self.stats["restored"] += 1
@@ -337,19 +333,21 @@ class Judge(Follower):
             self._own(consumer, [TopicPartition(self.topic, p) for p, _ in done])
 
     def _own(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
-        """Assign `tps`, each from its store's position, and judge them from now on."""
+        """Assign `tps`, each from its store's position, and judge them from now on
+        (the ownership listeners are told, even of none)."""
         for tp in tps:
             pos = self.stores.offset(self.topic, tp.partition)
             tp.offset = pos if pos > 0 else OFFSET_BEGINNING
             self.ahead.reset(tp.partition, pos)
         consumer.incremental_assign(tps)
-        if not tps:
-            return
         # librdkafka keeps an application pause across unassign and assign: a
         # partition paused by flow control when it was last owned here would
         # otherwise never be fetched again (and never be in `_pending`, where
         # `_flow_control` would resume it).
-        consumer.resume(tps)
+        if tps:
+            consumer.resume(tps)
+        # Told even when nothing was added: a member given no partition (or only
+        # partitions to restore) is in the group, and readiness says so.
         with self._cond:
             for tp in tps:
                 self._applied[tp.partition] = self.stores.offset(self.topic, tp.partition)
@@ -491,7 +489,10 @@ class Judge(Follower):
             asked = any(_remote(pend.questions, self.owned) for pend in waiting)
             timeout = 0.0 if backlog else 0.001 if asked else RETRY_WAITING_S if waiting else 0.1
             if self._restoring:
-                self._restored(self._consumer)
+                try:
+                    self._restored(self._consumer)
+                except Exception:  # pragma: no cover - the judge's thread never dies of it
+                    log.exception("restored partitions could not be taken over")
                 timeout = min(timeout, 0.02)  # a restore ending is no Kafka event: look again soon
             push = self.push  # read once: the query server unsets it when it closes
             if push is not None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -37,18 +38,20 @@ log = logging.getLogger("threadlog.judge")
 # restored, or None when the partition has no snapshot (it is folded from offset 0).
 Restorer = Callable[[int, Store, threading.Event], RestoreInfo | None]
 
+RETRY_S = 1.0  # between two tries to serve a restored store that failed
 PARALLEL = 4  # snapshots read side by side: the wait for one's records overlaps another's decoding
 
 
 @dataclass
 class _Job:
-    future: Future[tuple[Store | None, RestoreInfo | None]]
+    future: Future[tuple[Store | None, RestoreInfo | None] | None]  # None: skipped, not wanted when its turn came
     wanted: bool = True  # still assigned here (a revoke unsets it, an assignment sets it again)
+    retry_at: float = 0.0  # serving it failed: not tried again before this (time.monotonic())
 
 
 class Restores:
-    """The restores under way, by partition. Every method but the restore itself
-    runs on the judge's thread (or after it ended, `close`)."""
+    """The restores under way, by partition. `start`, `drop`, `finished` run on
+    the judge's thread, `close` after it ended; `partitions` and `cancel` on any."""
 
     def __init__(self, stores: PartitionStores, restore: Restorer) -> None:
         self.stores = stores
@@ -60,7 +63,8 @@ class Restores:
     @property
     def partitions(self) -> list[int]:
         """Partitions being restored and still assigned here."""
-        return sorted(p for p, job in self._jobs.items() if job.wanted)
+        # A copy taken at once: `stats` and readiness read this off the judge's thread.
+        return sorted(p for p, job in list(self._jobs.items()) if job.wanted)
 
     def __bool__(self) -> bool:
         return bool(self._jobs)
@@ -74,11 +78,15 @@ class Restores:
         if job is not None:
             job.wanted = True  # given back before its restore ended: that one goes on
             return
+        self._submit(partition)
+
+    def _submit(self, partition: int) -> None:
         self._jobs[partition] = _Job(self._pool.submit(self._fill, partition))
 
     def drop(self, partition: int) -> bool:
         """`partition` was revoked: True if it was being restored (so it is not
-        in the consumer's assignment, and not served). The restore finishes."""
+        in the consumer's assignment, and not served). A restore under way
+        finishes (a return resumes from it); one still queued is skipped."""
         job = self._jobs.get(partition)
         if job is None:
             return False
@@ -89,22 +97,43 @@ class Restores:
         """Partitions whose restore ended and that are still assigned here, each
         now served by `stores` (restored, or empty to be folded from offset 0)."""
         out = []
-        for p in [p for p, job in self._jobs.items() if job.future.done()]:
-            job = self._jobs.pop(p)
-            store, info = job.future.result()
-            if not job.wanted:
-                if store is not None:
-                    store.close()
+        now = time.monotonic()
+        for p, job in [(p, job) for p, job in self._jobs.items() if job.future.done() and job.retry_at <= now]:
+            result = job.future.result()
+            if result is None:  # skipped while not wanted
+                if job.wanted:
+                    self._submit(p)  # given back meanwhile: restored after all
+                else:
+                    del self._jobs[p]
                 continue
-            if store is None:
-                self.stores.replace(p)
-            else:
-                self.stores.adopt(p, store)
+            store, info = result
+            if not job.wanted:
+                del self._jobs[p]
+                if store is not None:
+                    store.close()  # complete: kept on disk, resumed from if the partition comes back
+                continue
+            try:
+                if store is None:
+                    self.stores.replace(p)
+                else:
+                    self.stores.adopt(p, store)
+            except Exception:
+                # Kept, not dropped: dropped, the partition would stay assigned by
+                # the group and judged by no one until the next rebalance.
+                log.exception("partition %d: its restored store cannot be served; trying again in %gs", p,
+                              RETRY_S)
+                job.retry_at = now + RETRY_S
+                continue
+            del self._jobs[p]
             out.append((p, info))
         return out
 
-    def _fill(self, p: int) -> tuple[Store | None, RestoreInfo | None]:
-        """On a restore thread: `p`'s snapshot into a fresh store; (None, None) when it failed."""
+    def _fill(self, p: int) -> tuple[Store | None, RestoreInfo | None] | None:
+        """On a restore thread: `p`'s snapshot into a fresh store; (None, None)
+        when it failed; None (nothing touched) when `p` is no longer wanted."""
+        job = self._jobs.get(p)
+        if self._cancel.is_set() or (job is not None and not job.wanted):
+            return None  # revoked, or the owner stops, before its turn: its directory is left as it is
         store = None
         try:
             store = self.stores.fresh(p)
@@ -116,19 +145,25 @@ class Restores:
                 log.warning("no snapshot restore of partition %d (%s): folding it from offset 0", p, exc,
                             exc_info=not isinstance(exc, ThreadLogError))
             if store is not None:
-                store.close()  # keys without a position: destroyed by the next open, never folded onto
+                # Destroyed, not closed: a restore refused after it wrote its position
+                # (a key count or position its manifest contradicts) would otherwise be
+                # resumed from when the partition comes back.
+                store.destroy()
             return None, None
 
     def cancel(self) -> None:
-        """The owner stops: what runs ends at its next read (any thread may call this)."""
+        """The owner stops: what runs ends at its next read, what waits never starts (any thread)."""
         self._cancel.set()
 
     def close(self) -> None:
-        """Once the judge's thread is gone: cancel what runs, wait for it, close what it filled."""
+        """Once the judge's thread is gone: cancel what runs, wait for it (each
+        restore ends within one read, at most 5 s), close what it filled."""
         self._cancel.set()
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown(wait=True, cancel_futures=True)
         for job in self._jobs.values():
-            store, _info = job.future.result()
-            if store is not None:
-                store.close()
+            if job.future.cancelled():
+                continue
+            result = job.future.result()
+            if result is not None and result[0] is not None:
+                result[0].close()
         self._jobs.clear()

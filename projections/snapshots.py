@@ -213,10 +213,13 @@ _RETRIABLE = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILAB
               KafkaError.REQUEST_TIMED_OUT}
 
 
-def _watermarks(consumer: Consumer, topic: str, partition: int, deadline: float) -> tuple[int, int]:
+def _watermarks(consumer: Consumer, topic: str, partition: int, deadline: float,
+                cancel: threading.Event | None = None) -> tuple[int, int]:
     """(low, high) of the partition; a leader election or a topic just created is waited out."""
     last = ""
     while True:
+        if cancel is not None and cancel.is_set():
+            raise unavailable(f"{topic}[{partition}]: reading cancelled (the reader is stopping)")
         try:
             low, high = consumer.get_watermark_offsets(
                 TopicPartition(topic, partition), timeout=max(0.1, min(5.0, deadline - time.monotonic())))
@@ -558,7 +561,7 @@ def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id:
     records = nbytes = 0
     try:
         # `timeout` bounds each request and each stall of reading, not the restore.
-        low, high = _watermarks(consumer, topic, partition, time.monotonic() + timeout)
+        low, high = _watermarks(consumer, topic, partition, time.monotonic() + timeout, cancel)
         if high <= low:
             return None
         usable = _from_origin(consumer, origin, partition, timeout)

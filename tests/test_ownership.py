@@ -34,6 +34,7 @@ from worker_support import WorkerProcess, ask_worker, owned_by
 from threadlog.config import Options
 from threadlog.kernel.errors import DUPLICATE_ID, OUTCOME_UNKNOWN, ThreadLogError
 from threadlog.kernel.partitioning import partition_for
+from threadlog.metrics import Readiness
 from threadlog.runtime import Runtime
 
 
@@ -422,7 +423,9 @@ async def test_a_long_restore_neither_stops_judging_nor_drops_the_worker_from_it
     rt._restore = slow_restore
     seen: list[set[int]] = []
     rt.ownership_listeners.append(lambda owned: seen.append(set(owned)))
+    readiness = Readiness(rt)
     await asyncio.to_thread(rt.start)
+    readiness.start()
     producer = Producer({"bootstrap.servers": bootstrap})
 
     async def judged(p: int) -> None:
@@ -439,9 +442,16 @@ async def test_a_long_restore_neither_stops_judging_nor_drops_the_worker_from_it
         # The restore is held past max.poll.interval.ms: waiting on elapsed time is the point here.
         await asyncio.sleep(max(0.0, began[0] + 8.0 - time.monotonic()))
         assert judge.owned == others and 0 not in judge.restores
+        ready, detail = await within(readiness.check())
+        assert not ready and detail["restoring"] == [0], detail  # an assignment restoring is not caught up
         release.set()
         await until(lambda: judge.owned == set(range(total)), 30, "partition 0 owned once restored")
         await judged(0)
+
+        async def ready() -> bool:
+            return (await readiness.check())[0]
+
+        await until(ready, 30, "ready once every partition is restored and caught up")
         assert history[0] <= judge.restores[0]["position"], judge.restores
         assert all(before <= after for before, after in itertools.pairwise(seen)), seen
     finally:

@@ -378,8 +378,13 @@ class Readiness:
         # one behind a load balancer (a review). Embedded, it is reported only.
         gating = stalled if rt.worker else {}
         member = self.in_group()
-        ready = member and not behind and not gating
+        # Assigned, not owned yet: restored beside the judge (processors/restores.py).
+        # A new assignment is not caught up while its snapshot is still being read.
+        restoring = list(getattr(judge, "restoring", ()))
+        ready = member and not behind and not gating and not restoring
         detail: dict[str, Any] = {"role": "worker" if rt.worker else "embedded", "owned": owned}
+        if restoring:
+            detail["restoring"] = restoring
         said = (f"partitions {sorted(int(p) for p in stalled)} stalled: records to judge and no "
                 f"progress for {self.stall_after:g}s or more")
         if not member:
@@ -391,6 +396,8 @@ class Readiness:
         elif behind:
             detail["reason"] = "partitions not caught up"
             detail["behind"] = behind
+        elif restoring:
+            detail["reason"] = f"partitions {restoring} restoring from their snapshots"
         if stalled:
             detail["stalled"] = stalled
             if not gating:

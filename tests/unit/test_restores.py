@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
+from threadlog.processors import restores as restores_mod
 from threadlog.processors.restores import Restores
 from threadlog.projections.partition_stores import PartitionStores
 
@@ -113,4 +114,106 @@ def test_closing_cancels_a_restore_and_what_it_left_is_never_folded_onto(tmp_pat
     restores.close()  # returns: the restore saw the cancel
     assert restorer.cancelled == [0] and not restores
     assert stores.open(0).is_empty()  # keys without a position are dropped when the slot opens
+    stores.close()
+
+
+def test_a_restore_refused_after_it_wrote_its_position_is_never_resumed_from(tmp_path):
+    """snapshots.restore writes the position with its last batch, then may refuse
+    the store (a key count or position its manifest contradicts). Tried: such a
+    restore of a partition revoked meanwhile: its directory is gone, not kept."""
+    release = threading.Event()
+
+    def refused_late(p, store, cancel):
+        release.wait(10)
+        store.apply({b"k": b"partial"}, {(TOPIC, p): 7})
+        raise RuntimeError("decoded to 3 keys, its manifest says 5")
+
+    stores = PartitionStores(tmp_path, TOPIC)
+    restores = Restores(stores, refused_late)
+    try:
+        restores.start(0)
+        restores.drop(0)
+        release.set()
+        assert _finished(restores) == [] and not restores
+        assert not stores.has_local(0)
+    finally:
+        restores.close()
+        stores.close()
+
+
+def test_a_restored_store_that_cannot_be_served_is_tried_again_not_dropped(tmp_path, monkeypatch):
+    """Dropped, the partition would stay assigned by the group and judged by no
+    one until the next rebalance. Tried: the first replace fails (a full disk)."""
+    monkeypatch.setattr(restores_mod, "RETRY_S", 0.05)
+    stores, restorer = PartitionStores(tmp_path, TOPIC), Restorer(fail=True)
+    restores = Restores(stores, restorer)
+    real, calls = stores.replace, []
+
+    def full_once(p):
+        calls.append(p)
+        if len(calls) == 1:
+            raise OSError("No space left on device")
+        return real(p)
+
+    monkeypatch.setattr(stores, "replace", full_once)
+    try:
+        restores.start(0)
+        restorer.release.set()
+        assert _finished(restores) == [(0, None)] and calls == [0, 0]
+        assert stores.partitions == [0]
+    finally:
+        restores.close()
+        stores.close()
+
+
+def test_a_restore_still_queued_when_revoked_is_skipped_and_runs_if_given_back(tmp_path):
+    """Restores of partitions another worker now owns must not take the slots of
+    those still assigned here. Tried: six started (four run at once), the last two
+    revoked while queued: never read; one of them given back before its skip was
+    collected: restored after all, not folded from offset 0."""
+    ran: list[int] = []
+    stores, restorer = PartitionStores(tmp_path, TOPIC), Restorer()
+
+    def counted(p, store, cancel):
+        ran.append(p)
+        return restorer(p, store, cancel)
+
+    restores = Restores(stores, counted)
+    try:
+        for p in range(6):
+            restores.start(p)
+        restores.drop(4)
+        restores.drop(5)
+        assert restores.partitions == [0, 1, 2, 3]
+        restorer.release.set()
+        deadline = time.monotonic() + 10
+        while not all(restores._jobs[p].future.done() for p in (4, 5)):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        restores.start(5)  # given back after its skip, before it was collected
+        served: list[int] = []
+        while restores:
+            assert time.monotonic() < deadline
+            served += [p for p, _ in restores.finished()]
+            time.sleep(0.01)
+        assert sorted(ran) == [0, 1, 2, 3, 5] and sorted(served) == [0, 1, 2, 3, 5]
+        assert stores.offset(TOPIC, 5) == 7 and not stores.has_local(4)
+    finally:
+        restores.close()
+        stores.close()
+
+
+def test_closing_never_starts_a_queued_restore(tmp_path):
+    ran: list[int] = []
+    stores, restorer = PartitionStores(tmp_path, TOPIC), Restorer()
+
+    def counted(p, store, cancel):
+        ran.append(p)
+        return restorer(p, store, cancel)
+
+    restores = Restores(stores, counted)
+    for p in range(8):
+        restores.start(p)
+    restores.close()
+    assert len(ran) <= 4 and sorted(restorer.cancelled) == sorted(ran)
     stores.close()
