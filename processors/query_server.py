@@ -101,7 +101,15 @@ from threadlog.projections.partition_stores import PartitionStores
 from threadlog.projections.queries import QUERIES, to_wire
 
 from threadlog.kernel import addresses, wire
-from threadlog.kernel.errors import BEHIND, INVALID_ARGUMENT, NOT_OWNER, UNAVAILABLE, ThreadLogError, not_owner
+from threadlog.kernel.errors import (
+    BEHIND,
+    INTERNAL,
+    INVALID_ARGUMENT,
+    NOT_OWNER,
+    UNAVAILABLE,
+    ThreadLogError,
+    not_owner,
+)
 from threadlog.kernel.topics import ANSWER_TOO_LARGE, MAX_REPLY_SECRET_BYTES
 
 log = logging.getLogger("threadlog.query")
@@ -289,9 +297,15 @@ class QueryServer:
             out = {"id": rid, "ok": True, "result": result}
         except ThreadLogError as exc:
             out = {"id": rid, "ok": False, "code": exc.code, "message": exc.message, "retryable": exc.retryable}
-        except Exception as exc:
-            log.exception("query failed")
+        except (KeyError, TypeError, ValueError) as exc:  # what a malformed request's arguments raise
+            log.warning("bad request: %r", exc)
             out = {"id": rid, "ok": False, "code": INVALID_ARGUMENT, "message": f"bad request: {exc!r}"}
+        except Exception as exc:
+            # Anything else is this worker failing (a store that cannot be read, a
+            # bug), not the caller's request: INVALID_ARGUMENT told it to change a
+            # request that was fine.
+            log.exception("query failed")
+            out = {"id": rid, "ok": False, "code": INTERNAL, "message": f"the worker failed: {exc!r}"}
         try:
             line = wire.dumps(out)
         except (TypeError, ValueError) as exc:  # a bug: still answered, never left to time out

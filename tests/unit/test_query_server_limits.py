@@ -11,7 +11,7 @@ import orjson
 from threadlog.processors import query_server
 from threadlog.processors.query_server import QueryServer
 
-from threadlog.kernel.errors import UNAVAILABLE, ThreadLogError
+from threadlog.kernel.errors import INTERNAL, INVALID_ARGUMENT, UNAVAILABLE, ThreadLogError
 
 VALUE = b"v" * (256 * 1024)
 
@@ -177,6 +177,31 @@ async def test_a_read_whose_partition_moves_before_its_position_is_read_is_not_o
         writer.write(orjson.dumps({"id": 1, "op": "get", "args": {"key": "AA==", "partitions": [0]}}) + b"\n")
         answer = orjson.loads(await asyncio.wait_for(reader.readline(), 5))
         assert not answer["ok"] and answer["code"] == "NOT_OWNER", answer
+    finally:
+        writer.close()
+        await server.close()
+
+
+async def test_a_worker_failing_answers_internal_and_a_malformed_request_invalid_argument():
+    # Tried (a review's suspicion): every exception out of a request was answered
+    # INVALID_ARGUMENT "bad request", telling a caller to change a request that was
+    # fine when the worker itself failed (here: a store read raising an I/O error).
+    class Failing(Stores):
+        def get(self, k, parts):
+            raise OSError("Input/output error")
+
+    server = QueryServer(Failing(), Judge(), barrier=None, timeout=1.0)
+    host, port = (await server.start("127.0.0.1", 0)).split(":")
+    reader, writer = await asyncio.open_connection(host, int(port), limit=1 << 20)
+    try:
+        writer.write(orjson.dumps({"id": 1, "op": "get", "args": {"key": "AA==", "partitions": [0]}}) + b"\n")
+        writer.write(orjson.dumps({"id": 2, "op": "gets", "args": {"partitions": [0]}}) + b"\n")  # no "keys"
+        answers = {}
+        for _ in range(2):
+            answer = orjson.loads(await asyncio.wait_for(reader.readline(), 5))
+            answers[answer["id"]] = answer
+        assert answers[1]["code"] == INTERNAL and "Input/output error" in answers[1]["message"], answers
+        assert answers[2]["code"] == INVALID_ARGUMENT and "keys" in answers[2]["message"], answers
     finally:
         writer.close()
         await server.close()
