@@ -408,9 +408,14 @@ class Judge(Follower):
         log.info("%s gave up %s of %s", self.group, sorted(gone), self.topic)
         self._ownership_changed()
 
+    def halt(self) -> None:
+        if self._restoring is not None:
+            self._restoring.cancel()  # no more reading of snapshots of a log this state is not of
+        super().halt()
+
     def stop(self) -> None:
-        # Restores are cancelled first (each ends within a read), closed once this
-        # thread is gone: `Restores` is only ever touched by one thread at a time.
+        # Restores are cancelled first (each ends at its next read), closed once this
+        # thread is gone (`close` copes with one that outlived its join: it works on copies).
         if self._restoring is not None:
             self._restoring.cancel()
         super().stop()

@@ -42,9 +42,13 @@ RETRY_S = 1.0  # between two tries to serve a restored store that failed
 PARALLEL = 4  # snapshots read side by side: the wait for one's records overlaps another's decoding
 
 
+_Result = tuple[Store | None, RestoreInfo | None] | None
+
+
 @dataclass
 class _Job:
-    future: Future[tuple[Store | None, RestoreInfo | None] | None]  # None: skipped, not wanted when its turn came
+    future: Future[_Result]  # (store | None if it failed, info); None: cancelled (a revoke, a stop)
+    cancel: threading.Event  # set by a revoke or a stop: the restore ends at its next read
     wanted: bool = True  # still assigned here (a revoke unsets it, an assignment sets it again)
     retry_at: float = 0.0  # serving it failed: not tried again before this (time.monotonic())
 
@@ -57,7 +61,7 @@ class Restores:
         self.stores = stores
         self.restore = restore
         self._jobs: dict[int, _Job] = {}
-        self._cancel = threading.Event()
+        self._closed = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=PARALLEL, thread_name_prefix="restore")
 
     @property
@@ -76,21 +80,28 @@ class Restores:
         """Restore `partition` (assigned here) unless a restore of it still runs."""
         job = self._jobs.get(partition)
         if job is not None:
-            job.wanted = True  # given back before its restore ended: that one goes on
+            # Given back before its restore ended: that one goes on, or, if the
+            # revoke cancelled it, another starts once it has ended (`finished`).
+            job.wanted = True
             return
         self._submit(partition)
 
     def _submit(self, partition: int) -> None:
-        self._jobs[partition] = _Job(self._pool.submit(self._fill, partition))
+        if self._closed.is_set():
+            return  # stopping: nothing new starts (the judge no longer assigns it)
+        cancel = threading.Event()
+        self._jobs[partition] = _Job(self._pool.submit(self._fill, partition, cancel), cancel)
 
     def drop(self, partition: int) -> bool:
         """`partition` was revoked: True if it was being restored (so it is not
-        in the consumer's assignment, and not served). A restore under way
-        finishes (a return resumes from it); one still queued is skipped."""
+        in the consumer's assignment, and not served). Its restore is cancelled:
+        it held one of the PARALLEL threads, which the partitions still assigned
+        here may be waiting for."""
         job = self._jobs.get(partition)
         if job is None:
             return False
         job.wanted = False
+        job.cancel.set()
         return True
 
     def finished(self) -> list[tuple[int, RestoreInfo | None]]:
@@ -99,19 +110,16 @@ class Restores:
         out = []
         now = time.monotonic()
         for p, job in [(p, job) for p, job in self._jobs.items() if job.future.done() and job.retry_at <= now]:
-            result = job.future.result()
-            if result is None:  # skipped while not wanted
-                if job.wanted:
-                    self._submit(p)  # given back meanwhile: restored after all
-                else:
-                    del self._jobs[p]
-                continue
-            store, info = result
+            result = _outcome(p, job)
             if not job.wanted:
                 del self._jobs[p]
-                if store is not None:
-                    store.close()  # complete: kept on disk, resumed from if the partition comes back
+                if result is not None and result[0] is not None:
+                    result[0].close()  # ended before it saw the revoke: complete, kept for a return
                 continue
+            if result is None:  # cancelled by a revoke, then given back: restored after all
+                self._submit(p)
+                continue
+            store, info = result
             try:
                 if store is None:
                     self.stores.replace(p)
@@ -128,20 +136,20 @@ class Restores:
             out.append((p, info))
         return out
 
-    def _fill(self, p: int) -> tuple[Store | None, RestoreInfo | None] | None:
+    def _fill(self, p: int, cancel: threading.Event) -> _Result:
         """On a restore thread: `p`'s snapshot into a fresh store; (None, None)
-        when it failed; None (nothing touched) when `p` is no longer wanted."""
-        job = self._jobs.get(p)
-        if self._cancel.is_set() or (job is not None and not job.wanted):
-            return None  # revoked, or the owner stops, before its turn: its directory is left as it is
+        when it failed; None when it was cancelled (its directory then holds no
+        position, or is gone)."""
+        if cancel.is_set():
+            return None  # revoked, or the owner stops, before its turn: nothing touched
         store = None
         try:
             store = self.stores.fresh(p)
-            return store, self.restore(p, store, self._cancel)
+            return store, self.restore(p, store, cancel)
         except Exception as exc:
             # Folding from offset 0 is slower, never wrong (and never onto a partial restore).
             # Any failure, not only ours: a snapshot that does not decode, an I/O error.
-            if not self._cancel.is_set():
+            if not cancel.is_set():
                 log.warning("no snapshot restore of partition %d (%s): folding it from offset 0", p, exc,
                             exc_info=not isinstance(exc, ThreadLogError))
             if store is not None:
@@ -149,21 +157,32 @@ class Restores:
                 # (a key count or position its manifest contradicts) would otherwise be
                 # resumed from when the partition comes back.
                 store.destroy()
-            return None, None
+            return None if cancel.is_set() else (None, None)
 
     def cancel(self) -> None:
-        """The owner stops: what runs ends at its next read, what waits never starts (any thread)."""
-        self._cancel.set()
+        """The owner stops or halts: what runs ends at its next read, nothing new starts (any thread)."""
+        self._closed.set()
+        for job in list(self._jobs.values()):
+            job.cancel.set()
 
     def close(self) -> None:
-        """Once the judge's thread is gone: cancel what runs, wait for it (each
-        restore ends within one read, at most 5 s), close what it filled."""
-        self._cancel.set()
+        """Once the judge's thread is gone: cancel what runs, wait for it, close what it filled.
+        A restore ends at its next read or offsets request (each at most 5 s); one
+        already writing the state it read finishes that first."""
+        self.cancel()
         self._pool.shutdown(wait=True, cancel_futures=True)
-        for job in self._jobs.values():
-            if job.future.cancelled():
-                continue
-            result = job.future.result()
+        for p, job in list(self._jobs.items()):
+            result = None if job.future.cancelled() else _outcome(p, job)
             if result is not None and result[0] is not None:
                 result[0].close()
         self._jobs.clear()
+
+
+def _outcome(p: int, job: _Job) -> _Result:
+    """A finished job's result; a restore thread that raised anyway (its cleanup
+    failed) counts as failed, so one bad partition never stops the others."""
+    try:
+        return job.future.result()
+    except Exception:
+        log.exception("partition %d: its restore failed", p)
+        return None if job.cancel.is_set() else (None, None)

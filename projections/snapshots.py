@@ -564,7 +564,7 @@ def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id:
         low, high = _watermarks(consumer, topic, partition, time.monotonic() + timeout, cancel)
         if high <= low:
             return None
-        usable = _from_origin(consumer, origin, partition, timeout)
+        usable = _from_origin(consumer, origin, partition, timeout, cancel)
         # 1. The latest manifest: the end of the log backwards, keeping what is read.
         latest: dict[str, Any] | None = None
         tails: list[_Segment] = []  # newest first
@@ -626,7 +626,7 @@ def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id:
 
 
 def _from_origin(consumer: Consumer, origin: Origin | None, partition: int,
-                 timeout: float) -> Callable[[dict[str, Any]], bool]:
+                 timeout: float, cancel: threading.Event | None = None) -> Callable[[dict[str, Any]], bool]:
     """Which manifests are of `origin`'s log at `partition` (every one without an origin).
 
     Why: the judge folds the log on from the restored position, so state from
@@ -656,7 +656,7 @@ def _from_origin(consumer: Consumer, origin: Origin | None, partition: int,
                         m.get("snapshotId"), partition, origin.topic, partition, origin.topic_id)
             return False
         if not end:
-            end.append(_watermarks(consumer, origin.topic, partition, time.monotonic() + timeout)[1])
+            end.append(_watermarks(consumer, origin.topic, partition, time.monotonic() + timeout, cancel)[1])
         if position > end[0]:
             log.warning("snapshot %s stands at %s[%d]@%d, past the log's end %d: not restored",
                         m.get("snapshotId"), origin.topic, partition, position, end[0])
