@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import pytest
 from confluent_kafka import Producer
@@ -109,12 +110,18 @@ async def test_appends_racing_claims_are_never_acknowledged_but_dropped(bootstra
     claims = ClaimWriter(bootstrap, driver_host)
     rng = random.Random(5)
     outcomes = {"returned": 0, "raised": 0, "dropped_after_write": 0}
-    for trial in range(40):
+    # The append's head start is drawn against how long a claim took in the last
+    # trial, so both orders stay likely on a loaded machine (a fixed 0-20 ms let
+    # every append win once broker round trips grew past it); trials go on past
+    # 40 until both sides of the race were seen (bounded).
+    claim_took, trial = 0.01, 0
+    while trial < 40 or (not (outcomes["returned"] and outcomes["raised"]) and trial < 200):
+        trial += 1
         run = f"race-{trial}"
         await asyncio.to_thread(claims.claim, run, 1)
         a = driver_host.delivery(run, epoch=1)
         [first] = await within(a.append([chunk(0)]))
-        delay_append, delay_claim = rng.random() * 0.02, rng.random() * 0.004
+        delay_append, delay_claim = rng.random() * max(0.02, 2 * claim_took), rng.random() * 0.004
 
         async def do_append(a=a, delay_append=delay_append):
             await asyncio.sleep(delay_append)
@@ -125,8 +132,11 @@ async def test_appends_racing_claims_are_never_acknowledged_but_dropped(bootstra
                 return None
 
         async def do_claim(run=run, delay_claim=delay_claim):
+            nonlocal claim_took
             await asyncio.sleep(delay_claim)
+            began = time.monotonic()
             await asyncio.to_thread(claims.claim, run, 2)
+            claim_took = time.monotonic() - began
 
         acked, _ = await within(asyncio.gather(do_append(), do_claim()))
         b = driver_host.delivery(run, epoch=2)

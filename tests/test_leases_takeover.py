@@ -79,7 +79,7 @@ async def test_a_stolen_lease_flips_lost_and_its_next_append_raises_without_bein
     new = await within(b.checkpoints.acquire_writer("t", steal=True))
     assert new.fence == old.fence + 1
     # A's next background renewal is refused: the lease knows it is lost.
-    await until(lambda: old.lost, 5, "the old lease noticing the steal")
+    await until(lambda: old.lost, 30, "the old lease noticing the steal")
     assert "renewal was refused" in old.lost_reason and not old.auto_renew
     err = await refused(a.checkpoints.append(checkpoint=checkpoint("c2", "t", "c1", created_at=2),
                                              expected_head_id="c1", writer=old), WRITER_LOST)

@@ -708,5 +708,5 @@ async def test_a_fork_answers_within_one_request_timeout_across_its_two_steps(bo
             w1.signal(signal.SIGCONT)
             w2.signal(signal.SIGCONT)
         assert err.value.code == OUTCOME_UNKNOWN, err.value
-        # One 4 s deadline (and the answer's way back); the old code took 3.5 + 4.
-        assert took < 6.0, f"the fork took {took:.1f}s with a 4 s request timeout"
+        # One 4 s deadline (and the answer's way back, slack for a loaded machine); the old code took 3.5 + 4.
+        assert took < 7.0, f"the fork took {took:.1f}s with a 4 s request timeout"

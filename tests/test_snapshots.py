@@ -133,7 +133,7 @@ def test_a_restore_longer_than_its_timeout_still_restores_while_it_reads(bootstr
     # whose snapshot took longer to read than the request timeout (30 s by
     # default: a large state) was never restored -- its new owner folded the whole
     # history instead. The timeout now bounds a stall of reading. Reading is slowed
-    # here (each record taken 30 ms late: a slow disk or link) rather than made
+    # here (each record taken 100 ms late: a slow disk or link) rather than made
     # gigabytes large; the snapshot still takes several fetches.
     from threadlog.projections import snapshots
 
@@ -143,14 +143,15 @@ def test_a_restore_longer_than_its_timeout_still_restores_while_it_reads(bootstr
     taken = snapshots._take
 
     def slowly(seg, msg, keep):
-        time.sleep(0.03)
+        time.sleep(0.1)
         taken(seg, msg, keep)
 
     monkeypatch.setattr(snapshots, "_take", slowly)
     dst = Store(tmp_path / "dst")
-    got = restore(bootstrap, topics.snapshots, 1, dst, "test-restore", timeout=0.5)
+    # 2 s: the first fetch after each assign must come within it, also on a loaded machine.
+    got = restore(bootstrap, topics.snapshots, 1, dst, "test-restore", timeout=2.0)
     assert got is not None and got.snapshot_id == info.snapshot_id and got.keys == info.keys
-    assert got.seconds > 1.0  # twice its timeout and more, still restored
+    assert got.seconds > 4.0, got  # twice its timeout and more, still restored
     assert everything(dst) == everything(src)
 
 

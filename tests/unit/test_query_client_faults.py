@@ -77,7 +77,7 @@ async def test_a_worker_that_stops_reading_fails_calls_at_their_deadline(client_
         await asyncio.sleep(0.5)
         small = asyncio.ensure_future(timed(qc.acall("get", {"key": ""}, [0])))
         for outcome, took in await asyncio.gather(big, small):
-            assert outcome == "UNAVAILABLE" and took < 3.5
+            assert outcome == "UNAVAILABLE" and took < 4.5
     finally:
         srv.close()
 
@@ -180,7 +180,7 @@ async def test_many_calls_waiting_out_a_rebalance_fail_at_their_deadline(client_
     qc.members = NoOwner("127.0.0.1:9")
     outcomes = await asyncio.gather(*(timed(qc.acall("get", {"key": ""}, [0])) for _ in range(200)))
     assert {o for o, _ in outcomes} == {"UNAVAILABLE"}
-    assert max(t for _, t in outcomes) < 1.5
+    assert max(t for _, t in outcomes) < 3.0  # slack for a loaded CI machine; the bug took 4.3 s
 
 
 class LateWorker(OneWorker):
@@ -301,7 +301,7 @@ async def test_a_blocking_read_queued_behind_busy_read_threads_fails_at_its_dead
     ran = []
     try:
         outcome, took = await timed(remote.off_loop(remote.RemoteStore(qc), lambda: ran.append(1)))
-        assert outcome == "UNAVAILABLE" and took < 1.5, (outcome, took)
+        assert outcome == "UNAVAILABLE" and took < 2.5, (outcome, took)
     finally:
         release.set()
         for job in busy:
