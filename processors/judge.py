@@ -246,6 +246,9 @@ class Judge(Follower):
         self.restore = restore
         # Partitions taken over without local state, restored off this thread (processors/restores.py).
         self._restoring = Restores(stores, restore) if restore is not None and group is not None else None
+        # Restored and served by the stores, not assigned yet: `_own` failed (tried again).
+        self._to_own: set[int] = set()
+        self._own_retry_at = 0.0
         self.on_ownership = on_ownership
         if group is None:
             for p in range(partitions):
@@ -324,13 +327,22 @@ class Judge(Follower):
     def _restored(self, consumer: Consumer) -> None:
         """On the judge's thread: own the partitions whose restore ended."""
         assert self._restoring is not None
-        done = self._restoring.finished()
-        for p, info in done:
+        for p, info in self._restoring.finished():
             if info is not None:
                 self.stats["restored"] += 1
                 self.restores[p] = summary(info)
-        if done:
-            self._own(consumer, [TopicPartition(self.topic, p) for p, _ in done])
+            self._to_own.add(p)
+        if not self._to_own or time.monotonic() < self._own_retry_at:
+            return
+        try:
+            self._own(consumer, [TopicPartition(self.topic, p) for p in sorted(self._to_own)])
+        except Exception:
+            # Kept to be tried again: dropped, the partition would stay assigned by the
+            # group, served by the stores and judged by no one until the next rebalance.
+            log.exception("partitions %s restored but not taken over; trying again in 1 s", sorted(self._to_own))
+            self._own_retry_at = time.monotonic() + 1.0
+            return
+        self._to_own.clear()
 
     def _own(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         """Assign `tps`, each from its store's position, and judge them from now on
@@ -380,8 +392,11 @@ class Judge(Follower):
 
     def _revoked(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         gone = {tp.partition for tp in tps}
-        # Those still restoring were never assigned to the consumer (unassigning one fails the whole call).
-        restoring = {p for p in gone if self._restoring is not None and self._restoring.drop(p)}
+        # Those still restoring, or restored but not assigned yet, were never assigned to
+        # the consumer (unassigning one fails the whole call).
+        restoring = {p for p in gone if (self._restoring is not None and self._restoring.drop(p))
+                     or p in self._to_own}
+        self._to_own -= gone
         calls: list[Callable[[dict], None]] = []
         with self._cond:
             self.owned -= gone
@@ -425,7 +440,7 @@ class Judge(Follower):
     @property
     def restoring(self) -> list[int]:
         """Partitions assigned here whose restore has not ended (not owned yet)."""
-        return [] if self._restoring is None else self._restoring.partitions
+        return [] if self._restoring is None else sorted({*self._restoring.partitions, *self._to_own})
 
     def _ownership_changed(self) -> None:
         if self.on_ownership is not None:
@@ -493,7 +508,7 @@ class Judge(Follower):
             # ours moves with our own records; every RETRY_WAITING_S it is looked at.
             asked = any(_remote(pend.questions, self.owned) for pend in waiting)
             timeout = 0.0 if backlog else 0.001 if asked else RETRY_WAITING_S if waiting else 0.1
-            if self._restoring:
+            if self._restoring or self._to_own:
                 try:
                     self._restored(self._consumer)
                 except Exception:  # pragma: no cover - the judge's thread never dies of it

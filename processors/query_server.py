@@ -293,11 +293,18 @@ class QueryServer:
             rid = req["id"]
             if self.draining:
                 raise not_owner("this worker is shutting down")
-            result = await self.dispatch(req["op"], req.get("args") or {})
+            args = req.get("args") or {}
+            if not isinstance(args, dict):
+                raise ThreadLogError(INVALID_ARGUMENT, f"args must be an object, got {type(args).__name__}")
+            result = await self.dispatch(req["op"], args)
             out = {"id": rid, "ok": True, "result": result}
         except ThreadLogError as exc:
             out = {"id": rid, "ok": False, "code": exc.code, "message": exc.message, "retryable": exc.retryable}
-        except (KeyError, TypeError, ValueError) as exc:  # what a malformed request's arguments raise
+        # What a malformed request raises where its arguments are read (a missing
+        # key, a value of another type). A heuristic: a worker's own ValueError
+        # would land here too; a store that cannot be read (OSError, RocksDB's
+        # errors) and bugs do not.
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             log.warning("bad request: %r", exc)
             out = {"id": rid, "ok": False, "code": INVALID_ARGUMENT, "message": f"bad request: {exc!r}"}
         except Exception as exc:
@@ -310,7 +317,7 @@ class QueryServer:
             line = wire.dumps(out)
         except (TypeError, ValueError) as exc:  # a bug: still answered, never left to time out
             log.exception("an answer could not be written as JSON")
-            line = wire.dumps({"id": rid, "ok": False, "code": INVALID_ARGUMENT,
+            line = wire.dumps({"id": rid, "ok": False, "code": INTERNAL,
                                "message": f"the answer could not be written: {exc!r}"})
         if len(line) > MAX_ANSWER_BYTES:
             # A client drops a connection whose line passes its limit (every call

@@ -11,10 +11,12 @@ judge when its restore ends (`finished`, on the judge's thread), which then
 assigns it from the restored position. Until then the partition is not owned
 here: its callers get NOT_OWNER and retry, as during any rebalance.
 
-A partition revoked mid-restore is left to finish: its store is closed, not
-served, and kept on disk, so a return resumes from it (`PartitionStores.open`
-destroys one a death left without a position). Given back meanwhile, the same
-restore goes on.
+A partition revoked mid-restore is not served and its restore is cancelled
+at its next read (it holds one of PARALLEL threads, which partitions still
+assigned here may wait for); what it wrote is destroyed, or, holding no
+position, destroyed by the next open (`PartitionStores.open`). One that ended
+before it saw the revoke is closed and kept on disk: a return resumes from it.
+Given back meanwhile, it is restored anew once the cancelled one has ended.
 """
 
 from __future__ import annotations

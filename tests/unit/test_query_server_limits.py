@@ -196,12 +196,14 @@ async def test_a_worker_failing_answers_internal_and_a_malformed_request_invalid
     try:
         writer.write(orjson.dumps({"id": 1, "op": "get", "args": {"key": "AA==", "partitions": [0]}}) + b"\n")
         writer.write(orjson.dumps({"id": 2, "op": "gets", "args": {"partitions": [0]}}) + b"\n")  # no "keys"
+        writer.write(orjson.dumps({"id": 3, "op": "barrier", "args": [0]}) + b"\n")  # args not an object
         answers = {}
-        for _ in range(2):
+        for _ in range(3):
             answer = orjson.loads(await asyncio.wait_for(reader.readline(), 5))
             answers[answer["id"]] = answer
         assert answers[1]["code"] == INTERNAL and "Input/output error" in answers[1]["message"], answers
         assert answers[2]["code"] == INVALID_ARGUMENT and "keys" in answers[2]["message"], answers
+        assert answers[3]["code"] == INVALID_ARGUMENT and "object" in answers[3]["message"], answers
     finally:
         writer.close()
         await server.close()

@@ -32,7 +32,7 @@ from starlette.routing import Route
 
 from ..client import ThreadLog
 from ..client import open as open_threadlog
-from ..kernel.errors import INVALID_ARGUMENT, ThreadLogError
+from ..kernel.errors import INTERNAL, INVALID_ARGUMENT, ThreadLogError
 from ..metrics import STALL_AFTER_S, AccessLog, Readiness, attach, attached, ops_routes
 from .guard import (
     Authorize,
@@ -193,7 +193,7 @@ def routes(get_tl: Callable[[], ThreadLog], path: str = "/api/chat", *,
         try:
             body = await thread_state(tl, thread_id)
         except ThreadLogError as exc:
-            status = 400 if exc.code == INVALID_ARGUMENT else 503
+            status = 400 if exc.code == INVALID_ARGUMENT else 500 if exc.code == INTERNAL else 503
             return JSONResponse({"error": {"code": exc.code, "message": exc.message}}, status_code=status,
                                 headers=NO_STORE)
         return JSONResponse(body, headers=NO_STORE)
