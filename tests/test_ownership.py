@@ -390,6 +390,20 @@ async def test_a_partition_paused_by_flow_control_is_judged_again_when_it_comes_
         await asyncio.to_thread(rt.stop)
 
 
+async def _snapshotted_then_left(bootstrap, namespace, tmp_path, open_client, prefix: str) -> tuple[dict, int]:
+    """A thread saved on every partition, snapshotted by worker w1, which then left
+    the group cleanly: (the events' ends the snapshots stand at, partitions)."""
+    async with _snapshotting(bootstrap, namespace, tmp_path, open_client, "100", "0.5") as (w1, _w2, thin, total):
+        await owned_by([w1], total)
+        threads = [thread_on({p}, total, prefix) for p in range(total)]
+        await within(asyncio.gather(*(thin.messages.save_thread(t, ["kept"]) for t in threads)))
+        history = await within(thin.runtime.query.barrier(None))
+        await within(_snapshotted([w1], history, total), 30)
+        w1.signal(signal.SIGTERM)
+        assert await w1.wait_exit(30) == 0
+    return history, total
+
+
 async def test_a_long_restore_neither_stops_judging_nor_drops_the_worker_from_its_group(bootstrap, namespace,
                                                                                         tmp_path, open_client):
     """A partition taken over is restored from its snapshot, which takes as long as
@@ -400,14 +414,7 @@ async def test_a_long_restore_neither_stops_judging_nor_drops_the_worker_from_it
     a snapshotted namespace; partition 0's restore is held past 8 s. Meanwhile the
     other partitions are owned and judged; after it, partition 0 is owned and
     judged from its snapshot, and the worker never gave a partition up."""
-    async with _snapshotting(bootstrap, namespace, tmp_path, open_client, "100", "0.5") as (w1, _w2, thin, total):
-        await owned_by([w1], total)
-        threads = [thread_on({p}, total, "long-restore") for p in range(total)]
-        await within(asyncio.gather(*(thin.messages.save_thread(t, ["kept"]) for t in threads)))
-        history = await within(thin.runtime.query.barrier(None))
-        await within(_snapshotted([w1], history, total), 30)
-        w1.signal(signal.SIGTERM)
-        assert await w1.wait_exit(30) == 0
+    history, total = await _snapshotted_then_left(bootstrap, namespace, tmp_path, open_client, "long-restore")
 
     rt = Runtime(Options(bootstrap_servers=bootstrap, namespace=namespace, state_dir=str(tmp_path / "rt"),
                          kafka={"session.timeout.ms": 6000, "max.poll.interval.ms": 7000}), worker=True)
@@ -479,14 +486,7 @@ async def test_partitions_revoked_mid_restore_move_to_another_worker_and_the_res
     restore of an in-process worker held; a second worker joins and takes its
     share; then the restores end: each partition is owned by exactly one of the
     two, and every one is judged."""
-    async with _snapshotting(bootstrap, namespace, tmp_path, open_client, "100", "0.5") as (w1, _w2, thin, total):
-        await owned_by([w1], total)
-        threads = [thread_on({p}, total, "moved-restore") for p in range(total)]
-        await within(asyncio.gather(*(thin.messages.save_thread(t, ["kept"]) for t in threads)))
-        history = await within(thin.runtime.query.barrier(None))
-        await within(_snapshotted([w1], history, total), 30)
-        w1.signal(signal.SIGTERM)
-        assert await w1.wait_exit(30) == 0
+    history, total = await _snapshotted_then_left(bootstrap, namespace, tmp_path, open_client, "moved-restore")
 
     rt = Runtime(Options(bootstrap_servers=bootstrap, namespace=namespace, state_dir=str(tmp_path / "rt")),
                  worker=True)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
+import pytest
 from threadlog.processors import restores as restores_mod
 from threadlog.processors.restores import Restores
 from threadlog.projections.partition_stores import PartitionStores
@@ -16,14 +18,18 @@ TOPIC = "ns.events"
 
 
 class Restorer:
-    """Fills a store with one key and position 7 once released (or fails, or sees the cancel)."""
+    """Fills a store with one key and position 7 once released (or fails, or sees
+    the cancel); `ran` lists the partitions it was called for, `cancelled` those
+    whose cancel it saw."""
 
     def __init__(self, fail: bool = False) -> None:
         self.release = threading.Event()
         self.fail = fail
+        self.ran: list[int] = []
         self.cancelled: list[int] = []
 
     def __call__(self, p: int, store, cancel: threading.Event):
+        self.ran.append(p)
         while not self.release.wait(0.01):
             if cancel.is_set():
                 self.cancelled.append(p)
@@ -36,7 +42,26 @@ class Restorer:
         return None
 
 
+@pytest.fixture
+def rig(tmp_path):
+    """make(fail=False, restore=None) -> (stores, restorer, restores); all released and closed after the test."""
+    made: list[tuple[PartitionStores, Restorer, Restores]] = []
+
+    def make(fail: bool = False, restore: Callable | None = None):
+        stores, restorer = PartitionStores(tmp_path, TOPIC), Restorer(fail=fail)
+        restores = Restores(stores, restore or restorer)
+        made.append((stores, restorer, restores))
+        return stores, restorer, restores
+
+    yield make
+    for stores, restorer, restores in made:
+        restorer.release.set()
+        restores.close()
+        stores.close()
+
+
 def _finished(restores: Restores, seconds: float = 10.0) -> list:
+    """The first non-empty `finished`, or [] once no restore is left."""
     deadline = time.monotonic() + seconds
     while True:
         done = restores.finished()
@@ -46,20 +71,15 @@ def _finished(restores: Restores, seconds: float = 10.0) -> list:
         time.sleep(0.01)  # polled as the judge's loop polls it
 
 
-def test_a_restored_partition_is_served_only_once_its_restore_ended(tmp_path):
-    stores, restorer = PartitionStores(tmp_path, TOPIC), Restorer()
-    restores = Restores(stores, restorer)
-    try:
-        restores.start(0)
-        assert restores.partitions == [0] and restores.finished() == []
-        assert stores.partitions == [] and stores.get(b"k") is None  # the store being filled is not read
-        restorer.release.set()
-        assert [p for p, _ in _finished(restores)] == [0]
-        assert stores.partitions == [0] and stores.get(b"k") == b"v" and stores.offset(TOPIC, 0) == 7
-        assert not restores
-    finally:
-        restores.close()
-        stores.close()
+def _served(restores: Restores, seconds: float = 10.0) -> list:
+    """Every partition `finished` serves until no restore is left (as the judge's loop polls it)."""
+    served: list = []
+    deadline = time.monotonic() + seconds
+    while restores:
+        assert time.monotonic() < deadline, f"restores left: {restores.partitions}"
+        served += restores.finished()
+        time.sleep(0.01)
+    return served
 
 
 def _until(predicate, seconds: float = 10.0) -> None:
@@ -69,115 +89,86 @@ def _until(predicate, seconds: float = 10.0) -> None:
         time.sleep(0.01)  # polled: a restore thread's progress announces nothing
 
 
-def test_a_partition_revoked_mid_restore_cancels_it_and_is_not_served(tmp_path):
+def test_a_restored_partition_is_served_only_once_its_restore_ended(rig):
+    stores, restorer, restores = rig()
+    restores.start(0)
+    assert restores.partitions == [0] and restores.finished() == []
+    assert stores.partitions == [] and stores.get(b"k") is None  # the store being filled is not read
+    restorer.release.set()
+    assert [p for p, _ in _finished(restores)] == [0]
+    assert stores.partitions == [0] and stores.get(b"k") == b"v" and stores.offset(TOPIC, 0) == 7
+    assert not restores
+
+
+def test_a_partition_revoked_mid_restore_cancels_it_and_is_not_served(rig):
     """A revoked restore held one of the PARALLEL threads, which partitions still
     assigned here may wait for (a review): it is cancelled at its next read, and
     what it wrote is never folded onto."""
-    stores, restorer = PartitionStores(tmp_path, TOPIC), Restorer()
-    restores = Restores(stores, restorer)
-    try:
-        restores.start(0)
-        _until(lambda: stores.has_local(0))  # running: its fresh store exists
-        assert restores.drop(0) is True and restores.drop(1) is False
-        assert restores.partitions == []  # not assigned here any more
-        _until(lambda: restorer.cancelled == [0])
-        assert _finished(restores) == [] and not restores
-        assert stores.partitions == [] and stores.open(0).is_empty()
-    finally:
-        restorer.release.set()
-        restores.close()
-        stores.close()
+    stores, restorer, restores = rig()
+    restores.start(0)
+    _until(lambda: stores.has_local(0))  # running: its fresh store exists
+    assert restores.drop(0) is True and restores.drop(1) is False
+    assert restores.partitions == []  # not assigned here any more
+    _until(lambda: restorer.cancelled == [0])
+    assert _finished(restores) == [] and not restores
+    assert stores.partitions == [] and stores.open(0).is_empty()
 
 
-def test_a_restore_that_ended_before_its_revoke_is_kept_for_a_return(tmp_path):
-    stores, restorer = PartitionStores(tmp_path, TOPIC), Restorer()
-    restores = Restores(stores, restorer)
-    try:
-        restores.start(0)
-        restorer.release.set()
-        _until(lambda: restores._jobs[0].future.done())
-        restores.drop(0)
-        assert _finished(restores) == [] and stores.partitions == []  # closed, not served
-        assert stores.open(0).offset(TOPIC, 0) == 7  # back later: resumed from it
-    finally:
-        restores.close()
-        stores.close()
+def test_a_restore_that_ended_before_its_revoke_is_kept_for_a_return(rig):
+    stores, restorer, restores = rig()
+    restores.start(0)
+    restorer.release.set()
+    _until(lambda: restores._jobs[0].future.done())
+    restores.drop(0)
+    assert _finished(restores) == [] and stores.partitions == []  # closed, not served
+    assert stores.open(0).offset(TOPIC, 0) == 7  # back later: resumed from it
 
 
-def test_a_revoked_restore_frees_its_thread_for_a_partition_still_assigned(tmp_path):
+def test_a_revoked_restore_frees_its_thread_for_a_partition_still_assigned(rig):
     """Tried (a review): partitions 0-3 restoring on the four threads, all four
     moved to another worker, partition 4 given here: it waited for all four
     snapshots to be read in full."""
-    stores, restorer = PartitionStores(tmp_path, TOPIC), Restorer()
-    ran: list[int] = []
-
-    def counted(p, store, cancel):
-        ran.append(p)
-        if p == 4:
-            return None  # no snapshot: folded from offset 0
-        return restorer(p, store, cancel)
-
-    restores = Restores(stores, counted)
-    try:
-        for p in range(4):
-            restores.start(p)
-        _until(lambda: sorted(ran) == [0, 1, 2, 3])
-        restores.start(4)
-        for p in range(4):
-            restores.drop(p)
-        _until(lambda: 4 in ran)
-        served: list[int] = []
-        deadline = time.monotonic() + 10
-        while restores:
-            assert time.monotonic() < deadline
-            served += [p for p, _ in restores.finished()]
-            time.sleep(0.01)
-        assert served == [4] and stores.partitions == [4]
-    finally:
-        restorer.release.set()
-        restores.close()
-        stores.close()
+    stores, restorer, restores = rig()
+    for p in range(4):
+        restores.start(p)
+    _until(lambda: sorted(restorer.ran) == [0, 1, 2, 3])
+    restores.start(4)
+    for p in range(4):
+        restores.drop(p)
+    _until(lambda: 4 in restorer.ran)  # before any snapshot was released: a cancelled one freed its thread
+    _until(lambda: sorted(restorer.cancelled) == [0, 1, 2, 3])
+    restorer.release.set()
+    assert [p for p, _ in _served(restores)] == [4] and stores.partitions == [4]
 
 
-def test_a_partition_given_back_mid_restore_is_restored_not_folded_from_offset_0(tmp_path):
-    stores, restorer = PartitionStores(tmp_path, TOPIC), Restorer()
-    restores = Restores(stores, restorer)
-    try:
-        restores.start(0)
-        restores.drop(0)
-        restores.start(0)  # assigned again: restored anew once the cancelled one ended (never two at once)
-        restorer.release.set()
-        assert [p for p, _ in _finished(restores)] == [0]
-        assert stores.offset(TOPIC, 0) == 7
-    finally:
-        restores.close()
-        stores.close()
-
-
-def test_a_failed_restore_serves_an_empty_store_folded_from_offset_0(tmp_path):
-    stores, restorer = PartitionStores(tmp_path, TOPIC), Restorer(fail=True)
-    restores = Restores(stores, restorer)
-    try:
-        restores.start(0)
-        restorer.release.set()
-        assert _finished(restores) == [(0, None)]
-        assert stores.partitions == [0] and stores.store_of(0).is_empty()  # never folded onto a partial restore
-    finally:
-        restores.close()
-        stores.close()
-
-
-def test_closing_cancels_a_restore_and_what_it_left_is_never_folded_onto(tmp_path):
-    stores, restorer = PartitionStores(tmp_path, TOPIC), Restorer()
-    restores = Restores(stores, restorer)
+def test_a_partition_given_back_mid_restore_is_restored_not_folded_from_offset_0(rig):
+    stores, restorer, restores = rig()
     restores.start(0)
+    restores.drop(0)
+    restores.start(0)  # assigned again: restored anew once the cancelled one ended (never two at once)
+    restorer.release.set()
+    assert [p for p, _ in _finished(restores)] == [0]
+    assert stores.offset(TOPIC, 0) == 7
+
+
+def test_a_failed_restore_serves_an_empty_store_folded_from_offset_0(rig):
+    stores, restorer, restores = rig(fail=True)
+    restores.start(0)
+    restorer.release.set()
+    assert _finished(restores) == [(0, None)]
+    assert stores.partitions == [0] and stores.store_of(0).is_empty()  # never folded onto a partial restore
+
+
+def test_closing_cancels_a_restore_and_what_it_left_is_never_folded_onto(rig):
+    stores, restorer, restores = rig()
+    restores.start(0)
+    _until(lambda: restorer.ran == [0])
     restores.close()  # returns: the restore saw the cancel
     assert restorer.cancelled == [0] and not restores
     assert stores.open(0).is_empty()  # keys without a position are dropped when the slot opens
-    stores.close()
 
 
-def test_a_restore_refused_after_it_wrote_its_position_is_never_resumed_from(tmp_path):
+def test_a_restore_refused_after_it_wrote_its_position_is_never_resumed_from(rig):
     """snapshots.restore writes the position with its last batch, then may refuse
     the store (a key count or position its manifest contradicts). Tried: such a
     restore of a partition revoked meanwhile: its directory is gone, not kept."""
@@ -188,25 +179,19 @@ def test_a_restore_refused_after_it_wrote_its_position_is_never_resumed_from(tmp
         store.apply({b"k": b"partial"}, {(TOPIC, p): 7})
         raise RuntimeError("decoded to 3 keys, its manifest says 5")
 
-    stores = PartitionStores(tmp_path, TOPIC)
-    restores = Restores(stores, refused_late)
-    try:
-        restores.start(0)
-        restores.drop(0)
-        release.set()
-        assert _finished(restores) == [] and not restores
-        assert not stores.has_local(0)
-    finally:
-        restores.close()
-        stores.close()
+    stores, _restorer, restores = rig(restore=refused_late)
+    restores.start(0)
+    restores.drop(0)
+    release.set()
+    assert _finished(restores) == [] and not restores
+    assert not stores.has_local(0)
 
 
-def test_a_restored_store_that_cannot_be_served_is_tried_again_not_dropped(tmp_path, monkeypatch):
+def test_a_restored_store_that_cannot_be_served_is_tried_again_not_dropped(rig, monkeypatch):
     """Dropped, the partition would stay assigned by the group and judged by no
     one until the next rebalance. Tried: the first replace fails (a full disk)."""
     monkeypatch.setattr(restores_mod, "RETRY_S", 0.05)
-    stores, restorer = PartitionStores(tmp_path, TOPIC), Restorer(fail=True)
-    restores = Restores(stores, restorer)
+    stores, restorer, restores = rig(fail=True)
     real, calls = stores.replace, []
 
     def full_once(p):
@@ -216,74 +201,43 @@ def test_a_restored_store_that_cannot_be_served_is_tried_again_not_dropped(tmp_p
         return real(p)
 
     monkeypatch.setattr(stores, "replace", full_once)
-    try:
-        restores.start(0)
-        restorer.release.set()
-        assert _finished(restores) == [(0, None)] and calls == [0, 0]
-        assert stores.partitions == [0]
-    finally:
-        restores.close()
-        stores.close()
+    restores.start(0)
+    restorer.release.set()
+    assert _finished(restores) == [(0, None)] and calls == [0, 0]
+    assert stores.partitions == [0]
 
 
-def test_a_restore_still_queued_when_revoked_is_skipped_and_runs_if_given_back(tmp_path):
+def test_a_restore_still_queued_when_revoked_is_skipped_and_runs_if_given_back(rig):
     """Restores of partitions another worker now owns must not take the slots of
     those still assigned here. Tried: six started (four run at once), the last two
     revoked while queued: never read; one of them given back before its skip was
     collected: restored after all, not folded from offset 0."""
-    ran: list[int] = []
-    stores, restorer = PartitionStores(tmp_path, TOPIC), Restorer()
-
-    def counted(p, store, cancel):
-        ran.append(p)
-        return restorer(p, store, cancel)
-
-    restores = Restores(stores, counted)
-    try:
-        for p in range(6):
-            restores.start(p)
-        restores.drop(4)
-        restores.drop(5)
-        assert restores.partitions == [0, 1, 2, 3]
-        restorer.release.set()
-        deadline = time.monotonic() + 10
-        while not all(restores._jobs[p].future.done() for p in (4, 5)):
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        restores.start(5)  # given back after its skip, before it was collected
-        served: list[int] = []
-        while restores:
-            assert time.monotonic() < deadline
-            served += [p for p, _ in restores.finished()]
-            time.sleep(0.01)
-        assert sorted(ran) == [0, 1, 2, 3, 5] and sorted(served) == [0, 1, 2, 3, 5]
-        assert stores.offset(TOPIC, 5) == 7 and not stores.has_local(4)
-    finally:
-        restores.close()
-        stores.close()
+    stores, restorer, restores = rig()
+    for p in range(6):
+        restores.start(p)
+    restores.drop(4)
+    restores.drop(5)
+    assert restores.partitions == [0, 1, 2, 3]
+    restorer.release.set()
+    _until(lambda: all(restores._jobs[p].future.done() for p in (4, 5)))
+    restores.start(5)  # given back after its skip, before it was collected
+    served = [p for p, _ in _served(restores)]
+    assert sorted(restorer.ran) == [0, 1, 2, 3, 5] and sorted(served) == [0, 1, 2, 3, 5]
+    assert stores.offset(TOPIC, 5) == 7 and not stores.has_local(4)
 
 
-def test_closing_never_starts_a_queued_restore(tmp_path):
-    ran: list[int] = []
-    stores, restorer = PartitionStores(tmp_path, TOPIC), Restorer()
-
-    def counted(p, store, cancel):
-        ran.append(p)
-        return restorer(p, store, cancel)
-
-    restores = Restores(stores, counted)
+def test_closing_never_starts_a_queued_restore(rig):
+    _stores, restorer, restores = rig()
     for p in range(8):
         restores.start(p)
     restores.close()
-    assert len(ran) <= 4 and sorted(restorer.cancelled) == sorted(ran)
-    stores.close()
+    assert len(restorer.ran) <= 4 and sorted(restorer.cancelled) == sorted(restorer.ran)
 
 
-def test_a_restore_thread_that_raises_anyway_fails_alone(tmp_path):
+def test_a_restore_thread_that_raises_anyway_fails_alone(rig):
     """Tried (a review): a restore whose cleanup raised too (its store's destroy
     failing) made `finished` raise for every partition, every round: the others
     were never served and the worker never ready; `close` raised out of stop."""
-    stores = PartitionStores(tmp_path, TOPIC)
 
     def restorer(p, store, cancel):
         if p == 0:
@@ -295,17 +249,7 @@ def test_a_restore_thread_that_raises_anyway_fails_alone(tmp_path):
             raise RuntimeError("the snapshot does not decode")
         store.apply({b"k": b"v"}, {(TOPIC, p): 7})
 
-    restores = Restores(stores, restorer)
-    try:
-        restores.start(0)
-        restores.start(1)
-        served: list = []
-        deadline = time.monotonic() + 10
-        while restores:
-            assert time.monotonic() < deadline
-            served += restores.finished()
-            time.sleep(0.01)
-        assert sorted(served) == [(0, None), (1, None)] and stores.offset(TOPIC, 1) == 7
-    finally:
-        restores.close()
-        stores.close()
+    stores, _restorer, restores = rig(restore=restorer)
+    restores.start(0)
+    restores.start(1)
+    assert sorted(_served(restores)) == [(0, None), (1, None)] and stores.offset(TOPIC, 1) == 7
