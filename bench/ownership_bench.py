@@ -72,7 +72,10 @@ async def main() -> None:
                     st = await w.stats()
                     print(f"  {w.name} owns {st['owned']}: judged {st['judged']} records", flush=True)
                 total = sum([(await w.stats())["judged"] for w in workers])
-                print(f"  together {total} records judged for {args.history} in the log (each once)", flush=True)
+                # Above the history when the second worker restored partitions from a snapshot older
+                # than what the first had judged of them before the rebalance moved them (judged again).
+                print(f"  together {total} records judged for {args.history} in the log "
+                      f"({total - args.history} judged twice across the hand-over)", flush=True)
 
                 # Load on every partition, then kill the bigger owner.
                 victim = max(workers, key=lambda w: len(owned[w.name]))
