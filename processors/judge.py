@@ -64,7 +64,7 @@ from threadlog.kernel.validation import dumps, int_digits_problem
 
 from .ahead import Ahead
 from .handlers import GLOBAL_READS, HANDLERS, INTRODUCED, SCHEMA_INTRODUCED, Context, Decision, reads_other_partitions
-from .restores import Restorer, Restores
+from .restores import RETRY_S, Restorer, Restores
 from .verdict_push import VerdictPush
 
 if TYPE_CHECKING:
@@ -315,9 +315,9 @@ class Judge(Follower):
         the worker leave its group, and stopped all judging meanwhile."""
         ready = []
         for tp in tps:
-            if self._restoring is not None and tp.partition in self._restoring:
-                self._restoring.start(tp.partition)  # given back mid-restore: its store is still being filled
-            elif self._resumable(tp.partition):
+            # Given back mid-restore, its store is still being filled: not opened here.
+            mid_restore = self._restoring is not None and tp.partition in self._restoring
+            if not mid_restore and self._resumable(tp.partition):
                 ready.append(tp)
             else:
                 assert self._restoring is not None
@@ -339,8 +339,9 @@ class Judge(Follower):
         except Exception:
             # Kept to be tried again: dropped, the partition would stay assigned by the
             # group, served by the stores and judged by no one until the next rebalance.
-            log.exception("partitions %s restored but not taken over; trying again in 1 s", sorted(self._to_own))
-            self._own_retry_at = time.monotonic() + 1.0
+            log.exception("partitions %s restored but not taken over; trying again in %gs", sorted(self._to_own),
+                          RETRY_S)
+            self._own_retry_at = time.monotonic() + RETRY_S
             return
         self._to_own.clear()
 

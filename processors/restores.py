@@ -159,7 +159,7 @@ class Restores:
                 # (a key count or position its manifest contradicts) would otherwise be
                 # resumed from when the partition comes back.
                 store.destroy()
-            return None if cancel.is_set() else (None, None)
+            return _failed(cancel)
 
     def cancel(self) -> None:
         """The owner stops or halts: what runs ends at its next read, nothing new starts (any thread)."""
@@ -187,4 +187,10 @@ def _outcome(p: int, job: _Job) -> _Result:
         return job.future.result()
     except Exception:
         log.exception("partition %d: its restore failed", p)
-        return None if job.cancel.is_set() else (None, None)
+        return _failed(job.cancel)
+
+
+def _failed(cancel: threading.Event) -> _Result:
+    """A restore that did not fill its store: cancelled (None) or failed (nothing
+    restored: folded from offset 0)."""
+    return None if cancel.is_set() else (None, None)

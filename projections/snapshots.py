@@ -213,13 +213,18 @@ _RETRIABLE = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILAB
               KafkaError.REQUEST_TIMED_OUT}
 
 
+def _unless_cancelled(cancel: threading.Event | None, topic: str, partition: int) -> None:
+    """UNAVAILABLE once `cancel` is set: checked before each request of a restore."""
+    if cancel is not None and cancel.is_set():
+        raise unavailable(f"{topic}[{partition}]: reading cancelled (the reader is stopping)")
+
+
 def _watermarks(consumer: Consumer, topic: str, partition: int, deadline: float,
                 cancel: threading.Event | None = None) -> tuple[int, int]:
     """(low, high) of the partition; a leader election or a topic just created is waited out."""
     last = ""
     while True:
-        if cancel is not None and cancel.is_set():
-            raise unavailable(f"{topic}[{partition}]: reading cancelled (the reader is stopping)")
+        _unless_cancelled(cancel, topic, partition)
         try:
             low, high = consumer.get_watermark_offsets(
                 TopicPartition(topic, partition), timeout=max(0.1, min(5.0, deadline - time.monotonic())))
@@ -254,8 +259,7 @@ def _read(consumer: Consumer, topic: str, partition: int, start: int, stop: int,
     quiet_until = time.monotonic() + stall
     try:
         while True:
-            if cancel is not None and cancel.is_set():
-                raise unavailable(f"{topic}[{partition}]: reading cancelled (the reader is stopping)")
+            _unless_cancelled(cancel, topic, partition)
             left = quiet_until - time.monotonic()
             if left <= 0:
                 raise unavailable(f"{topic}[{partition}]: nothing read for {stall:g}s between {start} and {stop}")
