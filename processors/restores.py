@@ -22,10 +22,11 @@ Given back meanwhile, it is restored anew once the cancelled one has ended.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from threadlog.projections.partition_stores import PartitionStores
@@ -64,7 +65,7 @@ class Restores:
         self.restore = restore
         self._jobs: dict[int, _Job] = {}
         self._closed = threading.Event()
-        self._pool = ThreadPoolExecutor(max_workers=PARALLEL, thread_name_prefix="restore")
+        self._pool = _DaemonPool(PARALLEL, "restore")
 
     @property
     def partitions(self) -> list[int]:
@@ -169,15 +170,72 @@ class Restores:
 
     def close(self) -> None:
         """Once the judge's thread is gone: cancel what runs, wait for it, close what it filled.
-        A restore ends at its next read or offsets request (each at most 5 s); one
-        already writing the state it read finishes that first."""
+        A restore ends at its next read, offsets request (each at most 5 s) or
+        write of the state it read (a batch of at most 4 MiB)."""
         self.cancel()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.shutdown()
         for p, job in list(self._jobs.items()):
             result = None if job.future.cancelled() else _outcome(p, job)
             if result is not None and result[0] is not None:
                 result[0].close()
         self._jobs.clear()
+
+
+class _DaemonPool:
+    """Up to `size` daemon threads running submitted calls in order.
+
+    Why not a ThreadPoolExecutor: the interpreter joins its threads at exit, so a
+    process that ended without stopping its worker (or its embedded client)
+    waited for every restore under way to end, however large its snapshot. The
+    judge's own thread is a daemon thread; its restores are too."""
+
+    def __init__(self, size: int, name: str) -> None:
+        self._size = size
+        self._name = name
+        self._calls: queue.SimpleQueue[tuple[Future, Callable[[], _Result]] | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []  # started as calls come, up to `size`
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[[int, threading.Event], _Result], p: int, cancel: threading.Event
+               ) -> Future[_Result]:
+        future: Future[_Result] = Future()
+        self._calls.put((future, lambda: fn(p, cancel)))
+        with self._lock:
+            if len(self._threads) < self._size:
+                thread = threading.Thread(target=self._run, name=f"{self._name}_{len(self._threads)}", daemon=True)
+                self._threads.append(thread)
+                thread.start()
+        return future
+
+    def _run(self) -> None:
+        while True:
+            item = self._calls.get()
+            if item is None:
+                return
+            future, call = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    result = call()
+                except BaseException as exc:  # kept for `_outcome`, as a ThreadPoolExecutor keeps it
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
+
+    def shutdown(self) -> None:
+        """Cancel the calls not started, then wait for those running."""
+        while True:
+            try:
+                item = self._calls.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[0].cancel()
+        with self._lock:
+            threads = list(self._threads)
+        for _ in threads:
+            self._calls.put(None)
+        for thread in threads:
+            thread.join()
 
 
 def _outcome(p: int, job: _Job) -> _Result:

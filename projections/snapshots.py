@@ -214,9 +214,9 @@ _RETRIABLE = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILAB
 
 
 def _unless_cancelled(cancel: threading.Event | None, topic: str, partition: int) -> None:
-    """UNAVAILABLE once `cancel` is set: checked before each request of a restore."""
+    """UNAVAILABLE once `cancel` is set: checked before each request and each write of a restore."""
     if cancel is not None and cancel.is_set():
-        raise unavailable(f"{topic}[{partition}]: reading cancelled (the reader is stopping)")
+        raise unavailable(f"{topic}[{partition}]: restore cancelled (the reader is stopping)")
 
 
 def _watermarks(consumer: Consumer, topic: str, partition: int, deadline: float,
@@ -556,7 +556,7 @@ def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id:
     this partition, of this incarnation of the events topic, at a position the
     log has reached -- and the restored store must stand at that position, else
     UNAVAILABLE (the caller folds from offset 0 instead). `cancel` set: UNAVAILABLE
-    at the next read (the owner is stopping).
+    at the next read or write (the owner is stopping).
     """
     t0 = time.monotonic()
     if not store.is_empty():
@@ -616,7 +616,7 @@ def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id:
                 return None
     finally:
         consumer.close()
-    keys = _fill(store, payloads)
+    keys = _fill(store, payloads, cancel, topic, partition)
     if keys != int(chosen.get("keys", keys)):
         raise unavailable(f"snapshot {chosen['snapshotId']} of {topic}[{partition}] decoded to {keys} keys, "
                           f"its manifest says {chosen.get('keys')}: the store is incomplete")
@@ -670,7 +670,14 @@ def _from_origin(consumer: Consumer, origin: Origin | None, partition: int,
     return usable
 
 
-def _fill(store: Store, payloads: list[bytes]) -> int:
+def _fill(store: Store, payloads: list[bytes], cancel: threading.Event | None, topic: str, partition: int) -> int:
+    """Write the snapshot's pairs into `store`, tracking offsets in the last batch.
+
+    `cancel` is checked before each batch, the last included. Why: writing a
+    large state takes as long as reading it, and a restore whose partition was
+    revoked (or whose owner stops) held a restore thread, and a stopping
+    process, until it was written whole. Cancelled before the last batch, the
+    store holds no position: it is destroyed, never folded onto."""
     batch: dict[bytes, bytes | None] = {}
     held: dict[bytes, bytes | None] = {}  # tracking offsets: written last
     size = keys = 0
@@ -682,9 +689,11 @@ def _fill(store: Store, payloads: list[bytes]) -> int:
         batch[k] = v
         size += len(k) + len(v)
         if size >= APPLY_BYTES:
+            _unless_cancelled(cancel, topic, partition)
             store.apply(batch, {})
             batch, size = {}, 0
     batch.update(held)
     if batch:
+        _unless_cancelled(cancel, topic, partition)
         store.apply(batch, {})
     return keys

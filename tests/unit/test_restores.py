@@ -5,6 +5,9 @@ test decides when it ends."""
 
 from __future__ import annotations
 
+import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -12,7 +15,11 @@ from collections.abc import Callable
 import pytest
 from threadlog.processors import restores as restores_mod
 from threadlog.processors.restores import Restores
+from threadlog.projections import snapshots
 from threadlog.projections.partition_stores import PartitionStores
+from threadlog.projections.store import Store, _offset_key
+
+from threadlog.kernel.errors import UNAVAILABLE, ThreadLogError
 
 TOPIC = "ns.events"
 
@@ -253,3 +260,64 @@ def test_a_restore_thread_that_raises_anyway_fails_alone(rig):
     restores.start(0)
     restores.start(1)
     assert sorted(_served(restores)) == [(0, None), (1, None)] and stores.offset(TOPIC, 1) == 7
+
+
+
+def test_a_process_that_exits_mid_restore_is_not_held_by_it(tmp_path):
+    """Tried: a process whose worker never stopped (its main thread returned, or
+    an embedded client was never closed) while a restore ran waited at exit for
+    the restore to end -- the interpreter joins a ThreadPoolExecutor's threads.
+    Here the restore never ends: the process must exit anyway."""
+    script = f"""
+import threading
+from threadlog.processors.restores import Restores
+from threadlog.projections.partition_stores import PartitionStores
+
+started = threading.Event()
+
+def restorer(p, store, cancel):
+    started.set()
+    threading.Event().wait()  # a snapshot read that never ends, and no stop to cancel it
+
+Restores(PartitionStores({str(tmp_path)!r}, "ns.events"), restorer).start(0)
+assert started.wait(10)
+print("restoring", flush=True)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("the process still waited for its restore 30 s after its main thread ended")
+    assert "restoring" in out and proc.returncode == 0, err
+
+
+def test_a_restore_cancelled_while_writing_its_state_stops_before_its_position(tmp_path, monkeypatch):
+    """Tried: a restore revoked (or whose owner stops) after its snapshot was read
+    wrote the whole state before it saw the cancel, holding a restore thread, and
+    a stopping worker, that long. Now it stops before its next write batch; the
+    position (written last) is never written, so the store is never folded onto."""
+    monkeypatch.setattr(snapshots, "APPLY_BYTES", 1024)
+    pairs = [(b"key-%04d" % i, b"v" * 200) for i in range(40)]
+    pairs.append((_offset_key(TOPIC, 0), struct.pack(">q", 7)))
+    payloads = [snapshots._payload(chunk) for chunk in snapshots.encode_chunks(iter(pairs))]
+    store = Store(tmp_path / "s")
+    cancel = threading.Event()
+    batches: list[int] = []
+    apply = store.apply
+
+    def first_batch_then_revoked(mutations, positions):
+        batches.append(len(mutations))
+        cancel.set()  # the revoke lands while the first batch is written
+        apply(mutations, positions)
+
+    store.apply = first_batch_then_revoked  # type: ignore[method-assign]
+    try:
+        with pytest.raises(ThreadLogError) as raised:
+            snapshots._fill(store, payloads, cancel, TOPIC, 0)  # type: ignore[arg-type]
+        assert raised.value.code == UNAVAILABLE and len(batches) == 1
+        assert store.offset(TOPIC, 0) == 0 and store.get(b"key-0039") is None
+    finally:
+        store.close()
