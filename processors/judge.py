@@ -249,6 +249,7 @@ class Judge(Follower):
         # Restored and served by the stores, not assigned yet: `_own` failed (tried again).
         self._to_own: set[int] = set()
         self._own_retry_at = 0.0
+        self._own_failing: str | None = None  # why the last take-over of restored partitions failed
         self.on_ownership = on_ownership
         if group is None:
             for p in range(partitions):
@@ -336,14 +337,16 @@ class Judge(Follower):
             return
         try:
             self._own(consumer, [TopicPartition(self.topic, p) for p in sorted(self._to_own)])
-        except Exception:
+        except Exception as exc:
             # Kept to be tried again: dropped, the partition would stay assigned by the
             # group, served by the stores and judged by no one until the next rebalance.
             log.exception("partitions %s restored but not taken over; trying again in %gs", sorted(self._to_own),
                           RETRY_S)
             self._own_retry_at = time.monotonic() + RETRY_S
+            self._own_failing = f"{type(exc).__name__}: {exc}"
             return
         self._to_own.clear()
+        self._own_failing = None
 
     def _own(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         """Assign `tps`, each from its store's position, and judge them from now on
@@ -442,6 +445,18 @@ class Judge(Follower):
     def restoring(self) -> list[int]:
         """Partitions assigned here whose restore has not ended (not owned yet)."""
         return [] if self._restoring is None else sorted({*self._restoring.partitions, *self._to_own})
+
+    @property
+    def unserved(self) -> dict[int, str]:
+        """Partitions restored but failing to be served or taken over (each tried
+        again every RETRY_S), with the last error: why readiness says not ready."""
+        if self._restoring is None:
+            return {}
+        out = self._restoring.unserved
+        failing = self._own_failing
+        if failing is not None:
+            out.update(dict.fromkeys(list(self._to_own), failing))
+        return out
 
     def _ownership_changed(self) -> None:
         if self.on_ownership is not None:

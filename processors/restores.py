@@ -54,6 +54,7 @@ class _Job:
     cancel: threading.Event  # set by a revoke or a stop: the restore ends at its next read
     wanted: bool = True  # still assigned here (a revoke unsets it, an assignment sets it again)
     retry_at: float = 0.0  # serving it failed: not tried again before this (time.monotonic())
+    failing: str | None = None  # why serving it failed last (until it is served)
 
 
 class Restores:
@@ -72,6 +73,13 @@ class Restores:
         """Partitions being restored and still assigned here."""
         # A copy taken at once: `stats` and readiness read this off the judge's thread.
         return sorted(p for p, job in list(self._jobs.items()) if job.wanted)
+
+    @property
+    def unserved(self) -> dict[int, str]:
+        """Partitions restored and still assigned here whose store failed to be
+        served, with the last error. Each is tried again every RETRY_S for as long
+        as it fails; readiness says why the worker is not ready (an operator's cue)."""
+        return {p: job.failing for p, job in list(self._jobs.items()) if job.wanted and job.failing is not None}
 
     def __bool__(self) -> bool:
         return bool(self._jobs)
@@ -128,12 +136,13 @@ class Restores:
                     self.stores.replace(p)
                 else:
                     self.stores.adopt(p, store)
-            except Exception:
+            except Exception as exc:
                 # Kept, not dropped: dropped, the partition would stay assigned by
                 # the group and judged by no one until the next rebalance.
                 log.exception("partition %d: its restored store cannot be served; trying again in %gs", p,
                               RETRY_S)
                 job.retry_at = now + RETRY_S
+                job.failing = f"{type(exc).__name__}: {exc}"
                 continue
             del self._jobs[p]
             out.append((p, info))

@@ -451,20 +451,27 @@ async def test_a_long_restore_neither_stops_judging_nor_drops_the_worker_from_it
         assert judge.owned == others and 0 not in judge.restores
         ready, detail = await within(readiness.check())
         assert not ready and detail["restoring"] == [0], detail  # an assignment restoring is not caught up
-        # Taking the restored partition over fails once (a review: it was then served
-        # by the stores, assigned by the group and judged by no one): tried again.
-        real_own, failed = judge._own, []
+        # Taking the restored partition over fails (a review: it was then served by
+        # the stores, assigned by the group and judged by no one): tried again, and
+        # readiness says why meanwhile.
+        real_own, failed, failing = judge._own, [], threading.Event()
+        failing.set()
 
-        def own_failing_once(consumer, tps):
-            if not failed and any(tp.partition == 0 for tp in tps):
+        def own_failing(consumer, tps):
+            if failing.is_set() and any(tp.partition == 0 for tp in tps):
                 failed.append(sorted(tp.partition for tp in tps))
                 raise RuntimeError("injected: the assign of a restored partition failed")
             return real_own(consumer, tps)
 
-        judge._own = own_failing_once
+        judge._own = own_failing
         release.set()
+        await until(lambda: judge.unserved, 30, "the failing take-over reported")
+        assert judge.unserved == {0: "RuntimeError: injected: the assign of a restored partition failed"}
+        ready, detail = await within(readiness.check())
+        assert not ready and detail["unserved"] == {"0": judge.unserved[0]}, detail
+        failing.clear()
         await until(lambda: judge.owned == set(range(total)), 30, "partition 0 owned once restored")
-        assert failed == [[0]]
+        assert failed and all(tps == [0] for tps in failed) and judge.unserved == {}
         await judged(0)
 
         async def ready() -> bool:

@@ -381,10 +381,13 @@ class Readiness:
         # Assigned, not owned yet: restored beside the judge (processors/restores.py).
         # A new assignment is not caught up while its snapshot is still being read.
         restoring = list(getattr(judge, "restoring", ()))
+        unserved = dict(getattr(judge, "unserved", {}))  # restored, failing to be served: retried
         ready = member and not behind and not gating and not restoring
         detail: dict[str, Any] = {"role": "worker" if rt.worker else "embedded", "owned": owned}
         if restoring:
             detail["restoring"] = restoring
+        if unserved:
+            detail["unserved"] = {str(p): why for p, why in sorted(unserved.items())}
         said = (f"partitions {sorted(int(p) for p in stalled)} stalled: records to judge and no "
                 f"progress for {self.stall_after:g}s or more")
         if not member:
@@ -396,6 +399,9 @@ class Readiness:
         elif behind:
             detail["reason"] = "partitions not caught up"
             detail["behind"] = behind
+        elif unserved:
+            detail["reason"] = (f"partitions {sorted(unserved)} restored but failing to be served (tried again "
+                                f"each second): {unserved[min(unserved)]}")
         elif restoring:
             detail["reason"] = f"partitions {restoring} restoring from their snapshots"
         if stalled:

@@ -123,3 +123,23 @@ async def test_a_target_read_before_a_partition_was_given_again_is_not_kept():
     rt.judge.positions = {0: 10}
     ready, detail = await readiness.check()
     assert ready is False and detail["reason"] == "partitions not caught up", detail
+
+
+async def test_a_restored_partition_failing_to_be_served_says_why_the_worker_is_not_ready():
+    # Tried: a restored store that could not be served (a full disk) was tried
+    # again each second for good while /readyz said only "restoring": nothing
+    # told an operator the restore had ended and what kept failing.
+    rt = Runtime()
+    rt.judge.positions = {0: 10}
+    rt.judge.restoring = [0, 1]  # type: ignore[attr-defined]
+    rt.judge.unserved = {1: "OSError: No space left on device"}  # type: ignore[attr-defined]
+    readiness = Readiness(rt)
+    readiness.start()
+    rt.owned_now()
+    await settle(readiness)
+    ready, detail = await readiness.check()
+    assert ready is False and detail["unserved"] == {"1": "OSError: No space left on device"}, detail
+    assert "No space left on device" in detail["reason"] and "[1]" in detail["reason"], detail
+    rt.judge.unserved = {}  # type: ignore[attr-defined]
+    ready, detail = await readiness.check()
+    assert ready is False and "unserved" not in detail and "restoring from their snapshots" in detail["reason"]

@@ -214,6 +214,28 @@ def test_a_restored_store_that_cannot_be_served_is_tried_again_not_dropped(rig, 
     assert stores.partitions == [0]
 
 
+def test_a_restored_store_failing_to_be_served_says_why_until_it_is_served(rig, monkeypatch):
+    """`unserved` (what readiness reports): the last error of each restored
+    partition still assigned here that failed to be served, until it is served."""
+    monkeypatch.setattr(restores_mod, "RETRY_S", 0.05)
+    stores, restorer, restores = rig(fail=True)
+    real, full = stores.replace, threading.Event()
+    full.set()
+
+    def replace(p):
+        if full.is_set():
+            raise OSError("No space left on device")
+        return real(p)
+
+    monkeypatch.setattr(stores, "replace", replace)
+    restores.start(0)
+    restorer.release.set()
+    _until(lambda: restores.finished() == [] and restores.unserved != {})  # polled as the judge polls it
+    assert restores.unserved == {0: "OSError: No space left on device"} and restores.partitions == [0]
+    full.clear()
+    assert _finished(restores) == [(0, None)] and restores.unserved == {} and stores.partitions == [0]
+
+
 def test_a_restore_still_queued_when_revoked_is_skipped_and_runs_if_given_back(rig):
     """Restores of partitions another worker now owns must not take the slots of
     those still assigned here. Tried: six started (four run at once), the last two
