@@ -68,6 +68,13 @@ Reads name their `partitions` (the client routes by partition, see
 threadlog/remote.py); a worker that does not own one of them answers
 `NOT_OWNER` and the client asks the new owner.
 
+A request whose `args` do not have the shape its operation takes (`_ARGS`:
+a field missing, of another type, past a bound; a query's own `args`,
+`_QUERY_ARGS`) is refused `INVALID_ARGUMENT` naming the operation and the
+field, before anything is read or waited for. Past that check, anything but
+a ThreadLogError out of the operation is the worker failing (a stored record
+it cannot read, a bug): `INTERNAL`, with the traceback in the worker's log.
+
 Every judge reaches the same verdicts and state for the same log prefix
 (processors/judge.py), so when ownership moves a client may switch workers
 mid-stream without answers changing meaning; the floor keeps it from ever
@@ -81,6 +88,7 @@ import base64
 import contextlib
 import functools
 import hashlib
+import inspect
 import logging
 import os
 import socket
@@ -287,31 +295,21 @@ class QueryServer:
         return True
 
     async def _answer(self, line: bytes, writer: asyncio.StreamWriter, lock: asyncio.Lock, unsent: _Unsent) -> None:
-        rid = None
+        rid = op = None
         try:
-            req = wire.loads(line)
-            rid = req["id"]
+            req = _request(line)
+            rid, op = req.get("id"), req.get("op")
             if self.draining:
                 raise not_owner("this worker is shutting down")
-            args = req.get("args") or {}
-            if not isinstance(args, dict):
-                raise ThreadLogError(INVALID_ARGUMENT, f"args must be an object, got {type(args).__name__}")
-            result = await self.dispatch(req["op"], args)
+            result = await self.dispatch(op, req.get("args"))
             out = {"id": rid, "ok": True, "result": result}
         except ThreadLogError as exc:
             out = {"id": rid, "ok": False, "code": exc.code, "message": exc.message, "retryable": exc.retryable}
-        # What a malformed request raises where its arguments are read (a missing
-        # key, a value of another type). A heuristic: a worker's own ValueError
-        # would land here too; a store that cannot be read (OSError, RocksDB's
-        # errors) and bugs do not.
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-            log.warning("bad request: %r", exc)
-            out = {"id": rid, "ok": False, "code": INVALID_ARGUMENT, "message": f"bad request: {exc!r}"}
         except Exception as exc:
-            # Anything else is this worker failing (a store that cannot be read, a
-            # bug), not the caller's request: INVALID_ARGUMENT told it to change a
-            # request that was fine.
-            log.exception("query failed")
+            # The request was checked before the operation ran (`_checked`): whatever
+            # it raised now -- a ValueError or KeyError too (a stored record it cannot
+            # decode, a bug) -- is this worker failing, not the caller's request.
+            log.exception("query %r failed", op)
             out = {"id": rid, "ok": False, "code": INTERNAL, "message": f"the worker failed: {exc!r}"}
         try:
             line = wire.dumps(out)
@@ -342,12 +340,11 @@ class QueryServer:
             unsent.add(-len(line))
 
     # -- operations -------------------------------------------------------------------
-    async def dispatch(self, op: str, args: dict) -> Any:
+    async def dispatch(self, op: Any, raw_args: Any) -> Any:
+        args = _checked(op, raw_args)  # INVALID_ARGUMENT unless it is what `op` takes
         if op in ("get", "gets"):
             many = op == "gets"
             asked = [unb64(k) for k in args["keys"]] if many else [unb64(args["key"])]
-            if len(asked) > MAX_GETS:
-                raise ThreadLogError(INVALID_ARGUMENT, f"gets takes at most {MAX_GETS} keys, got {len(asked)}")
             parts, targets = await self._passed(args)
             # Not one snapshot (the judge thread may write between two keys), as
             # separate gets were not: readers of several keys check what they read.
@@ -359,9 +356,7 @@ class QueryServer:
             got["at"] = self._at(parts)
             return got
         if op == "query":
-            query = QUERIES.get(str(args.get("name")))
-            if query is None:
-                raise ThreadLogError(INVALID_ARGUMENT, f"unknown query {args.get('name')!r}")
+            query = QUERIES[args["name"]]  # a known one (`_checked`), with the args it takes
             parts, targets = await self._passed(args)
             found = self._read(lambda: query(_Owned(self.stores, parts), **(args.get("args") or {})), parts)
             got = {"value": to_wire(found), "at": self._at(parts)}
@@ -372,8 +367,6 @@ class QueryServer:
             parts = await self._owned(args)
             k, at = unb64(args["key"]), int(args["start"])
             length = min(int(args["length"]), SLICE_BYTES)
-            if at < 0 or length <= 0:
-                raise ThreadLogError(INVALID_ARGUMENT, f"no slice [{at}, {at + length})")
             raw = self._read(lambda: self.stores.get(k, parts), parts)
             if raw is None:
                 return {"size": None, "at": self._at(parts)}
@@ -413,7 +406,7 @@ class QueryServer:
                                                    f"{MAX_REPLY_SECRET_BYTES} bytes, as a connection's first request")
         if op == "end_offsets":
             return {str(p): o for p, o in (await self.barrier.end_offsets()).items()}
-        raise ThreadLogError(INVALID_ARGUMENT, f"unknown operation {op!r}")
+        raise RuntimeError(f"operation {op!r} is checked but not served")  # a bug: INTERNAL
 
     def stats(self) -> dict:
         """What this worker owns and has judged (operators, tests, benchmarks)."""
@@ -528,8 +521,9 @@ class QueryServer:
         Why not wait for all: one of a burst may wait for another owner's
         answer (or a rebalance), and the proposals judged before it would wait
         with it; the lowest is the one a request per offset would wait for."""
-        if not 0 <= p < self.judge.partitions or not offsets or min(offsets) < 0 or len(offsets) > MAX_VERDICTS:
-            raise ThreadLogError(INVALID_ARGUMENT, f"no events partition/offsets ({p}, {offsets[:3]}...)")
+        # The offsets' count and bounds are `_checked`; the partitions' count is this worker's.
+        if not 0 <= p < self.judge.partitions:
+            raise ThreadLogError(INVALID_ARGUMENT, f"no events partition {p} (there are {self.judge.partitions})")
         loop = asyncio.get_running_loop()
         futs: list[asyncio.Future] = []
         callbacks: list[tuple[int, Callable[[dict], None]]] = []
@@ -577,9 +571,6 @@ class QueryServer:
         """`holders` of several ids: of those asked about the partitions routed
         here (`partitions`), {"threads": [...]} in the order asked."""
         parts = {int(p) for p in args.get("partitions") or ()}
-        if len(args["asked"]) > MAX_HOLDERS:
-            raise ThreadLogError(INVALID_ARGUMENT, f"holders_many takes at most {MAX_HOLDERS} questions, "
-                                                   f"got {len(args['asked'])}")
         asked = [(int(q), str(kind), str(ident), int(asof)) for q, kind, ident, asof in args["asked"]
                  if int(q) in parts]
         return {"threads": await self._holders_of(asked, args.get("wait"))}
@@ -660,3 +651,218 @@ class _Owned:
 
 
 _DELIVERY_OPS = frozenset({"dlv_verdict", "dlv_state", "dlv_verdicts"})
+
+
+# -- what each operation takes ------------------------------------------------------------
+# Every field an operation reads, its type, whether it is required, and the
+# bounds the operation holds it to: checked here, in one place, before the
+# operation runs (before any store is read or any wait begins).
+#
+# Why: INVALID_ARGUMENT tells the caller to change its request, so it must be
+# said only of a request that is wrong. Once a request passed this check,
+# whatever the operation raises but a ThreadLogError is the worker failing
+# (INTERNAL). Guessing by the exception's type instead ("a KeyError or
+# ValueError is a bad request") also answered INVALID_ARGUMENT to a request
+# that was fine when the worker's own code raised one (a stored record it
+# could not decode, a bug in a query).
+#
+# Optional fields may be absent or null (the operations read them with
+# `args.get`). Fields not named are ignored, not refused: a client of a later
+# version may send more, as `barrier` and `big` were added -- a worker of an
+# earlier version ignored them and the client noticed by the answer
+# (threadlog/remote.py). What real clients send: threadlog/remote.py (reads,
+# `verdicts`, `push`), processors/lookups.py and time_travel.py (`holders`,
+# `holders_many`), threadlog/run_access.py (`dlv_*`); every routed request
+# carries `partitions`, `floor` and `wait` (QueryClient._ask).
+
+_Check = Callable[[Any, str], str | None]  # (value, its name) -> what is wrong with it, or None
+
+
+def _shown(v: Any) -> str:
+    """A value in a refusal, briefly (a request may carry megabytes)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (list, dict)):
+        return f"{'a list' if isinstance(v, list) else 'an object'} of {len(v)}"
+    text = repr(v)
+    return f"{type(v).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"
+
+
+def _kind(what: str, ok: Callable[[Any], bool]) -> _Check:
+    def check(v: Any, name: str) -> str | None:
+        return None if ok(v) else f"`{name}` must be {what}, got {_shown(v)}"
+    return check
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)  # JSON true is not 1
+
+
+def _is_b64(v: Any) -> bool:
+    if not isinstance(v, str):
+        return False
+    try:
+        unb64(v)
+    except ValueError:  # binascii.Error (padding) is one; so is non-ASCII text
+        return False
+    return True
+
+
+def _or_null(check: _Check) -> _Check:
+    return lambda v, name: None if v is None else check(v, name)
+
+
+def _list(item: _Check, least: int = 0, most: int | None = None) -> _Check:
+    def check(v: Any, name: str) -> str | None:
+        if not isinstance(v, list):
+            return f"`{name}` must be a list, got {_shown(v)}"
+        if len(v) < least or (most is not None and len(v) > most):
+            bound = f"at least {least}" if len(v) < least else f"at most {most}"
+            return f"`{name}` takes {bound} items, got {len(v)}"
+        return next((wrong for i, x in enumerate(v) if (wrong := item(x, f"{name}[{i}]"))), None)
+    return check
+
+
+def _row(*items: _Check) -> _Check:
+    """A list of exactly these items, in this order (a `holders_many` question)."""
+    def check(v: Any, name: str) -> str | None:
+        if not isinstance(v, list) or len(v) != len(items):
+            return f"`{name}` must be a list of {len(items)}, got {_shown(v)}"
+        return next((wrong for i, (c, x) in enumerate(zip(items, v, strict=True)) if (wrong := c(x, f"{name}[{i}]"))),
+                    None)
+    return check
+
+
+STR = _kind("a string", lambda v: isinstance(v, str))
+INT = _kind("an integer", _is_int)
+NAT = _kind("an integer >= 0", lambda v: _is_int(v) and v >= 0)  # offsets, partitions, counts
+POSITIVE = _kind("an integer > 0", lambda v: _is_int(v) and v > 0)
+NUMBER = _kind("a number", lambda v: _is_int(v) or isinstance(v, float))
+BOOL = _kind("true or false", lambda v: isinstance(v, bool))
+B64 = _kind("base64 text", _is_b64)
+OBJECT = _kind("an object", lambda v: isinstance(v, dict))
+# {"<partition>": offset}: the positions the client already saw (`floor_of`).
+FLOOR = _kind("an object of partition number -> offset", lambda v: isinstance(v, dict) and all(
+    p.isascii() and p.isdigit() and _is_int(o) and o >= 0 for p, o in v.items()))
+
+_Spec = dict[str, tuple[_Check, bool]]  # field -> (its check, required)
+
+
+def _need(check: _Check) -> tuple[_Check, bool]:
+    return check, True
+
+
+def _may(check: _Check) -> tuple[_Check, bool]:
+    return check, False  # absent or null: the operation's default
+
+
+_WAIT: _Spec = {"wait": _may(NUMBER)}  # seconds the client waits; bounded by the server's timeout
+_READ: _Spec = {"partitions": _may(_list(NAT)), "floor": _may(FLOOR), **_WAIT}  # `_owned`
+_ASKED: _Spec = {"run": _need(STR), "d": _need(NAT), **_WAIT}  # the delivery partition's run index
+
+_ARGS: dict[str, _Spec] = {
+    "get": {**_READ, "key": _need(B64), "barrier": _may(BOOL)},
+    "gets": {**_READ, "keys": _need(_list(B64, most=MAX_GETS)), "barrier": _may(BOOL)},
+    "query": {**_READ, "name": _need(STR), "args": _may(OBJECT), "barrier": _may(BOOL)},  # + `_QUERY_ARGS`
+    "slice": {**_READ, "key": _need(B64), "start": _need(NAT), "length": _need(POSITIVE)},
+    "scan": {**_READ, "prefix": _need(B64), "start": _may(B64), "limit": _may(NAT), "big": _may(BOOL)},
+    # `p` below the worker's partition count is checked by `_verdicts`.
+    "verdict": {"p": _need(NAT), "o": _need(NAT), "timeout": _may(NUMBER)},
+    "verdicts": {"p": _need(NAT), "os": _need(_list(NAT, least=1, most=MAX_VERDICTS)), "timeout": _may(NUMBER)},
+    "barrier": {"partitions": _may(_list(NAT)), **_WAIT},
+    # `asof` is any integer: a proposal's `seen` (Avro longs) names it, and the
+    # judge asking does not check it (a negative one is answered as of nothing).
+    "holders": {"q": _need(NAT), "kind": _need(STR), "id": _need(STR), "asof": _need(INT), **_WAIT},
+    "holders_many": {"asked": _need(_list(_row(NAT, STR, STR, INT), most=MAX_HOLDERS)),
+                     "partitions": _may(_list(NAT)), **_WAIT},
+    "dlv_verdict": {**_ASKED, "x": _need(NAT), "kind": _need(STR), "epoch": _need(INT)},
+    "dlv_state": {**_ASKED, "xs": _may(_list(NAT))},
+    "dlv_verdicts": {**_ASKED, "lo": _need(NAT), "hi": _need(NAT)},
+    "push": {"secret": _need(STR)},  # only as a connection's first request (`_pushed_to`)
+    "stats": {},
+    "end_offsets": {},
+}
+
+# A named query's own `args`, passed to it as keyword arguments
+# (projections/queries.py; what threadlog/session.py's callers send): each
+# parameter it takes after the store, and nothing else (an unknown one would
+# be a TypeError of the call). Checked here so that a wrong one is the
+# caller's INVALID_ARGUMENT and anything the query raises later is INTERNAL.
+# tests/unit/test_query_args.py holds this table to the functions' signatures.
+_QUERY_ARGS: dict[str, _Spec] = {
+    "agents.items": {"session": _need(STR), "limit": _need(_or_null(NAT))},
+    "checkpoints.get": {"checkpoint_id": _need(STR)},
+    "interrupts.of_run": {"run_id": _need(STR)},
+    "langgraph.tuple": {"thread": _need(STR), "ns": _need(STR), "checkpoint_id": _need(_or_null(STR))},
+    "runs.quiet": {"cutoff": _need(NUMBER)},
+}
+
+
+def _request(line: bytes) -> dict:
+    """A request line as the object it must be: {"id", "op", "args"}."""
+    try:
+        req = wire.loads(line)
+    except ValueError:  # not JSON (or not UTF-8)
+        raise ThreadLogError(INVALID_ARGUMENT, "a request must be one JSON object per line") from None
+    if not isinstance(req, dict):
+        raise ThreadLogError(INVALID_ARGUMENT, f"a request must be a JSON object, got {_shown(req)}")
+    if "id" not in req:
+        raise ThreadLogError(INVALID_ARGUMENT, "a request must have an `id` (its answer carries it)")
+    return req
+
+
+def _wrong(spec: _Spec, args: dict, strict: bool = False) -> str | None:
+    """What is wrong with `args` by `spec` (None: nothing); with `strict`, a
+    field `spec` does not name is wrong too."""
+    for name, (check, required) in spec.items():
+        if name not in args or (args[name] is None and not required):
+            if required:
+                return f"`{name}` is required"
+            continue
+        if wrong := check(args[name], name):
+            return wrong
+    if strict and (extra := sorted(set(args) - set(spec))):
+        return f"no argument `{extra[0]}`; it takes {', '.join(f'`{n}`' for n in spec) or 'none'}"
+    return None
+
+
+def _checked(op: Any, args: Any) -> dict:
+    """`args` of a request of `op`, if they are what `op` takes (`_ARGS`);
+    otherwise INVALID_ARGUMENT naming the operation and the field."""
+    if not isinstance(op, str):
+        raise ThreadLogError(INVALID_ARGUMENT, f"a request's `op` must be a string, got {_shown(op)}")
+    spec = _ARGS.get(op)
+    if spec is None:
+        # Exactly so: a client takes "unknown operation ..." for a worker of an
+        # earlier version (threadlog/remote.py, `_unsupported`).
+        raise ThreadLogError(INVALID_ARGUMENT, f"unknown operation {op!r}")
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise ThreadLogError(INVALID_ARGUMENT, f"{op}: args must be an object, got {_shown(args)}")
+    wrong = _wrong(spec, args)
+    if wrong is None and op == "query":
+        wrong = _query_wrong(args["name"], args.get("args") or {})
+    if wrong is not None:
+        raise ThreadLogError(INVALID_ARGUMENT, f"{op}: {wrong}")
+    return args
+
+
+def _query_wrong(name: str, qargs: dict) -> str | None:
+    if name not in QUERIES:
+        # Exactly so: a client takes "unknown query ..." for a worker of an earlier
+        # version, without that query (threadlog/remote.py, `query`).
+        raise ThreadLogError(INVALID_ARGUMENT, f"unknown query {name!r}")
+    spec = _QUERY_ARGS.get(name)
+    if spec is not None:
+        wrong = _wrong(spec, qargs, strict=True)
+        return None if wrong is None else f"query {name!r}: args: {wrong}"
+    # A query added without a row above (its test says so): at least its
+    # parameters' names, as the call would bind them.
+    try:
+        inspect.signature(QUERIES[name]).bind(None, **qargs)
+    except TypeError as exc:
+        return f"query {name!r}: args: {exc}"
+    return None
