@@ -361,7 +361,15 @@ class Judge(Follower):
         # otherwise never be fetched again (and never be in `_pending`, where
         # `_flow_control` would resume it).
         if tps:
-            consumer.resume(tps)
+            try:
+                consumer.resume(tps)
+            except Exception:
+                # Undone, so a retry (`_restored`) starts as this try did: kept
+                # assigned, the partitions would be fetched and their records
+                # dropped as not owned, the retry's assign would fail for good,
+                # and a revoke would leave them out of its unassign.
+                consumer.incremental_unassign(tps)
+                raise
         # Told even when nothing was added: a member given no partition (or only
         # partitions to restore) is in the group, and readiness says so.
         with self._cond:
@@ -401,6 +409,8 @@ class Judge(Follower):
         restoring = {p for p in gone if (self._restoring is not None and self._restoring.drop(p))
                      or p in self._to_own}
         self._to_own -= gone
+        if not self._to_own:  # nothing left to take over: no failure of it to report or wait out
+            self._own_failing, self._own_retry_at = None, 0.0
         calls: list[Callable[[dict], None]] = []
         with self._cond:
             self.owned -= gone

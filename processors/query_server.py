@@ -690,10 +690,18 @@ def _shown(v: Any) -> str:
     return f"{type(v).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"
 
 
-def _kind(what: str, ok: Callable[[Any], bool]) -> _Check:
-    def check(v: Any, name: str) -> str | None:
-        return None if ok(v) else f"`{name}` must be {what}, got {_shown(v)}"
-    return check
+class _Kind:
+    """A check of one value's kind; `ok` alone when no message is needed (a list's items)."""
+
+    def __init__(self, what: str, ok: Callable[[Any], bool]) -> None:
+        self.what, self.ok = what, ok
+
+    def __call__(self, v: Any, name: str) -> str | None:
+        return None if self.ok(v) else f"`{name}` must be {self.what}, got {_shown(v)}"
+
+
+def _kind(what: str, ok: Callable[[Any], bool]) -> _Kind:
+    return _Kind(what, ok)
 
 
 def _is_int(v: Any) -> bool:
@@ -721,6 +729,10 @@ def _list(item: _Check, least: int = 0, most: int | None = None) -> _Check:
         if len(v) < least or (most is not None and len(v) > most):
             bound = f"at least {least}" if len(v) < least else f"at most {most}"
             return f"`{name}` takes {bound} items, got {len(v)}"
+        # Items of one kind are asked `ok` first, naming none: a `verdicts` request
+        # carries up to 10 000 offsets, and a message per item cost 10% of it.
+        if isinstance(item, _Kind) and all(map(item.ok, v)):
+            return None
         return next((wrong for i, x in enumerate(v) if (wrong := item(x, f"{name}[{i}]"))), None)
     return check
 
@@ -737,7 +749,7 @@ def _row(*items: _Check) -> _Check:
 
 STR = _kind("a string", lambda v: isinstance(v, str))
 INT = _kind("an integer", _is_int)
-NAT = _kind("an integer >= 0", lambda v: _is_int(v) and v >= 0)  # offsets, partitions, counts
+NAT = _kind("an integer >= 0", lambda v: type(v) is int and v >= 0)  # offsets, partitions, counts (not bool)
 POSITIVE = _kind("an integer > 0", lambda v: _is_int(v) and v > 0)
 NUMBER = _kind("a number", lambda v: _is_int(v) or isinstance(v, float))
 BOOL = _kind("true or false", lambda v: isinstance(v, bool))

@@ -204,12 +204,15 @@ class _DaemonPool:
         self._calls: queue.SimpleQueue[tuple[Future, Callable[[], _Result]] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []  # started as calls come, up to `size`
         self._lock = threading.Lock()
+        self._shut = False
 
     def submit(self, fn: Callable[[int, threading.Event], _Result], p: int, cancel: threading.Event
                ) -> Future[_Result]:
         future: Future[_Result] = Future()
-        self._calls.put((future, lambda: fn(p, cancel)))
         with self._lock:
+            if self._shut:  # no thread would ever run it (`Restores` submits nothing once closing)
+                raise RuntimeError("the restore pool is shut down")
+            self._calls.put((future, lambda: fn(p, cancel)))
             if len(self._threads) < self._size:
                 thread = threading.Thread(target=self._run, name=f"{self._name}_{len(self._threads)}", daemon=True)
                 self._threads.append(thread)
@@ -217,21 +220,14 @@ class _DaemonPool:
         return future
 
     def _run(self) -> None:
-        while True:
-            item = self._calls.get()
-            if item is None:
-                return
-            future, call = item
-            if future.set_running_or_notify_cancel():
-                try:
-                    result = call()
-                except BaseException as exc:  # kept for `_outcome`, as a ThreadPoolExecutor keeps it
-                    future.set_exception(exc)
-                else:
-                    future.set_result(result)
+        while (item := self._calls.get()) is not None:
+            _run_one(*item)
+            del item  # not kept while idle: its future's result holds the restored store
 
     def shutdown(self) -> None:
         """Cancel the calls not started, then wait for those running."""
+        with self._lock:
+            self._shut = True
         while True:
             try:
                 item = self._calls.get_nowait()
@@ -245,6 +241,16 @@ class _DaemonPool:
             self._calls.put(None)
         for thread in threads:
             thread.join()
+
+
+def _run_one(future: Future[_Result], call: Callable[[], _Result]) -> None:
+    if future.set_running_or_notify_cancel():  # False: cancelled while queued
+        try:
+            result = call()
+        except BaseException as exc:  # kept for `_outcome`, as a ThreadPoolExecutor keeps it
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
 
 
 def _outcome(p: int, job: _Job) -> _Result:

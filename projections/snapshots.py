@@ -616,14 +616,23 @@ def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id:
                 return None
     finally:
         consumer.close()
-    keys = _fill(store, payloads, cancel, topic, partition)
-    if keys != int(chosen.get("keys", keys)):
-        raise unavailable(f"snapshot {chosen['snapshotId']} of {topic}[{partition}] decoded to {keys} keys, "
-                          f"its manifest says {chosen.get('keys')}: the store is incomplete")
-    if origin is not None and store.offset(origin.topic, partition) != chosen["position"]:
-        raise unavailable(f"snapshot {chosen['snapshotId']} of {topic}[{partition}] restored a store at "
-                          f"{origin.topic}[{partition}]@{store.offset(origin.topic, partition)}, its manifest "
-                          f"says {chosen['position']}: not folded onto")
+
+    def vet(keys: int, positions: dict[bytes, bytes | None]) -> None:
+        """Does what was decoded agree with the manifest? Asked before the
+        positions are written: a store refused here never holds one."""
+        if keys != int(chosen.get("keys", keys)):
+            raise unavailable(f"snapshot {chosen['snapshotId']} of {topic}[{partition}] decoded to {keys} keys, "
+                              f"its manifest says {chosen.get('keys')}: the store is incomplete")
+        if origin is None:
+            return
+        at = next((struct.unpack(">q", v)[0] for k, v in positions.items()
+                   if v is not None and offset_key_parts(k) == (origin.topic, partition)), 0)
+        if at != chosen["position"]:
+            raise unavailable(f"snapshot {chosen['snapshotId']} of {topic}[{partition}] restored a store at "
+                              f"{origin.topic}[{partition}]@{at}, its manifest says {chosen['position']}: not "
+                              "folded onto")
+
+    keys = _fill(store, payloads, cancel, topic, partition, vet)
     positions = {(str(t), int(p)): int(o) for t, p, o in chosen.get("positions", [])}
     return RestoreInfo(chosen.get("position"), keys, nbytes, records, time.monotonic() - t0,
                        chosen["snapshotId"], positions)
@@ -670,14 +679,18 @@ def _from_origin(consumer: Consumer, origin: Origin | None, partition: int,
     return usable
 
 
-def _fill(store: Store, payloads: list[bytes], cancel: threading.Event | None, topic: str, partition: int) -> int:
+def _fill(store: Store, payloads: list[bytes], cancel: threading.Event | None, topic: str, partition: int,
+          vet: Callable[[int, dict[bytes, bytes | None]], None] | None = None) -> int:
     """Write the snapshot's pairs into `store`, tracking offsets in the last batch.
 
     `cancel` is checked before each batch, the last included. Why: writing a
     large state takes as long as reading it, and a restore whose partition was
     revoked (or whose owner stops) held a restore thread, and a stopping
-    process, until it was written whole. Cancelled before the last batch, the
-    store holds no position: it is destroyed, never folded onto."""
+    process, until it was written whole. `vet(keys, tracking offsets)` is
+    asked before the last batch too: a restore cut short or refused there
+    leaves a store without a position, destroyed and never folded onto
+    (checked after the last batch, a process exiting in between left one
+    with a position its manifest contradicts, resumed from at the next start)."""
     batch: dict[bytes, bytes | None] = {}
     held: dict[bytes, bytes | None] = {}  # tracking offsets: written last
     size = keys = 0
@@ -693,7 +706,9 @@ def _fill(store: Store, payloads: list[bytes], cancel: threading.Event | None, t
             store.apply(batch, {})
             batch, size = {}, 0
     batch.update(held)
+    _unless_cancelled(cancel, topic, partition)
+    if vet is not None:
+        vet(keys, held)
     if batch:
-        _unless_cancelled(cancel, topic, partition)
         store.apply(batch, {})
     return keys

@@ -453,20 +453,28 @@ async def test_a_long_restore_neither_stops_judging_nor_drops_the_worker_from_it
         assert not ready and detail["restoring"] == [0], detail  # an assignment restoring is not caught up
         # Taking the restored partition over fails (a review: it was then served by
         # the stores, assigned by the group and judged by no one): tried again, and
-        # readiness says why meanwhile.
-        real_own, failed, failing = judge._own, [], threading.Event()
+        # readiness says why meanwhile. It fails after the partition was assigned
+        # (its resume), so each try must undo its assign for the next to succeed.
+        failed, failing = [], threading.Event()
         failing.set()
 
-        def own_failing(consumer, tps):
-            if failing.is_set() and any(tp.partition == 0 for tp in tps):
-                failed.append(sorted(tp.partition for tp in tps))
-                raise RuntimeError("injected: the assign of a restored partition failed")
-            return real_own(consumer, tps)
+        class ResumeFailing:
+            def __init__(self, consumer) -> None:
+                self.consumer = consumer
 
-        judge._own = own_failing
+            def __getattr__(self, name: str):
+                return getattr(self.consumer, name)
+
+            def resume(self, tps):
+                if failing.is_set() and any(tp.partition == 0 for tp in tps):
+                    failed.append(sorted(tp.partition for tp in tps))
+                    raise RuntimeError("injected: resuming a restored partition failed")
+                return self.consumer.resume(tps)
+
+        judge._consumer = ResumeFailing(judge._consumer)  # the judge's thread polls through it from now on
         release.set()
         await until(lambda: judge.unserved, 30, "the failing take-over reported")
-        assert judge.unserved == {0: "RuntimeError: injected: the assign of a restored partition failed"}
+        assert judge.unserved == {0: "RuntimeError: injected: resuming a restored partition failed"}
         ready, detail = await within(readiness.check())
         assert not ready and detail["unserved"] == {"0": judge.unserved[0]}, detail
         failing.clear()

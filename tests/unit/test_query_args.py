@@ -364,9 +364,9 @@ async def test_every_request_a_real_client_sends_is_answered(rig, client_of):  #
         return verdicts._pushing(0)
 
     await qc.on_loop(subscribe())
-    deadline = time.monotonic() + 5
-    while not rig.server.push.active and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
+    (stream,) = verdicts._streams.values()
+    # Set once the worker answered the subscription (`push`), on the client's loop thread.
+    assert await asyncio.to_thread(stream.ready.wait, 5)
     assert rig.server.push.active
     # Another worker's judge (processors/lookups.py; time travel asks `holders` as `_one` does).
     asker = lookups.Lookups(qc)

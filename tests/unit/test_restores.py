@@ -343,3 +343,26 @@ def test_a_restore_cancelled_while_writing_its_state_stops_before_its_position(t
         assert store.offset(TOPIC, 0) == 0 and store.get(b"key-0039") is None
     finally:
         store.close()
+
+
+def test_a_snapshot_its_manifest_refuses_never_writes_its_position(tmp_path):
+    """Tried (a review): the key count and position were checked against the
+    manifest after the last batch had written the position; a process exiting
+    in between (restore threads are daemon threads) left a store with a
+    position its manifest contradicts, resumed from at the next start. Now the
+    check comes first, and a refused store holds no position."""
+    pairs = [(b"key-%04d" % i, b"v") for i in range(10)] + [(_offset_key(TOPIC, 0), struct.pack(">q", 7))]
+    payloads = [snapshots._payload(chunk) for chunk in snapshots.encode_chunks(iter(pairs))]
+    store = Store(tmp_path / "s")
+    vetted: list[tuple[int, list[int]]] = []
+
+    def refuse(keys, positions):
+        vetted.append((keys, [struct.unpack(">q", v)[0] for v in positions.values()]))
+        raise ThreadLogError(UNAVAILABLE, "decoded to 11 keys, its manifest says 12")
+
+    try:
+        with pytest.raises(ThreadLogError):
+            snapshots._fill(store, payloads, None, TOPIC, 0, refuse)  # type: ignore[arg-type]
+        assert vetted == [(11, [7])] and store.offset(TOPIC, 0) == 0
+    finally:
+        store.close()
