@@ -64,7 +64,7 @@ from threadlog.kernel.validation import dumps, int_digits_problem
 
 from .ahead import Ahead
 from .handlers import GLOBAL_READS, HANDLERS, INTRODUCED, SCHEMA_INTRODUCED, Context, Decision, reads_other_partitions
-from .restores import RETRY_S, Restorer, Restores
+from .restores import RETRY_S, Restorer, Restores, reason
 from .verdict_push import VerdictPush
 
 if TYPE_CHECKING:
@@ -343,7 +343,7 @@ class Judge(Follower):
             log.exception("partitions %s restored but not taken over; trying again in %gs", sorted(self._to_own),
                           RETRY_S)
             self._own_retry_at = time.monotonic() + RETRY_S
-            self._own_failing = f"{type(exc).__name__}: {exc}"
+            self._own_failing = reason(exc)
             return
         self._to_own.clear()
         self._own_failing = None

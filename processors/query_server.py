@@ -700,10 +700,6 @@ class _Kind:
         return None if self.ok(v) else f"`{name}` must be {self.what}, got {_shown(v)}"
 
 
-def _kind(what: str, ok: Callable[[Any], bool]) -> _Kind:
-    return _Kind(what, ok)
-
-
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)  # JSON true is not 1
 
@@ -747,16 +743,16 @@ def _row(*items: _Check) -> _Check:
     return check
 
 
-STR = _kind("a string", lambda v: isinstance(v, str))
-INT = _kind("an integer", _is_int)
-NAT = _kind("an integer >= 0", lambda v: type(v) is int and v >= 0)  # offsets, partitions, counts (not bool)
-POSITIVE = _kind("an integer > 0", lambda v: _is_int(v) and v > 0)
-NUMBER = _kind("a number", lambda v: _is_int(v) or isinstance(v, float))
-BOOL = _kind("true or false", lambda v: isinstance(v, bool))
-B64 = _kind("base64 text", _is_b64)
-OBJECT = _kind("an object", lambda v: isinstance(v, dict))
+STR = _Kind("a string", lambda v: isinstance(v, str))
+INT = _Kind("an integer", _is_int)
+NAT = _Kind("an integer >= 0", lambda v: type(v) is int and v >= 0)  # offsets, partitions, counts (not bool)
+POSITIVE = _Kind("an integer > 0", lambda v: _is_int(v) and v > 0)
+NUMBER = _Kind("a number", lambda v: _is_int(v) or isinstance(v, float))
+BOOL = _Kind("true or false", lambda v: isinstance(v, bool))
+B64 = _Kind("base64 text", _is_b64)
+OBJECT = _Kind("an object", lambda v: isinstance(v, dict))
 # {"<partition>": offset}: the positions the client already saw (`floor_of`).
-FLOOR = _kind("an object of partition number -> offset", lambda v: isinstance(v, dict) and all(
+FLOOR = _Kind("an object of partition number -> offset", lambda v: isinstance(v, dict) and all(
     p.isascii() and p.isdigit() and _is_int(o) and o >= 0 for p, o in v.items()))
 
 _Spec = dict[str, tuple[_Check, bool]]  # field -> (its check, required)

@@ -142,7 +142,7 @@ class Restores:
                 log.exception("partition %d: its restored store cannot be served; trying again in %gs", p,
                               RETRY_S)
                 job.retry_at = now + RETRY_S
-                job.failing = f"{type(exc).__name__}: {exc}"
+                job.failing = reason(exc)
                 continue
             del self._jobs[p]
             out.append((p, info))
@@ -251,6 +251,11 @@ def _run_one(future: Future[_Result], call: Callable[[], _Result]) -> None:
             future.set_exception(exc)
         else:
             future.set_result(result)
+
+
+def reason(exc: BaseException) -> str:
+    """How a failure to serve or take over a restored partition is reported (readiness's `unserved`)."""
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _outcome(p: int, job: _Job) -> _Result:

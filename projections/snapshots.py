@@ -213,6 +213,13 @@ _RETRIABLE = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILAB
               KafkaError.REQUEST_TIMED_OUT}
 
 
+def _position(k: bytes, v: bytes) -> tuple[tuple[str, int], int] | None:
+    """((topic, partition), offset) of a stored tracking position (projections/store.py
+    writes them), or None for any other pair."""
+    where = offset_key_parts(k)
+    return None if where is None or len(v) != 8 else (where, struct.unpack(">q", v)[0])
+
+
 def _unless_cancelled(cancel: threading.Event | None, topic: str, partition: int) -> None:
     """UNAVAILABLE once `cancel` is set: checked before each request and each write of a restore."""
     if cancel is not None and cancel.is_set():
@@ -348,9 +355,8 @@ class _Run:
 
     def on_pair(self, k: bytes, v: bytes) -> None:
         self.pairs += 1
-        where = offset_key_parts(k)
-        if where is not None and len(v) == 8:
-            self.positions[where] = struct.unpack(">q", v)[0]
+        if (found := _position(k, v)) is not None:
+            self.positions[found[0]] = found[1]
 
     def delivered(self, err: KafkaError | None, msg: Message) -> None:
         off = msg.offset()
@@ -625,8 +631,8 @@ def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id:
                               f"its manifest says {chosen.get('keys')}: the store is incomplete")
         if origin is None:
             return
-        at = next((struct.unpack(">q", v)[0] for k, v in positions.items()
-                   if v is not None and offset_key_parts(k) == (origin.topic, partition)), 0)
+        found = (_position(k, v) for k, v in positions.items() if v is not None)
+        at = dict(f for f in found if f is not None).get((origin.topic, partition), 0)
         if at != chosen["position"]:
             raise unavailable(f"snapshot {chosen['snapshotId']} of {topic}[{partition}] restored a store at "
                               f"{origin.topic}[{partition}]@{at}, its manifest says {chosen['position']}: not "
