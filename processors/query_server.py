@@ -138,6 +138,9 @@ SLICE_BYTES = 16 * 1024 * 1024
 # client reads each by its key (`slice`), where one item would pass a line.
 BIG_VALUE_BYTES = 8 * 1024 * 1024
 MAX_VERDICTS = 10_000  # offsets per `verdicts` request
+# Bytes of replaced text per paged `dlv_verdicts` answer (the page's last text,
+# up to a record's 16 MiB, may pass it: at most 24 MiB, 32 MiB as base64).
+REPS_PAGE_BYTES = 8 * 1024 * 1024
 # Answer bytes of one connection built and not sent yet. Past it the server reads
 # no more of that client's requests (TCP pushes back on it): a client that
 # pipelined requests and never read its answers held all of them in memory (9.6
@@ -618,10 +621,25 @@ class QueryServer:
             return {"state": state, "at": at, "counts": counts}
         # dlv_verdicts: final below the position the reader got from dlv_state.
         lo, hi = int(args["lo"]), int(args["hi"])
+        after = args.get("after")
+        if after is not None and not (lo <= after[0] < hi and after[1] < 1 << 32):
+            raise ThreadLogError(INVALID_ARGUMENT, f"dlv_verdicts: `after` {after} is not a position of [{lo}, {hi})")
         await self._delivery_caught_up(index, {d: hi}, wait)
-        verdicts = [[x, v] for x, v in run_index.verdicts_between(index.store, run, lo, hi)]
-        reps = [[x, i, text] for x, i, text in run_index.replacements_between(index.store, run, lo, hi)]
-        return {"v": verdicts, "r": reps}
+        if not args.get("paged"):  # a client before pages: everything in one answer
+            verdicts = [[x, v] for x, v in run_index.verdicts_between(index.store, run, lo, hi)]
+            reps = [[x, i, text] for x, i, text in run_index.replacements_between(index.store, run, lo, hi)]
+            return {"v": verdicts, "r": reps}
+        # Paged: the verdicts with the first page (a few bytes per record), then
+        # the replaced texts a page at a time, as base64 -- JSON escapes a
+        # control character in six bytes, base64 any byte in 4/3, so a page
+        # holding one whole text (up to a record's size) always fits an answer.
+        page, more = run_index.replacements_page(index.store, run, lo, hi, None if after is None else
+                                                 (after[0], after[1]), REPS_PAGE_BYTES)
+        answer: dict[str, Any] = {"r64": [[x, i, base64.b64encode(text).decode("ascii")] for x, i, text in page],
+                                  "more": None if more is None else list(more)}
+        if after is None:
+            answer["v"] = [[x, v] for x, v in run_index.verdicts_between(index.store, run, lo, hi)]
+        return answer
 
     async def _delivery_caught_up(self, index: DeliveryIndex, targets: dict[int, int], timeout: float) -> None:
         try:
@@ -787,7 +805,9 @@ _ARGS: dict[str, _Spec] = {
                      "partitions": _may(_list(NAT)), **_WAIT},
     "dlv_verdict": {**_ASKED, "x": _need(NAT), "kind": _need(STR), "epoch": _need(INT)},
     "dlv_state": {**_ASKED, "xs": _may(_list(NAT))},
-    "dlv_verdicts": {**_ASKED, "lo": _need(NAT), "hi": _need(NAT)},
+    # `paged`: replaced texts a page at a time, from after position `after` (run_index.replacements_page).
+    "dlv_verdicts": {**_ASKED, "lo": _need(NAT), "hi": _need(NAT), "paged": _may(BOOL),
+                     "after": _may(_row(NAT, NAT))},
     "push": {"secret": _need(STR)},  # only as a connection's first request (`_pushed_to`)
     "stats": {},
     "end_offsets": {},

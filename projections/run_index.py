@@ -197,6 +197,36 @@ def replacements_between(reader: Store, run_id: str, lo: int, hi: int) -> list[t
     return out
 
 
+def replacements_page(reader: Store, run_id: str, lo: int, hi: int, after: tuple[int, int] | None,
+                      budget: int) -> tuple[list[tuple[int, int, bytes]], tuple[int, int] | None]:
+    """A page of `replacements_between`: (offset, index, UTF-8 text) after position
+    `after` (None: from `lo`), up to `budget` bytes of text (always at least one
+    item), and the position to ask after next (None: nothing is left).
+
+    Why pages: the replaced texts of a range of records have no bound of their
+    own -- each chunk position of one record may be replaced by a text as large
+    as a record -- while one answer to a thin reader is bounded (48 MiB).
+    """
+    prefix = rep_prefix(run_id)
+    if after is None:
+        start = rep_key(run_id, lo, 0)
+    elif after[1] + 1 < 1 << 32:
+        start = rep_key(run_id, after[0], after[1] + 1)
+    else:
+        start = rep_key(run_id, after[0] + 1, 0)
+    out: list[tuple[int, int, bytes]] = []
+    size = 0
+    for k, v in reader.scan(prefix, start):
+        x, i = struct.unpack(">QI", k[len(prefix):])
+        if x >= hi:
+            return out, None
+        if out and size >= budget:
+            return out, (out[-1][0], out[-1][1])
+        out.append((x, i, v))
+        size += len(v)
+    return out, None
+
+
 def replacement(reader: StateReader, run_id: str, offset: int, index: int) -> str | None:
     raw = reader.get(rep_key(run_id, offset, index))
     return None if raw is None else raw.decode("utf-8")

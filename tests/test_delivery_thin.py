@@ -220,3 +220,23 @@ async def test_a_live_reader_cancelled_while_its_partition_is_joined_leaves_the_
         assert tail._thread.is_alive()
     finally:
         await worker.stop()
+
+
+async def test_a_thin_reader_joining_after_upserts_reads_the_replaced_texts_from_the_owner(open_client):
+    """Below the owner's position a thin reader takes the owner's verdicts and
+    replaced texts (paged: tests/unit/test_dlv_pages.py), base64 on the wire:
+    what it yields equals an embedded reader's, texts with NUL, control
+    characters and astral characters included."""
+    embedded = await open_client()
+    thin = await open_client(processors="external")
+    log = embedded.delivery("run-upserted")
+    offs = await within(log.append([chunk(i) for i in range(4)]))
+    odd = "\x00\x01 ctl \U0001f600 \u2028"
+    await within(log.upsert([(offs[2], chunk(2, text=odd)), (offs[0], chunk(0, fixed=True))]))
+    await within(log.close())
+    expected = [(offs[0], chunk(0, fixed=True)), (offs[1], chunk(1)), (offs[2], chunk(2, text=odd)),
+                (offs[3], chunk(3))]
+    assert await within(log.snapshot()) == expected
+    assert await collect(thin.delivery("run-upserted").read("-1")) == expected
+    assert await collect(thin.delivery("run-upserted").read(offs[1])) == expected[2:]
+    assert await within(thin.delivery("run-upserted").snapshot()) == expected

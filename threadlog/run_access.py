@@ -21,6 +21,7 @@ how to judge each record it meets.
 
 from __future__ import annotations
 
+import base64
 import time
 from typing import Any, Protocol
 
@@ -150,10 +151,7 @@ class _RemoteReading:
         before = [m.offset() for m in msgs if m.offset() < self.at]
         owner: dict[int, dict] = {}
         if before:
-            answer = await self.runs.ask("dlv_verdicts", self.partition, {
-                "run": self.run_id, "lo": before[0], "hi": before[-1] + 1})
-            owner = {int(x): v for x, v in answer["v"]}
-            self.reps.update({(int(x), int(i)): text for x, i, text in answer["r"]})
+            owner = await self._owner_verdicts(before[0], before[-1] + 1)
         out: list[tuple[Consumed, dict | None]] = []
         for m in msgs:
             if m.offset() < self.at:
@@ -169,6 +167,23 @@ class _RemoteReading:
                 continue
             out.append((m, _as_verdict(rec, self.fold.judge(m.offset(), rec))))
         return out
+
+    async def _owner_verdicts(self, lo: int, hi: int) -> dict[int, dict]:
+        """The owner's verdicts of the run's records at lo <= x < hi, and their
+        replaced texts into `reps`: a page at a time (the texts of a range have
+        no bound of their own; one answer has)."""
+        args: dict[str, Any] = {"run": self.run_id, "lo": lo, "hi": hi, "paged": True}
+        answer = await self.runs.ask("dlv_verdicts", self.partition, args)
+        owner = {int(x): v for x, v in answer["v"]}
+        while True:
+            if "r" in answer:  # a worker before pages answered everything at once
+                self.reps.update({(int(x), int(i)): text for x, i, text in answer["r"]})
+                return owner
+            self.reps.update({(int(x), int(i)): base64.b64decode(t64).decode("utf-8")
+                              for x, i, t64 in answer["r64"]})
+            if answer["more"] is None:
+                return owner
+            answer = await self.runs.ask("dlv_verdicts", self.partition, {**args, "after": answer["more"]})
 
     def judge_item(self, item: Item) -> str | bool | None:
         if item.offset < self.at:
