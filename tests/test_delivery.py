@@ -230,6 +230,21 @@ async def test_offsets_of_another_run_are_refused(tl):
     assert [c for _, c in await within(a.snapshot())] == [chunk(0)]
 
 
+async def test_an_offset_with_a_trailing_newline_is_malformed(tl):
+    """Tried (a review): `$` also matches before a final newline, so `read(off + "\n")`
+    read as `read(off)` and `upsert` took the offset and answered the clean one."""
+    log = tl.delivery("run-newline")
+    [o] = await within(log.append([chunk(0)]))
+    for bad in (o + "\n", o + "\r\n"):
+        with pytest.raises(ThreadLogError) as e:
+            await within(log.read(bad).__anext__())
+        assert e.value.code == "INVALID_OFFSET"
+        with pytest.raises(ThreadLogError) as e:
+            await within(log.upsert([(bad, chunk(1))]))
+        assert e.value.code == "INVALID_OFFSET"
+    assert await within(log.snapshot()) == [(o, chunk(0))]
+
+
 class Colour(enum.Enum):
     RED = "red"
 

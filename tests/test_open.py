@@ -5,10 +5,12 @@ from __future__ import annotations
 import time
 
 import pytest
+from confluent_kafka.admin import AdminClient
 from support import within
 
 import threadlog
 from threadlog import ThreadLogError
+from threadlog.kernel.topics import Topics, delete_topics
 
 
 @pytest.mark.parametrize(
@@ -21,6 +23,9 @@ from threadlog import ThreadLogError
         {"namespace": "ends-in-newline\n"},
         {"namespace": "."},  # a folder under the state root: the root itself, or its parent
         {"namespace": ".."},
+        # Past 238 its `.deliveries` topic passes Kafka's 249 characters: refused by
+        # the cluster, this was UNAVAILABLE, "retry later" (a review).
+        {"namespace": "a" * 239},
         {"lease_duration_ms": 1000, "renew_after_ms": 1000},
         {"lease_duration_ms": 1000, "renew_after_ms": 2000},
         {"lease_duration_ms": 0},
@@ -36,6 +41,18 @@ def test_bad_options_are_refused_by_open_itself(kwargs):
     with pytest.raises(ThreadLogError) as err:
         threadlog.open("127.0.0.1:1", **kwargs)
     assert err.value.code == "INVALID_ARGUMENT"
+
+
+async def test_the_longest_namespace_opens_and_names_every_topic_kafka_takes(open_client, namespace, bootstrap):
+    ns = (namespace + "-").ljust(238, "n")  # fresh, as the fixture's
+    try:
+        tl = await open_client(namespace=ns)
+        await within(tl.messages.save_thread("t", ["long"]))
+        assert await within(tl.messages.load_thread("t")) == ["long"]
+        assert max(map(len, tl.runtime.topics.all())) == 249
+        await tl.close()
+    finally:
+        delete_topics(AdminClient({"bootstrap.servers": bootstrap}), Topics(ns), timeout=10)
 
 
 async def test_unreachable_cluster_fails_bounded_with_unavailable(tmp_path):

@@ -292,6 +292,19 @@ async def test_reclaimable_follows_status_and_detach_changes(tl):
     assert [r["detachedSince"] for r in await within(tl.runs.list_reclaimable(now=7, ttl_ms=0))] == [7]
 
 
+@pytest.mark.parametrize("processors", ["embedded", "external"])
+async def test_a_cutoff_that_overflows_lists_nothing_in_both_modes(open_client, processors):
+    """`now - ttl_ms` of two finite numbers may overflow to -inf: nothing is quiet
+    since before it. Tried (a review): a thin client sent it to its worker as
+    JSON null and was refused INVALID_ARGUMENT for valid arguments."""
+    tl = await open_client(processors=processors)
+    await _create(tl, "r", "t", 1)
+    await within(tl.runs.update("r", {"detachedSince": -1e308}))
+    for now, ttl in ((-1.7e308, 1.7e308), (-1e308, 1e308)):
+        assert await within(tl.runs.list_reclaimable(now=now, ttl_ms=ttl)) == []
+    assert [r["runId"] for r in await within(tl.runs.list_reclaimable(now=-1e308, ttl_ms=0))] == ["r"]
+
+
 @pytest.mark.parametrize("kwargs", [
     {"now": "1", "ttl_ms": 0}, {"now": math.nan, "ttl_ms": 0}, {"now": 1, "ttl_ms": True},
     {"now": 1, "ttl_ms": -1}, {"now": 1, "ttl_ms": math.inf}, {"now": None, "ttl_ms": 0},

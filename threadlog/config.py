@@ -12,6 +12,7 @@ from typing import Any
 from .kernel import kafka_config
 from .kernel.checkpoint_rules import MAX_LEASE_MS
 from .kernel.errors import invalid_argument
+from .kernel.topics import MAX_NAMESPACE, MAX_TOPIC_NAME
 from .kernel.validation import is_int
 
 # \Z: "$" also matches before a final newline. Not only dots: a namespace names a
@@ -57,6 +58,9 @@ class Options:
             raise invalid_argument("bootstrap_servers must be a non-empty string")
         if not isinstance(self.namespace, str) or not NAMESPACE.match(self.namespace):
             raise invalid_argument(f"namespace must match [A-Za-z0-9._-]+ and not be only dots, got {self.namespace!r}")
+        if len(self.namespace) > MAX_NAMESPACE:
+            raise invalid_argument(f"namespace must be at most {MAX_NAMESPACE} characters (its topics' names are "
+                                   f"at most {MAX_TOPIC_NAME}), got {len(self.namespace)}")
         if self.processors not in ("embedded", "external"):
             raise invalid_argument(f"processors must be 'embedded' or 'external', got {self.processors!r}")
         for name in ("lease_duration_ms", "renew_after_ms", "first_chunk_wait_ms",

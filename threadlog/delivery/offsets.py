@@ -15,7 +15,7 @@ from typing import Any
 from ..kernel.errors import INVALID_OFFSET, ThreadLogError
 
 Offset = str
-OFFSET_SHAPE = re.compile(r"^(0|[1-9][0-9]{0,9})\.(0|[1-9][0-9]{0,18})\.(0|[1-9][0-9]{0,9})\.([0-9a-f]{8})$")
+OFFSET_SHAPE = re.compile(r"^(0|[1-9][0-9]{0,9})\.(0|[1-9][0-9]{0,18})\.(0|[1-9][0-9]{0,9})\.([0-9a-f]{8})\Z")
 LAST = 2**62  # "every chunk of this record" when used as a chunk index
 
 

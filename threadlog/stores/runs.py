@@ -8,6 +8,7 @@ thread's partition decides. Records read back are validated (`decode_run`).
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -128,6 +129,11 @@ class RunStore(StoreFacade):
         if not is_finite(ttl_ms) or ttl_ms < 0:
             raise invalid_argument(f"ttl_ms must be a finite number >= 0, got {ttl_ms!r}")
         cutoff = now - ttl_ms
+        if cutoff == -math.inf:
+            # Two finite floats whose difference overflows: no quiet time (finite,
+            # SPEC 1) is at or before it, and JSON has no -inf to ask a worker with
+            # (a thin client's query was refused INVALID_ARGUMENT; a review).
+            return []
         # After a read barrier on every partition, each owner lists its quiet
         # runs; a run is in one index at a time, but is listed once even if it
         # moved between the two scans. The record decides (exact comparison).
