@@ -246,11 +246,23 @@ class DeliveryIndex(Follower):
     def unsubscribe(self, sub: Subscription) -> None:
         self._subs.remove(sub)
 
+    def halt(self, reason: str = "the delivery index was halted") -> None:
+        """Fold nothing more, and end every live reader with UNAVAILABLE: no record
+        will wake them again. Why: halted when the topics were replaced under the
+        process, this stopped folding only, and a live reader (an SSE stream) waited
+        for a next record for good, its slot held (a review)."""
+        super().halt()
+        self._refuse(unavailable(reason))
+
     def stop(self) -> None:
         super().stop()
+        self._refuse(unavailable("the client was closed"))
+
+    def _refuse(self, error: ThreadLogError) -> None:
+        """No subscription from now on; every one there is fails with `error`."""
         with self._subs.lock:
             self._stopped = True
-        self._subs.fail_all(unavailable("the client was closed"))
+        self._subs.fail_all(error)
 
     # -- folding -------------------------------------------------------------------
     def _fold(self, view: View, partition: int, msg: Consumed) -> None:

@@ -48,6 +48,7 @@ class DeliveryTail:
         self._wake = threading.Event()
         self._dispatched: dict[int, int] = {}  # partitions tailed -> every record below went out
         self._stop = threading.Event()
+        self._why = "this ThreadLog is closed"  # a subscription's refusal once stopped or halted
         self._thread = threading.Thread(target=self._run, name=f"dlvtail:{topic}", daemon=True)
         self._thread.start()
 
@@ -84,7 +85,7 @@ class DeliveryTail:
 
     async def subscribe(self, run_id: str, partition: int) -> Subscription:
         if self._stop.is_set():
-            raise unavailable("this ThreadLog is closed")
+            raise unavailable(self._why)
         if partition not in self._dispatched:
             fut: CFuture = CFuture()
             with self._lock:
@@ -102,6 +103,15 @@ class DeliveryTail:
 
     def unsubscribe(self, sub: Subscription) -> None:
         self._subs.remove(sub)
+
+    def halt(self, reason: str) -> None:
+        """Tail nothing more and end every live reader with UNAVAILABLE (from any
+        thread, at once): the topics were replaced under the process, and what the
+        tail would read next is another log's (`stop` still closes the consumer)."""
+        self._why = reason
+        self._stop.set()
+        self._wake.set()
+        self._subs.fail_all(unavailable(reason))
 
     def stop(self) -> None:
         self._stop.set()

@@ -132,6 +132,35 @@ async def test_a_namespace_deleted_and_created_again_under_a_running_client_stop
     assert all_verdicts(again.runtime.store, 0) == all_verdicts(other.runtime.store, 0)
 
 
+async def test_live_delivery_readers_end_when_their_namespace_is_created_again(
+        open_client, tmp_path, bootstrap, namespace, monkeypatch):
+    """Tried (a review): the halt that stops a process whose topics were replaced
+    stopped folding deliveries, but a live reader waiting for its run's next
+    record was never woken: an SSE stream kept its slot, sending keepalives,
+    for good. Now every live reader ends with UNAVAILABLE saying why, embedded
+    (the run index's subscribers) and thin (the delivery tail's)."""
+    monkeypatch.setattr(incarnation, "WATCH_S", 0.5)
+    worker = WorkerProcess(bootstrap, namespace, tmp_path / "w", "w1", "--partitions", "1")
+    try:
+        tl = await open_client(state_dir=str(tmp_path / "host"), partitions=1)
+        await worker.start()
+        thin = await open_client(processors="external", own_worker=True)
+        [o] = await within(tl.delivery("run").append([{"n": 0}]))
+        readers = [client.delivery("run").read("-1") for client in (tl, thin)]
+        for reader in readers:
+            assert await within(reader.__anext__()) == (o, {"n": 0})
+        waiting = [asyncio.ensure_future(reader.__anext__()) for reader in readers]
+        await delete_and_wait(bootstrap, namespace)
+        other = await open_client(state_dir=str(tmp_path / "other"), partitions=1)  # creates it anew
+        await within(other.messages.save_thread("t", ["new"]))
+        for next_item in waiting:
+            with pytest.raises(ThreadLogError) as err:
+                await asyncio.wait_for(next_item, 30)
+            assert err.value.code == "UNAVAILABLE" and "deleted and created again" in err.value.message, err.value
+    finally:
+        await worker.stop()
+
+
 async def test_no_read_answers_the_deleted_namespaces_state_after_a_write_to_the_new_one(
         open_client, tmp_path, bootstrap, namespace):
     """Tried (a review, the watch at its default 10 s): after the namespace was

@@ -122,6 +122,9 @@ class LocalRuns:
     def stop(self) -> None:
         """The runtime owns the index."""
 
+    def halt(self, reason: str) -> None:
+        """The runtime halts the index (`Runtime._incarnation_changed`)."""
+
 
 def _as_verdict(rec: dict, dropped: str | None) -> dict:
     """A record judged by a reader, in the shape the owner's fold stores."""
@@ -261,6 +264,9 @@ class RemoteRuns:
 
     def stop(self) -> None:
         self.tail.stop()
+
+    def halt(self, reason: str) -> None:
+        self.tail.halt(reason)
 
 
 def runs_for(rt: Any, codec: Codec, pushed: RemoteVerdicts | None = None) -> LocalRuns | RemoteRuns:

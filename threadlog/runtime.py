@@ -233,9 +233,11 @@ class Runtime:
         self.failed = reason
         # Halt, not stop: `stop()` closes what is halted here. No more judging or
         # folding of a log this state is not of, and no snapshot of that state.
-        for part in (self.snapshotter, self.judge, self.deliveries):
+        for part in (self.snapshotter, self.judge):
             if part is not None:
                 part.halt()
+        if self.deliveries is not None:
+            self.deliveries.halt(reason)
         for listener in list(self.failure_listeners):
             listener(reason)
 

@@ -43,6 +43,8 @@ class DeliveryService:
         verdicts = session.bus.verdicts
         # The run index: folded here, or asked of its owners (whose answers are pushed, if it can).
         self.runs = runs_for(rt, rt.codec, verdicts if isinstance(verdicts, RemoteVerdicts) else None)
+        # Topics replaced under us: live readers end now instead of waiting for good.
+        rt.failure_listeners.append(self.runs.halt)
         self.writer = DeliveryWriter(bootstrap=session.opts.bootstrap_servers, topic=self.topic,
                                      partitions=self.partitions, codec=rt.codec, client_id=rt.client_id,
                                      timeout=self.timeout, kafka=session.opts.kafka,
