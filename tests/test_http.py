@@ -53,6 +53,20 @@ async def test_join_streams_every_chunk_with_its_offset_then_ends(tl, client):
         # The run may come in the X-Run-Id header instead.
         _, events = await read_stream(client, f"{base}/api/chat?offset=-1", headers={"X-Run-Id": "run-sse"})
         assert [e.id for e in events] == offs
+        # The header first, as TanStack's resolveResumeRunId: it wins over ?runId, and
+        # with a resume position on a URL carrying ?threadId it is a join. Tried (a
+        # review): read only when the query named no run, that join got the thread's
+        # hydration JSON.
+        r, events = await read_stream(client, f"{base}/api/chat?offset=-1&runId=other",
+                                      headers={"X-Run-Id": "run-sse"})
+        assert [e.id for e in events] == offs
+        r, events = await read_stream(client, f"{base}/api/chat?threadId=t",
+                                      headers={"X-Run-Id": "run-sse", "Last-Event-ID": offs[0]})
+        assert r.headers["content-type"].startswith("text/event-stream") and [e.id for e in events] == offs[1:]
+        # Without a resume position the URL's hydration stands (an app may send its
+        # headers on every request).
+        r = await client.get(f"{base}/api/chat?threadId=t", headers={"X-Run-Id": "run-sse"})
+        assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")
 
 
 async def test_a_log_closed_without_a_terminal_chunk_ends_with_a_run_error(tl, client):

@@ -145,25 +145,33 @@ def routes(get_tl: Callable[[], ThreadLog], path: str = "/api/chat", *,
         if isinstance(q, str):
             return _bad_request(q)
         thread_id = q.get("threadId")
-        run_id = q.get("runId")
-        if run_id is None and thread_id is None:
-            run_id = request.headers.get("x-run-id")
-            if run_id is not None and not run_id.isascii():
-                # Header values arrive as latin-1 bytes: a UTF-8 client's "run-é" read
-                # as "run-Ã©" and waited for a run that never comes. Which bytes a
-                # client meant cannot be told, so only ASCII ids come this way.
-                return _bad_request("a non-ASCII run id goes in the query (?runId=, percent-encoded UTF-8), "
-                                    "not in the X-Run-Id header")
+        # The X-Run-Id header first, then ?runId: TanStack's one precedence
+        # (`resolveResumeRunId`, @tanstack/ai). Read only when the query names
+        # none, a join of the header's run from a connection whose URL carries
+        # `?threadId=T` was answered with T's hydration JSON (a review).
+        header = request.headers.get("x-run-id") or None  # an empty one names no run
+        run_id = header or q.get("runId")
         if run_id is not None and thread_id is not None:
             # @tanstack/ai-client joins with the connection's own URL plus
             # `runId` and `offset`: an app connected to `/api/chat?threadId=T`
             # sends both. A resume position says it is a join (as TanStack's own
             # handlers decide); without one, which was meant is unknown.
-            if "offset" not in q and not request.headers.get("last-event-id"):
+            if "offset" in q or request.headers.get("last-event-id"):
+                thread_id = None
+            elif "runId" in q:
                 return _bad_request("give either threadId (hydrate) or runId (join a run), not both")
-            thread_id = None
+            else:
+                # A header on a hydration (an app's default headers on every request):
+                # nothing says it is a join, so the hydration the URL asks for.
+                run_id = None
         if thread_id is not None:
             return await _thread(get_tl(), thread_id, request)
+        if run_id is not None and run_id is header and not header.isascii():
+            # Header values arrive as latin-1 bytes: a UTF-8 client's "run-é" read
+            # as "run-Ã©" and waited for a run that never comes. Which bytes a
+            # client meant cannot be told, so only ASCII ids come this way.
+            return _bad_request("a non-ASCII run id goes in the query (?runId=, percent-encoded UTF-8), "
+                                "not in the X-Run-Id header")
         if run_id is not None:
             return await _stream(get_tl(), run_id, request, q)
         return _bad_request("query must name a threadId (hydrate) or a runId (join a run's stream)")
