@@ -9,7 +9,7 @@ import httpx
 import pytest
 from delivery_support import chunk
 from http_support import read_stream, serving
-from support import within
+from support import until, within
 
 from threadlog.http import Limits, create_app
 
@@ -323,3 +323,42 @@ async def test_ids_holding_a_newline_are_reachable_on_the_rest_routes(tl, client
             r = await client.get(f"{base}{url}")
             assert r.status_code == 404 and r.json()["error"]["code"] == "NOT_FOUND", url
         assert (await client.get(f"{base}/healthz")).status_code == 200
+
+
+async def test_a_from_start_join_of_a_running_run_outwaits_first_chunk_wait(open_client, client, monkeypatch):
+    """Tried (a review): a from-start join of a run whose record is `running` heard
+    `threadlog.waiting`, then, `first_chunk_wait_ms` on with no chunk, a RUN_ERROR
+    RUN_NOT_FOUND -- terminal to @tanstack/ai-client, so a run whose first chunk came
+    later (a slow model) was ended for that client. Now the stream reads again while
+    the run is running; a run that stops running with nothing written still ends
+    RUN_NOT_FOUND."""
+    tl = await open_client(first_chunk_wait_ms=300)
+    asked: list[str] = []
+    get = tl.runs.get
+
+    async def counted(run_id):
+        run = await get(run_id)
+        asked.append(run_id)  # answered: a status changed after this is the next ask's
+        return run
+
+    monkeypatch.setattr(tl.runs, "get", counted)
+    for run in ("r-slow", "r-gave-up"):
+        await within(tl.runs.create_or_resume(run_id=run, thread_id="t", started_at=1))
+    async with serving(tl) as base:
+        slow = asyncio.ensure_future(read_stream(client, f"{base}/runs/r-slow/stream"))
+        # An ask after each read that gave up (300 ms, before EARLY_S: WAITING comes with the first).
+        await until(lambda: asked.count("r-slow") >= 2, 30, "two reads of r-slow given up, the run still running")
+        offs = await within(tl.delivery("r-slow").append([chunk(0), FINISHED]))
+        await within(tl.delivery("r-slow").close())
+        _, events = await within(slow)
+        assert [(e.id, e.data["type"]) for e in events] == [(None, "CUSTOM"), (offs[0], "TEXT_MESSAGE_CONTENT"),
+                                                           (offs[1], "RUN_FINISHED")]
+        gave_up = asyncio.ensure_future(read_stream(client, f"{base}/runs/r-gave-up/stream"))
+        await until(lambda: asked.count("r-gave-up") >= 1, 30, "a read of r-gave-up given up")
+        await within(tl.runs.update("r-gave-up", {"status": "failed"}))
+        _, events = await within(gave_up)
+        assert [e.data["type"] for e in events] == ["CUSTOM", "RUN_ERROR"]
+        assert events[-1].data["code"] == "RUN_NOT_FOUND"
+        # Never running: no WAITING, and RUN_NOT_FOUND after the one wait, as before.
+        _, events = await read_stream(client, f"{base}/runs/r-unknown/stream")
+        assert [(e.data["type"], e.data.get("code")) for e in events] == [("RUN_ERROR", "RUN_NOT_FOUND")]

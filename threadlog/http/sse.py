@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..delivery import DeliveryLog
-from ..kernel.errors import INTERNAL, UNAVAILABLE, ThreadLogError, unavailable
+from ..kernel.errors import INTERNAL, RUN_NOT_FOUND, UNAVAILABLE, ThreadLogError, unavailable
 from ..metrics import Metrics
 from .guard import TOO_MANY_STREAMS, Limits, StreamSlots
 
@@ -123,6 +123,49 @@ class StreamCursor:
         return self.ended(unavailable("this server is shutting down: join the run again on another"))
 
 
+async def _from_start(log: DeliveryLog,
+                      running: Callable[[], Awaitable[bool]]) -> AsyncIterator[tuple[str | None, dict]]:
+    """A from-start join's chunks (`_announced`), read from "-1" again for as long
+    as the run has none and is known to be running.
+
+    Why: `read("-1")` gives up after first_chunk_wait_ms (SPEC 11, RUN_NOT_FOUND),
+    and the RUN_ERROR a stream makes of it is terminal to @tanstack/ai-client: a
+    run whose driver wrote its first chunk later (a slow model, a queue) was
+    ended for a client that had just been told it was waiting (a review). A run
+    not known to be running still gets RUN_NOT_FOUND, as before.
+    """
+    announce = True
+    while True:
+        reader = log.read("-1")
+        chunks = _announced(reader, running) if announce else reader
+        produced = False
+        try:
+            async for offset, chunk in chunks:
+                announce = False  # WAITING once per stream, whatever comes first
+                produced = produced or offset is not None
+                yield offset, chunk
+            return
+        except ThreadLogError as exc:
+            if produced or exc.code != RUN_NOT_FOUND or not await _still_running(running):
+                raise
+        finally:
+            if chunks is not reader:
+                await chunks.aclose()  # type: ignore[attr-defined]  # first: it may be reading
+            aclose = getattr(reader, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        if announce:  # gave up sooner than EARLY_S (a short first_chunk_wait_ms): it is running
+            announce = False
+            yield None, {}
+
+
+async def _still_running(running: Callable[[], Awaitable[bool]]) -> bool:
+    try:
+        return await running() is True
+    except Exception:  # a failed ask is taken as "not known", as `_announced` takes it
+        return False
+
+
 async def _announced(reader: AsyncIterator[tuple[str, dict]],
                      running: Callable[[], Awaitable[bool]]) -> AsyncIterator[tuple[str | None, dict]]:
     """`reader`'s chunks, preceded by a WAITING pseudo-chunk (offset None) when
@@ -175,10 +218,12 @@ async def stream_run(log: DeliveryLog, after: str, cursor: StreamCursor | None =
     known to be running (a from-start join then hears WAITING if its first
     chunk is late)."""
     cursor = cursor or StreamCursor(log.run_id, after)
-    reader = log.read(after)
-    chunks: AsyncIterator[tuple[str | None, dict]] = reader
+    reader: AsyncIterator[tuple[str, dict]] | None = None
+    chunks: AsyncIterator[tuple[str | None, dict]]
     if after == "-1" and running is not None:
-        chunks = _announced(reader, running)
+        chunks = _from_start(log, running)  # its readers are its own
+    else:
+        chunks = reader = log.read(after)
     last: Any = None
     try:
         try:
