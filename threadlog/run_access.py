@@ -148,9 +148,16 @@ class _RemoteReading:
         self.run_id = run_id
         self.partition = partition
         self.fold = run_index.RunFold(run_id, state)
+        # The replaced texts of the records of the batch judged last (below `at`).
         self.reps: dict[tuple[int, int], str] = {}
 
     async def judge(self, msgs: list[Consumed], decode: Any) -> list[tuple[Consumed, dict | None]]:
+        """Verdicts of a fetched batch, and its records' replaced texts in `reps`,
+        which the reader reads before it judges the next batch. Only this batch's:
+        kept for every batch, a reader replaying a run whose every chunk was
+        upserted held the whole run's texts until it ended, each SSE join a copy
+        (a review)."""
+        self.reps = {}
         before = [m.offset() for m in msgs if m.offset() < self.at]
         owner: dict[int, dict] = {}
         if before:

@@ -126,3 +126,19 @@ def test_a_page_resumes_after_the_last_index_a_position_can_have(tmp_path):
         assert (page, more) == ([(1, 0, b"next")], None)
     finally:
         store.close()
+
+
+async def test_a_reader_keeps_only_the_replaced_texts_of_the_batch_it_judged_last(rig, client_of):  # noqa: F811
+    """Tried (a review): every batch's texts were added to the reading and kept until
+    the read ended: a replay of a run whose every chunk was upserted held the
+    whole run's texts, once per SSE join."""
+    stored(rig, {(x, 0): f"text {x}" for x in range(5)})
+    runs = RemoteRuns(client_of(rig.address, 10.0), tail=None, events_partitions=1,  # type: ignore[arg-type]
+                      timeout=10.0)
+    reading = await runs.reading(RUN, 0)
+    await reading.judge([Consumed(0), Consumed(1)], None)
+    assert reading.replacement(0, 0) == "text 0" and reading.replacement(1, 0) == "text 1"
+    await reading.judge([Consumed(2), Consumed(3), Consumed(4)], None)
+    assert reading.reps == {(2, 0): "text 2", (3, 0): "text 3", (4, 0): "text 4"}
+    await reading.judge([Consumed(5)], None)  # at the owner's position: the reader's own fold
+    assert not reading.has_reps()
