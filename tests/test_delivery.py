@@ -555,3 +555,31 @@ async def test_a_read_that_keeps_scanning_past_other_runs_records_is_not_cut_off
     monkeypatch.setattr(reader_module, "kafka_config", SlowScan())
     got = await within(collect(tl.delivery(run).read("-1"), 30), 40)
     assert [c for _, c in got] == [chunk(0), chunk(1)]
+
+
+async def test_a_now_read_whose_reading_fails_raises_that_at_once(tl, monkeypatch):
+    """Tried (a review): a "now" read awaited its end-offsets round in a `finally`:
+    when the run index's reading failed, the read first waited out that round, and
+    if the round failed too its error replaced the reading's."""
+    log = tl.delivery("run-now-fails")
+    await within(log.append([chunk(0)]))
+    svc = tl._delivery
+    rounds: list[asyncio.Future] = []
+
+    async def slow_and_failing(p):
+        fut = asyncio.get_running_loop().create_future()
+        rounds.append(fut)
+        await fut  # never set: cancelled, or it would wait for good
+        raise ThreadLogError("UNAVAILABLE", "the end-offsets round failed")
+
+    async def failing_reading(run_id, p):
+        while not rounds:  # the round under way (bounded by the `within` below)
+            await asyncio.sleep(0.001)
+        raise ThreadLogError("INTERNAL", "the reading failed")
+
+    monkeypatch.setattr(svc, "high_watermark", slow_and_failing)
+    monkeypatch.setattr(svc.runs, "reading", failing_reading)
+    with pytest.raises(ThreadLogError) as e:
+        await within(log.read("now").__anext__(), 5)
+    assert e.value.code == "INTERNAL"
+    assert [f.cancelled() for f in rounds] == [True]  # the round was not waited out

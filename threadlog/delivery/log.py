@@ -196,8 +196,14 @@ class DeliveryLog:
             hw_task = asyncio.ensure_future(svc.high_watermark(p))
             try:
                 reading = await runs.reading(self.run_id, p)
-            finally:
-                hw = await hw_task
+            except BaseException:
+                # Not awaited: the reading's error is the one to raise (an end-offsets
+                # round failing too replaced it), and a cancelled reader must not first
+                # wait out that round (up to the request timeout; a review).
+                hw_task.cancel()
+                hw_task.add_done_callback(_retrieved)
+                raise
+            hw = await hw_task
             return min(hw, reading.at), (hw - 1, LAST), None, reading
         if after != "-1":
             x, i = parse_offset(self.run_id, p, after)
@@ -432,3 +438,9 @@ class DeliveryLog:
         finally:
             fetcher.release()
         raise unavailable(f"chunk {offset!r} could not be read back")
+
+
+def _retrieved(task: asyncio.Future) -> None:
+    """Take a finished task's outcome, so an error nobody awaits is not logged as lost."""
+    if not task.cancelled():
+        task.exception()

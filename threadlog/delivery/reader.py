@@ -121,6 +121,12 @@ class ConsumerPool:
             _close(c)
 
 
+def _being_cancelled() -> bool:
+    """Is the running task being cancelled (as opposed to an awaited future)?"""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 def _resolve(fut: asyncio.Future) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -170,7 +176,17 @@ class Fetcher:
         assert consumer is not None  # taken with the first job, kept until release()
         if self._job is None:
             self._job = self.svc.executor.submit(self._fetch, consumer, stop_at)
-        msgs, self.position = await asyncio.wrap_future(self._job)
+        job = self._job
+        try:
+            msgs, self.position = await asyncio.wrap_future(job)
+        except asyncio.CancelledError:
+            if job.cancelled() and not _being_cancelled():
+                # The job, not this task: the client closing cancels queued fetches
+                # (`executor.shutdown(cancel_futures=True)`). A CancelledError is no
+                # Exception: an SSE stream took it for its own cancellation and
+                # ended with no last bytes, not the cut a closing client sends (a review).
+                raise unavailable("this ThreadLog is closed") from None
+            raise
         # Prefetch: the next batch is read from Kafka while the caller decodes and
         # yields this one (measured: replay spent a fifth of its time waiting here).
         self._job = (self.svc.executor.submit(self._fetch, consumer, stop_at)
