@@ -59,11 +59,13 @@ class ConsumerPool:
                     self._n += 1
                     n = self._n
                     break
+                # Before the wait is queued: a waiter queued and then given up left a
+                # live future that a wake-up could go to, lost (a review).
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise unavailable(f"all {self.max_open} delivery read consumers stayed busy for {timeout}s")
                 fut = loop.create_future()
                 self._waiters.append((loop, fut))
-            left = deadline - loop.time()
-            if left <= 0:
-                raise unavailable(f"all {self.max_open} delivery read consumers stayed busy for {timeout}s")
             # A wake-up can be lost to a waiter that timed out at the same moment:
             # look again at least every half second.
             with contextlib.suppress(TimeoutError):
