@@ -96,7 +96,9 @@ Others = Callable[[int, str, str, int], "list[str] | None"]
 #    its save saw and spares a copy saved at or after it (processors/handlers/artifacts.py).
 #    Every artifact save names rules 8, so a judge of rules 7 stops on any save of
 #    a client of this version.
-RULES = 8
+# 9: a keep_latest LangGraphPrune (v2, `calls`) removes whole the namespaces of the
+#    finished subgraph calls its proposer names (processors/handlers/langgraph.py).
+RULES = 9
 # The first rules that raise a partition's floor. Logs written before it were
 # judged by the rules each proposal named: a floor from older versions would
 # make their rebuild reach other verdicts than their clients were told.

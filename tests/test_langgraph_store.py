@@ -828,3 +828,90 @@ async def test_a_value_replaced_during_one_tuple_query_is_never_read_mixed(open_
     chunks = dict((bytes(ck), c) for ck, c in got["chunks"])
     data = state.joined(ref, [chunks.get(ck) for ck in state.chunk_keys("t-mid", k, state.SLOT_VALUE, ref)])
     assert data == new  # before: the first 32 KiB of "1"s, then "2"s
+
+
+class _Log(TypedDict):
+    log: Annotated[list, operator.add]
+
+
+def _with_subgraph(saver, *, durable_subgraph: bool):
+    inner = StateGraph(_Log)
+    inner.add_node("s1", lambda s: {"log": ["s1"]})
+    inner.add_node("s2", lambda s: {"log": ["s2"]})
+    inner.add_edge(START, "s1")
+    inner.add_edge("s1", "s2")
+    inner.add_edge("s2", END)
+    outer = StateGraph(_Log)
+    outer.add_node("a", lambda s: {"log": ["a"]})
+    outer.add_node("sub", inner.compile(checkpointer=True if durable_subgraph else None))
+    outer.add_edge(START, "a")
+    outer.add_edge("a", "sub")
+    outer.add_edge("sub", END)
+    return outer.compile(checkpointer=saver)
+
+
+async def test_keep_latest_removes_finished_subgraph_calls_whole(open_client):
+    """Tried (a differential review against LangGraph's Postgres saver): two runs of
+    a graph whose subgraph is saved per call (namespace `sub:<task>`), then
+    keep_latest. Postgres kept the root namespace only; threadlog kept the latest
+    checkpoint of every call, for good, listed with the thread's. Now a call's
+    namespace goes with the root checkpoint it started from, writes and channel
+    values included; a `checkpointer=True` subgraph's namespace (`sub`, its state
+    outliving each call) keeps its latest, as there."""
+    saver = AsyncThreadLogSaver(await open_client())
+
+    def namespaces(tuples) -> list[str]:
+        return sorted(t.config["configurable"]["checkpoint_ns"].split(":")[0] +
+                      (":<task>" if ":" in t.config["configurable"]["checkpoint_ns"] else "") for t in tuples)
+
+    for thread, durable in (("t-calls", False), ("t-durable-sub", True)):
+        graph = _with_subgraph(saver, durable_subgraph=durable)
+        config = {"configurable": {"thread_id": thread}}
+        for _ in range(2):
+            await within(graph.ainvoke({"log": []}, config, durability="sync"))
+        values = (await within(graph.aget_state(config))).values
+        before = namespaces([t async for t in saver.alist(config)])
+        assert before.count("sub:<task>" if not durable else "sub") >= 2
+        await within(saver.aprune([thread], strategy="keep_latest"))
+        after = namespaces([t async for t in saver.alist(config)])
+        assert after == ([""] if not durable else ["", "sub"]), after
+        assert (await within(graph.aget_state(config))).values == values
+    await saver.tl.read_barrier(None)
+    assert not [k for k in thread_keys(saver.tl, "t-calls") if b"sub:" in k]  # writes and values too
+
+
+async def test_a_call_goes_with_its_root_only_once_that_is_saved_and_not_the_latest(open_client):
+    saver = AsyncThreadLogSaver(await open_client())
+    r1 = await put(saver, "t", {"v": 1})
+    root1 = r1["configurable"]["checkpoint_id"]
+    await put(saver, "t", {"s": 1}, ns="sub:task-1", parents={"": root1})
+    await put(saver, "t", {"s": 2}, ns="sub:task-orphan", parents={"": "0" + root1[1:]})  # its root never saved
+    await put(saver, "t", {"s": 3}, ns="sub:task-no-parents")
+    config = {"configurable": {"thread_id": "t"}}
+
+    async def left() -> list[str]:
+        return sorted([t.config["configurable"]["checkpoint_ns"] async for t in saver.alist(config)])
+
+    await within(saver.aprune(["t"], strategy="keep_latest"))  # task-1's root is the latest: a call under way
+    assert await left() == ["", "sub:task-1", "sub:task-no-parents", "sub:task-orphan"]
+    await put(saver, "t", {"v": 2}, parent=r1)
+    await within(saver.aprune(["t"], strategy="keep_latest"))
+    assert await left() == ["", "sub:task-no-parents", "sub:task-orphan"]
+
+
+@pytest.mark.parametrize("calls", [[""], ["sub"], ["sub:task", "plain"]])
+async def test_a_prune_naming_no_subgraph_call_is_refused_and_changes_nothing(open_client, calls):
+    """The judge takes the calls a prune names as given (only the proposer decodes
+    metadata), so it holds them to what a call's namespace is: `node:task`, never
+    the root namespace or a `checkpointer=True` subgraph's."""
+    saver = AsyncThreadLogSaver(await open_client())
+    await put(saver, "t", {"v": 1})
+    await put(saver, "t", {"v": 2}, ns="sub")
+    await saver.tl.read_barrier(None)
+    before = lg_state(saver.tl)
+    with pytest.raises(ThreadLogError) as err:
+        await within(saver.tl.send("threadlog.cmd.LangGraphPrune", "t",
+                                   {"threadId": "t", "strategy": "keep_latest", "calls": calls}))
+    assert err.value.code == INVALID_ARGUMENT
+    await saver.tl.read_barrier(None)
+    assert lg_state(saver.tl) == before

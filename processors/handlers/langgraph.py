@@ -26,11 +26,15 @@ from threadlog.projections.keys import key
 from threadlog.kernel.errors import invalid_argument
 from threadlog.kernel.validation import is_int, is_text, require_id
 
-from . import Context, Decision, handles
+from . import Context, Decision, handles, introduces_schema
 
 MAX_CHUNK = 4 * 1024 * 1024  # a sanity bound: the client stages 1 MiB chunks
 MAX_CHUNKS = 1 << 16  # 64 Ki chunks of 4 MiB: 256 GiB, far beyond any channel value
 STRATEGIES = ("keep_latest", "delete")
+# The rules under which keep_latest removes finished subgraph calls whole, and
+# the schema of LangGraphPrune that names them (`calls`).
+PRUNES_CALLS = 9
+introduces_schema("threadlog.cmd.LangGraphPrune", version=2, rules=PRUNES_CALLS)
 
 
 # -- input -----------------------------------------------------------------------------------
@@ -207,22 +211,28 @@ def _versions(raw: bytes) -> dict:
 ALL_ORPHANS, OLDER_ORPHANS, NO_ORPHANS = "all", "older", "none"
 
 
-def _deletion(ctx: Context, thread: str, doomed: set[tuple[str, str]], *, orphan_writes: str) -> Decision:
+def _deletion(ctx: Context, thread: str, doomed: set[tuple[str, str]], *, orphan_writes: str,
+              whole: frozenset[str] | set[str] = frozenset()) -> Decision:
     """Delete `doomed` (ns, id) checkpoints with their writes, the channel values no
     survivor of their namespaces references, and say which checkpoint is each
     touched namespace's newest afterwards. `orphan_writes`: which writes of
     checkpoints that do not exist go too -- all, those older than their
-    namespace's latest checkpoint (a newer one's put may be on its way), none."""
+    namespace's latest checkpoint (a newer one's put may be on its way), none;
+    in a namespace of `whole` (every checkpoint doomed), all of them."""
     by_ns = _checkpoints(ctx, thread)
     doomed = {(ns, cid) for ns, cid in doomed if cid in by_ns.get(ns, {})}
     touched = {ns for ns, _ in doomed}
-    if orphan_writes != NO_ORPHANS:
+    if orphan_writes != NO_ORPHANS or whole:
         latest = {ns: max(ids) for ns, ids in by_ns.items() if ids}
         for k, _ in ctx.view.scan(state.write_prefix(thread)):
             _, ns, cid, _, _ = state.split_write_key(k)
             if (ns, cid) in doomed or cid in by_ns.get(ns, {}):
                 continue
-            if orphan_writes == ALL_ORPHANS or (ns in latest and cid < latest[ns]):
+            if ns in whole and ns in touched:
+                doomed.add((ns, cid))
+            elif orphan_writes == NO_ORPHANS:
+                continue
+            elif orphan_writes == ALL_ORPHANS or (ns in latest and cid < latest[ns]):
                 # Never readable: their checkpoint does not exist (and, older than
                 # the latest, is no put still on its way: ids grow with time).
                 doomed.add((ns, cid))
@@ -243,22 +253,44 @@ def _deletion(ctx: Context, thread: str, doomed: set[tuple[str, str]], *, orphan
                              {"threadId": thread, "checkpoints": refs, "blobs": blobs, "heads": heads})])
 
 
-@handles("threadlog.cmd.LangGraphPrune", rules=4)
+@handles("threadlog.cmd.LangGraphPrune", rules=PRUNES_CALLS)
 def prune(ctx: Context, cmd: dict) -> Decision:
     thread = _thread(ctx, cmd)
     strategy = cmd["strategy"]
     if strategy not in STRATEGIES:
         raise invalid_argument(f"prune strategy must be one of {STRATEGIES}, got {strategy!r}")
+    # Rules 9: keep_latest removes whole the namespaces of finished subgraph calls
+    # the proposer names (`_calls`); before, the latest checkpoint of every call
+    # stayed for good, listed with the thread's. `delete` removes everything anyway.
+    calls = _calls(cmd) if strategy == "keep_latest" and ctx.rules >= PRUNES_CALLS else set()
     doomed: set[tuple[str, str]] = set()
     for ns, ids in _checkpoints(ctx, thread).items():
-        keep = {max(ids)} if strategy == "keep_latest" else set()
+        keep = {max(ids)} if strategy == "keep_latest" and ns not in calls else set()
         doomed |= {(ns, cid) for cid in ids if cid not in keep}
     # Rules 4: keep_latest keeps the writes of a checkpoint newer than the latest:
     # with durability="async" a run's writes can be judged before its put, and a
     # prune in between must not take them (as LangGraph's Postgres saver: "a run
     # appending to the thread meanwhile is safe"). Rules 3 took every orphan.
     orphans = ALL_ORPHANS if strategy == "delete" or ctx.rules < 4 else OLDER_ORPHANS
-    return _deletion(ctx, thread, doomed, orphan_writes=orphans)
+    return _deletion(ctx, thread, doomed, orphan_writes=orphans, whole=calls)
+
+
+def _calls(cmd: dict) -> set[str]:
+    """The subgraph-call namespaces a keep_latest prune names to remove whole.
+
+    Which calls are finished is read from checkpoint metadata (`parents['']`, the
+    root checkpoint a call started from: saved, and no longer the root
+    namespace's latest), which only the proposer decodes (the serde's format is
+    LangGraph's); the judge takes the list as given. That trusts the proposer no
+    more than a `delete` prune does, which removes every namespace. A name must
+    be a call's (`node:task`), never the root namespace or a `checkpointer=True`
+    subgraph's, whose state outlives each call.
+    """
+    calls = cmd.get("calls") or []
+    for ns in calls:
+        if not is_text(ns) or ":" not in ns:
+            raise invalid_argument(f"a subgraph call's namespace is 'node:task', got {ns!r}")
+    return set(calls)
 
 
 @handles("threadlog.cmd.LangGraphDeleteRuns")

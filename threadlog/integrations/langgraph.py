@@ -53,7 +53,7 @@ import json
 import random
 import threading
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -525,24 +525,51 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         if strategy not in STRATEGIES:
             raise invalid_argument(f"prune strategy must be one of {STRATEGIES}, got {strategy!r}")
         threads = sorted({require_id(str(t), "thread_id") for t in thread_ids})
+        calls: dict[str, list[str]] = {t: [] for t in threads}
         if strategy == "keep_latest":
+            surveys = {t: await self._survey(t) for t in threads}
             # A DeltaChannel's value is its snapshot plus the writes of every
             # checkpoint since: keeping only the latest would leave it empty,
             # silently. Refused as LangGraph's Postgres saver refuses it (checked
             # before pruning, as there: a delta checkpoint put in between is not seen).
-            delta = [t for t in threads if await self._uses_delta_channels(t)]
+            delta = [t for t in threads if surveys[t][0]]
             if delta:
                 raise NotImplementedError(f"keep_latest can't prune threads that use a DeltaChannel: "
                                           f"{', '.join(delta)}")
+            calls = {t: surveys[t][1] for t in threads}
         await self._each(threads, lambda t: self.tl.send(
-            "threadlog.cmd.LangGraphPrune", t, {"threadId": t, "strategy": strategy}))
+            "threadlog.cmd.LangGraphPrune", t, {"threadId": t, "strategy": strategy, "calls": calls[t]}))
 
-    async def _uses_delta_channels(self, thread: str) -> bool:
-        """Does any checkpoint of `thread` carry a DeltaChannel's metadata marks?"""
+    async def _survey(self, thread: str) -> tuple[bool, list[str]]:
+        """(does any checkpoint of `thread` carry a DeltaChannel's metadata marks,
+        the namespaces of its finished subgraph calls), from one listing.
+
+        A subgraph call's namespace (`node:task`; not a `checkpointer=True`
+        subgraph's, whose state outlives each call) goes with the root checkpoint
+        the call started from (its latest checkpoint's `metadata.parents['']`),
+        once that one is saved and no longer the root namespace's latest: as
+        LangGraph's Postgres saver prunes. The judge takes the list as given
+        (processors/handlers/langgraph.py `_calls`): only this side decodes metadata.
+        """
+        heads: dict[str, tuple[str, Mapping[str, Any]]] = {}  # ns -> (latest id, its metadata)
+        roots: set[str] = set()
+        delta = False
         async for tup in self.alist({"configurable": {"thread_id": thread}}):
-            if DELTA_MARKS & tup.metadata.keys():
-                return True
-        return False
+            delta = delta or bool(DELTA_MARKS & tup.metadata.keys())
+            ns = tup.config["configurable"].get("checkpoint_ns", "")
+            cid = tup.config["configurable"]["checkpoint_id"]
+            if ns == "":
+                roots.add(cid)
+            if ns not in heads or cid > heads[ns][0]:
+                heads[ns] = (cid, tup.metadata)
+        latest_root = heads.get("", (None, {}))[0]
+        calls = []
+        for ns, (_, metadata) in heads.items():
+            parents = metadata.get("parents")
+            root = parents.get("") if isinstance(parents, dict) else None
+            if ":" in ns and root in roots and root != latest_root:
+                calls.append(ns)
+        return delta, sorted(calls)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete every checkpoint whose metadata `run_id` is one of `run_ids`, with its writes."""
