@@ -21,6 +21,7 @@ seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -255,7 +256,7 @@ class MembersView:
                         self._members.pop(wid, None)
                     else:
                         try:
-                            self._members[wid] = parse_member(wid, json.loads(value))
+                            self._members[wid] = received(parse_member(wid, json.loads(value)), time.time() * 1000.0)
                         except (ValueError, RecursionError):  # not JSON, too deep, or not an announcement
                             log.warning("malformed member record for %r ignored", wid)
                             continue
@@ -276,6 +277,21 @@ class MembersView:
         with self._changed:
             self._changed.wait_for(lambda: self.version != version, timeout)
             return self.version
+
+
+def received(member: Member, now_ms: float) -> Member:
+    """`member` as a reader takes it at `now_ms`: its heartbeat no later than now.
+
+    Why: a heartbeat is the worker's wall clock. One running ahead of this host's
+    announced the future: once dead it stayed live (and, sorted newest first,
+    preferred) until this clock caught up with its last heartbeat, however far
+    ahead. Received now, it was sent no later than now, so it expires
+    LIVE_AFTER_S after the last one received. (A clock behind still makes a
+    worker look stale: hosts' clocks must agree, see the module doc.)
+    """
+    if member.heartbeat_at <= now_ms:
+        return member
+    return dataclasses.replace(member, heartbeat_at=now_ms)
 
 
 def live_members(members: dict[str, Member], now_ms: float | None = None) -> list[Member]:
