@@ -583,3 +583,40 @@ async def test_a_now_read_whose_reading_fails_raises_that_at_once(tl, monkeypatc
         await within(log.read("now").__anext__(), 5)
     assert e.value.code == "INTERNAL"
     assert [f.cancelled() for f in rounds] == [True]  # the round was not waited out
+
+
+async def test_a_flood_of_records_that_stand_for_nothing_does_not_stretch_the_first_chunk_wait(open_client,
+                                                                                                 monkeypatch):
+    """Tried (a review): a from-start read waiting for a run's first chunk looks
+    again when its live queue overflows -- and each look began a fresh
+    first_chunk_wait, by recursion, so a flood of records that stand for nothing
+    (claims here) kept a reader of a run that never produced waiting for as long as
+    it lasted, or until RecursionError (what this test met on the old code)."""
+    from threadlog.delivery.log import DeliveryLog
+
+    tl = await open_client(first_chunk_wait_ms=1000)
+    await within(tl.runs.create_or_resume(run_id="r-flood", thread_id="t", started_at=1))
+    tl.runtime.deliveries.max_queued = 1  # a batch of two overflows a reader's queue: it looks again
+    looks = []
+    first = DeliveryLog._first
+
+    async def counted(self, *args, **kwargs):
+        looks.append(args)
+        return await first(self, *args, **kwargs)
+
+    monkeypatch.setattr(DeliveryLog, "_first", counted)
+    stop = asyncio.Event()
+
+    async def flood():
+        while not stop.is_set():
+            await tl.runs.claim("r-flood")
+
+    floods = [asyncio.ensure_future(flood()) for _ in range(4)]
+    try:
+        with pytest.raises(ThreadLogError) as e:
+            await within(tl.delivery("r-flood").read("-1").__anext__(), 15)
+        assert e.value.code == "RUN_NOT_FOUND"
+        assert len(looks) >= 2  # it did look again, within its one wait
+    finally:
+        stop.set()
+        await asyncio.gather(*floods, return_exceptions=True)

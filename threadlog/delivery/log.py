@@ -219,14 +219,30 @@ class DeliveryLog:
             return reading.state["first"], (-1, -1), None, reading
         if not follow:
             return -1, (-1, -1), None, reading  # nothing stored: an empty snapshot
-        # Nothing yet: wait (bounded) for the first chunk or a close.
+        # Nothing yet: wait (bounded) for the first chunk or a close -- one wait,
+        # however often it looks again. Tried (a review): each look after an
+        # overflow began a fresh wait, by recursion, so a flood of records that
+        # stand for nothing (claims, a fenced driver's) kept a reader of a run that
+        # never produced waiting for as long as it lasted, or until RecursionError.
+        deadline = time.monotonic() + svc.first_chunk_wait
+        while True:
+            found = await self._first(deadline)
+            if found is not None:
+                return found
+
+    async def _first(self, deadline: float) -> tuple[int, tuple[int, int], Subscription, Reading] | None:
+        """Subscribed, the start at the run's first chunk or close, once one stands;
+        None if the live queue overflowed first (a flood of this run's records: look
+        again); RUN_NOT_FOUND at `deadline`."""
+        svc = self._svc
+        runs = svc.runs
+        p = self.partition
         sub = await runs.subscribe(self.run_id, p)
         try:
             # Again, now that the feed is on: what landed before live_from is in here.
             reading = await runs.reading(self.run_id, p)
             if reading.state and "first" in reading.state:
                 return reading.state["first"], (-1, -1), sub, reading
-            deadline = time.monotonic() + svc.first_chunk_wait
             held: list[Item] = []
             started = False
             while True:
@@ -244,9 +260,9 @@ class DeliveryLog:
                 if sub.failure is not None:
                     raise sub.failure
                 left = deadline - time.monotonic()
-                if sub.overflowed:  # a flood of this run's records: look again
+                if sub.overflowed:
                     runs.unsubscribe(sub)
-                    return await self._start(after, follow)
+                    return None
                 if left <= 0:
                     raise ThreadLogError(RUN_NOT_FOUND, f"run {self.run_id!r} has no delivery log: nothing "
                                                         f"was appended or closed within {svc.first_chunk_wait}s")
