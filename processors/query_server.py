@@ -138,8 +138,9 @@ SLICE_BYTES = 16 * 1024 * 1024
 # client reads each by its key (`slice`), where one item would pass a line.
 BIG_VALUE_BYTES = 8 * 1024 * 1024
 MAX_VERDICTS = 10_000  # offsets per `verdicts` request
-# Bytes of replaced text per paged `dlv_verdicts` answer (the page's last text,
-# up to a record's 16 MiB, may pass it: at most 24 MiB, 32 MiB as base64).
+# Answer bytes of replaced texts per paged `dlv_verdicts` answer (run_index.answered_size:
+# base64 and frames). The page's last text, up to a record's 16 MiB (21.4 MiB as
+# base64), may pass it: a page is under 30 MiB, with the verdicts well under 48.
 REPS_PAGE_BYTES = 8 * 1024 * 1024
 # Answer bytes of one connection built and not sent yet. Past it the server reads
 # no more of that client's requests (TCP pushes back on it): a client that

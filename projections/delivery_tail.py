@@ -89,6 +89,8 @@ class DeliveryTail:
         if partition not in self._dispatched:
             fut: CFuture = CFuture()
             with self._lock:
+                if self._stop.is_set():
+                    raise unavailable(self._why)
                 self._joining.append((partition, fut))
             self._wake.set()
             try:
@@ -97,6 +99,11 @@ class DeliveryTail:
                 raise unavailable(f"{self.topic}[{partition}] not tailed within {self.timeout}s") from None
         sub = Subscription(asyncio.get_running_loop(), run_id, partition, self.max_queued)
         with self._lock:
+            # Checked with the registration, under the lock `_refuse` takes: a
+            # subscription whose join finished after a halt was registered after
+            # every one was failed, fed and failed by nothing, for good (a review).
+            if self._stop.is_set():
+                raise unavailable(self._why)
             sub.live_from = self._dispatched[partition]
             self._subs.add(sub)
         return sub
@@ -108,20 +115,30 @@ class DeliveryTail:
         """Tail nothing more and end every live reader with UNAVAILABLE (from any
         thread, at once): the topics were replaced under the process, and what the
         tail would read next is another log's (`stop` still closes the consumer)."""
-        self._why = reason
-        self._stop.set()
-        self._wake.set()
-        self._subs.fail_all(unavailable(reason))
+        self._refuse(reason)
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
+        self._refuse("the client was closed")
         self._thread.join(timeout=10)
-        self._subs.fail_all(unavailable("the client was closed"))
         try:
             self._consumer.close()
         except Exception:  # pragma: no cover
             pass
+
+    def _refuse(self, reason: str) -> None:
+        """Tail nothing more: no subscription from now on (checked under the lock),
+        and every one there is, or waiting for its partition's join, fails now."""
+        with self._lock:
+            if not self._stop.is_set():
+                self._why = reason
+                self._stop.set()
+            joining, self._joining = self._joining, []
+        self._wake.set()
+        error = unavailable(self._why)
+        for _, fut in joining:
+            if fut.set_running_or_notify_cancel():  # not cancelled by a reader that stopped waiting
+                fut.set_exception(error)
+        self._subs.fail_all(error)
 
     def _run(self) -> None:
         while not self._stop.is_set():

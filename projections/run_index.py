@@ -200,12 +200,15 @@ def replacements_between(reader: Store, run_id: str, lo: int, hi: int) -> list[t
 def replacements_page(reader: Store, run_id: str, lo: int, hi: int, after: tuple[int, int] | None,
                       budget: int) -> tuple[list[tuple[int, int, bytes]], tuple[int, int] | None]:
     """A page of `replacements_between`: (offset, index, UTF-8 text) after position
-    `after` (None: from `lo`), up to `budget` bytes of text (always at least one
-    item), and the position to ask after next (None: nothing is left).
+    `after` (None: from `lo`), up to `budget` bytes as the answer carries them
+    (always at least one item), and the position to ask after next (None:
+    nothing is left).
 
     Why pages: the replaced texts of a range of records have no bound of their
     own -- each chunk position of one record may be replaced by a text as large
-    as a record -- while one answer to a thin reader is bounded (48 MiB).
+    as a record -- while one answer to a thin reader is bounded (48 MiB). Counted
+    as answered (base64 and each entry's frame), not as stored: millions of
+    two-byte texts made a 107 MiB page of an 8 MiB budget (a review).
     """
     prefix = rep_prefix(run_id)
     if after is None:
@@ -223,8 +226,17 @@ def replacements_page(reader: Store, run_id: str, lo: int, hi: int, after: tuple
         if out and size >= budget:
             return out, (out[-1][0], out[-1][1])
         out.append((x, i, v))
-        size += len(v)
+        size += answered_size(v)
     return out, None
+
+
+# Bytes of one page entry's frame, `[x,i,""],` with the longest x and i.
+_ENTRY_FRAME = len('[18446744073709551615,4294967295,""],')
+
+
+def answered_size(text: bytes) -> int:
+    """Bytes a replaced text takes in a paged answer: base64, and its entry's frame."""
+    return (len(text) + 2) // 3 * 4 + _ENTRY_FRAME
 
 
 def replacement(reader: StateReader, run_id: str, offset: int, index: int) -> str | None:

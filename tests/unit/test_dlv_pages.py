@@ -68,9 +68,11 @@ async def test_replaced_texts_past_one_answer_are_read_in_pages(rig, client_of, 
     asked: list[dict] = []
     counted(rig, asked)
     assert await reps_read(rig, client_of) == texts
-    # 1 000 B pages of ~310 B texts: 4 texts a page (a page ends after the text
-    # that reaches the budget), resumed after the last text each page held.
-    assert [a.get("after") for a in asked] == [None, [0, 3], [1, 3], [2, 3], [3, 3]]
+    # 1 000 B pages of texts of ~450 B as answered: 3 texts a page (a page ends
+    # after the text that reaches the budget), resumed after the last it held.
+    assert run_index.answered_size(texts[0, 0].encode()) * 2 < 1_000 < run_index.answered_size(texts[0, 0].encode()) * 3
+    positions = sorted(texts)
+    assert [a.get("after") for a in asked] == [None, *([x, i] for x, i in positions[2:-1:3])]
 
 
 async def test_a_text_json_inflates_past_one_answer_comes_whole_in_its_own_page(rig, client_of,  # noqa: F811
@@ -142,3 +144,18 @@ async def test_a_reader_keeps_only_the_replaced_texts_of_the_batch_it_judged_las
     assert reading.reps == {(2, 0): "text 2", (3, 0): "text 3", (4, 0): "text 4"}
     await reading.judge([Consumed(5)], None)  # at the owner's position: the reader's own fold
     assert not reading.has_reps()
+
+
+async def test_many_small_texts_are_counted_as_answered_not_as_stored(rig, client_of, monkeypatch):  # noqa: F811
+    """Tried (a review): the budget counted stored text bytes only, so millions of
+    two-byte texts ("{}", ~40 bytes each as an entry) made a 107 MiB page of an
+    8 MiB budget, refused ANSWER_TOO_LARGE on every retry. Scaled: 2 000 texts,
+    a 1 000-byte budget, 6 000-byte answers (48 MiB to 8 MiB)."""
+    texts = {(0, i): "{}" for i in range(2_000)}
+    stored(rig, texts)
+    monkeypatch.setattr(query_server, "MAX_ANSWER_BYTES", 6_000)
+    monkeypatch.setattr(query_server, "REPS_PAGE_BYTES", 1_000)
+    asked: list[dict] = []
+    counted(rig, asked)
+    assert await reps_read(rig, client_of) == texts
+    assert len(asked) > 1

@@ -44,6 +44,8 @@ FINAL_SEND_S = 1.0  # longest wait to end a response whose client reads nothing
 # known to be running: well under @tanstack/ai-client's 2 s rejoin deadline
 # (REJOIN_CONNECT_DEADLINE_MS, time to its first chunk), with room for the ask.
 EARLY_S = 0.5
+# Least time between a from-start join's reads of a running run with no chunk yet (`_from_start`).
+ROUND_S = 1.0
 WAITING = "threadlog.waiting"
 HEADERS = {
     "Cache-Control": "no-store",
@@ -132,10 +134,16 @@ async def _from_start(log: DeliveryLog,
     and the RUN_ERROR a stream makes of it is terminal to @tanstack/ai-client: a
     run whose driver wrote its first chunk later (a slow model, a queue) was
     ended for a client that had just been told it was waiting (a review). A run
-    not known to be running still gets RUN_NOT_FOUND, as before.
+    not known to be running still gets RUN_NOT_FOUND, as before. A run left
+    `running` by a driver that died holds the stream as a live join of it does,
+    until the run is reclaimed or the client goes; its rounds are at least
+    ROUND_S apart, whatever first_chunk_wait_ms is (1 ms made them a busy loop of
+    questions).
     """
     announce = True
+    loop = asyncio.get_running_loop()
     while True:
+        began = loop.time()
         reader = log.read("-1")
         chunks = _announced(reader, running) if announce else reader
         produced = False
@@ -157,6 +165,9 @@ async def _from_start(log: DeliveryLog,
         if announce:  # gave up sooner than EARLY_S (a short first_chunk_wait_ms): it is running
             announce = False
             yield None, {}
+        # Pacing, not synchronization: the next read starts from the beginning,
+        # so a first chunk written meanwhile is met as soon as it starts.
+        await asyncio.sleep(max(0.0, began + ROUND_S - loop.time()))
 
 
 async def _still_running(running: Callable[[], Awaitable[bool]]) -> bool:
