@@ -378,6 +378,12 @@ class Judge(Follower):
             for tp in tps:
                 self._applied[tp.partition] = self.stores.offset(self.topic, tp.partition)
             self.owned |= {tp.partition for tp in tps}
+            # Owned and no longer failing in one step: `unserved` (readiness) named a
+            # partition already owned, its last failure, until `_restored` went on (a
+            # full run caught it between the two).
+            self._to_own -= self.owned
+            if not self._to_own:
+                self._own_failing = None
             self._cond.notify_all()
         log.info("%s now owns %s of %s", self.group, sorted(self.owned), self.topic)
         self._ownership_changed()
@@ -467,7 +473,8 @@ class Judge(Follower):
         out = self._restoring.unserved
         failing = self._own_failing
         if failing is not None:
-            out.update(dict.fromkeys(list(self._to_own), failing))
+            with self._cond:
+                out.update(dict.fromkeys(self._to_own - self.owned, failing))
         return out
 
     def _ownership_changed(self) -> None:
