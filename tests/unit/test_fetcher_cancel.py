@@ -31,44 +31,38 @@ async def submitted(fetcher: Fetcher, seconds: float = 10.0) -> None:
         await asyncio.sleep(0.001)
 
 
-async def test_a_fetch_the_closing_client_cancelled_is_unavailable():
+@pytest.fixture
+async def queued():
+    """A fetcher whose first job waits on a one-thread executor, behind a blocker."""
     executor = ThreadPoolExecutor(max_workers=1)
     release = threading.Event()
-    executor.submit(release.wait, 30)  # the one thread, busy: the fetch below waits in the queue
+    executor.submit(release.wait, 30)  # the one thread, busy: the fetch waits in the queue
     pool = ConsumerPool("127.0.0.1:1", "cancel-test")
     svc = SimpleNamespace(executor=executor, pool=pool, topic="ns.deliveries", timeout=5.0,
                           closing=threading.Event())
     fetcher = Fetcher(svc, "run", 0, 0)  # type: ignore[arg-type]
+    batch = asyncio.ensure_future(fetcher.next_batch(10))
     try:
-        batch = asyncio.ensure_future(fetcher.next_batch(10))
         await submitted(fetcher)  # a real consumer was taken and assigned first
-        svc.closing.set()
-        executor.shutdown(wait=False, cancel_futures=True)
-        with pytest.raises(ThreadLogError) as err:
-            await asyncio.wait_for(batch, 10)
-        assert err.value.code == "UNAVAILABLE"
-    finally:
-        release.set()
-        fetcher.release()
-        pool.close()
-
-
-async def test_a_reader_cancelled_itself_is_still_cancelled():
-    executor = ThreadPoolExecutor(max_workers=1)
-    release = threading.Event()
-    executor.submit(release.wait, 30)
-    pool = ConsumerPool("127.0.0.1:1", "cancel-test")
-    svc = SimpleNamespace(executor=executor, pool=pool, topic="ns.deliveries", timeout=5.0,
-                          closing=threading.Event())
-    fetcher = Fetcher(svc, "run", 0, 0)  # type: ignore[arg-type]
-    try:
-        batch = asyncio.ensure_future(fetcher.next_batch(10))
-        await submitted(fetcher)
-        batch.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await batch
+        yield svc, batch
     finally:
         release.set()
         fetcher.release()
         executor.shutdown(wait=True)
         pool.close()
+
+
+async def test_a_fetch_the_closing_client_cancelled_is_unavailable(queued):
+    svc, batch = queued
+    svc.closing.set()
+    svc.executor.shutdown(wait=False, cancel_futures=True)
+    with pytest.raises(ThreadLogError) as err:
+        await asyncio.wait_for(batch, 10)
+    assert err.value.code == "UNAVAILABLE"
+
+
+async def test_a_reader_cancelled_itself_is_still_cancelled(queued):
+    _, batch = queued
+    batch.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await batch
