@@ -346,9 +346,7 @@ class Judge(Follower):
                           RETRY_S)
             self._own_retry_at = time.monotonic() + RETRY_S
             self._own_failing = reason(exc)
-            return
-        self._to_own.clear()
-        self._own_failing = None
+            # (On success `_own` forgets them and their failure, with the ownership.)
 
     def _own(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         """Assign `tps`, each from its store's position, and judge them from now on
@@ -473,8 +471,8 @@ class Judge(Follower):
         out = self._restoring.unserved
         failing = self._own_failing
         if failing is not None:
-            with self._cond:
-                out.update(dict.fromkeys(self._to_own - self.owned, failing))
+            with self._cond:  # `_own` empties it with the ownership, under this lock
+                out.update(dict.fromkeys(set(self._to_own), failing))
         return out
 
     def _ownership_changed(self) -> None:

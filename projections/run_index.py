@@ -38,6 +38,7 @@ Keys (tags `dlv?`):
 from __future__ import annotations
 
 import json
+import math
 import struct
 from typing import Any
 
@@ -187,18 +188,12 @@ def verdicts_between(reader: Store, run_id: str, lo: int, hi: int) -> list[tuple
 
 def replacements_between(reader: Store, run_id: str, lo: int, hi: int) -> list[tuple[int, int, str]]:
     """(offset, index, text) of the replaced chunk positions of records at lo <= x < hi."""
-    prefix = rep_prefix(run_id)
-    out = []
-    for k, v in reader.scan(prefix, rep_key(run_id, lo, 0)):
-        x, i = struct.unpack(">QI", k[len(prefix):])
-        if x >= hi:
-            break
-        out.append((x, i, v.decode("utf-8")))
-    return out
+    page, _ = replacements_page(reader, run_id, lo, hi, None, math.inf)  # one page: everything
+    return [(x, i, text.decode("utf-8")) for x, i, text in page]
 
 
 def replacements_page(reader: Store, run_id: str, lo: int, hi: int, after: tuple[int, int] | None,
-                      budget: int) -> tuple[list[tuple[int, int, bytes]], tuple[int, int] | None]:
+                      budget: float) -> tuple[list[tuple[int, int, bytes]], tuple[int, int] | None]:
     """A page of `replacements_between`: (offset, index, UTF-8 text) after position
     `after` (None: from `lo`), up to `budget` bytes as the answer carries them
     (always at least one item), and the position to ask after next (None:

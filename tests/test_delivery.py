@@ -210,17 +210,22 @@ async def test_non_string_offsets_are_refused(tl):
         assert e.value.code == "INVALID_OFFSET", bad
 
 
+async def refused_by_read_and_upsert(log, bad) -> None:
+    """`bad` is INVALID_OFFSET to `read` and to `upsert`."""
+    with pytest.raises(ThreadLogError) as e:
+        await within(log.read(bad).__anext__())
+    assert e.value.code == "INVALID_OFFSET"
+    with pytest.raises(ThreadLogError) as e:
+        await within(log.upsert([(bad, chunk(1))]))
+    assert e.value.code == "INVALID_OFFSET"
+
+
 async def test_offsets_of_another_run_are_refused(tl):
     a, b = tl.delivery("run-a"), tl.delivery("run-b")
     [oa] = await within(a.append([chunk(0)]))
     [ob] = await within(b.append([chunk(0)]))
     for log, foreign in ((a, ob), (b, oa)):
-        with pytest.raises(ThreadLogError) as e:
-            await within(log.read(foreign).__anext__())
-        assert e.value.code == "INVALID_OFFSET"
-        with pytest.raises(ThreadLogError) as e:
-            await within(log.upsert([(foreign, chunk(1))]))
-        assert e.value.code == "INVALID_OFFSET"
+        await refused_by_read_and_upsert(log, foreign)
     # Well-formed, right run, but no such position: beyond the batch, or a record that is not this run's.
     p, x, _i, tag = oa.split(".")
     for forged in (f"{p}.{x}.1.{tag}", f"{p}.{int(x) + 50}.0.{tag}"):
@@ -236,12 +241,7 @@ async def test_an_offset_with_a_trailing_newline_is_malformed(tl):
     log = tl.delivery("run-newline")
     [o] = await within(log.append([chunk(0)]))
     for bad in (o + "\n", o + "\r\n"):
-        with pytest.raises(ThreadLogError) as e:
-            await within(log.read(bad).__anext__())
-        assert e.value.code == "INVALID_OFFSET"
-        with pytest.raises(ThreadLogError) as e:
-            await within(log.upsert([(bad, chunk(1))]))
-        assert e.value.code == "INVALID_OFFSET"
+        await refused_by_read_and_upsert(log, bad)
     assert await within(log.snapshot()) == [(o, chunk(0))]
 
 

@@ -41,15 +41,6 @@ def reply_of(headers: list[tuple[str, bytes | None]] | None) -> bytes | None:
     return None
 
 
-# Kafka's limit on a topic name's length (`Topic.MAX_NAME_LENGTH`).
-MAX_TOPIC_NAME = 249
-SUFFIXES = (".events", ".deliveries", ".blobs", ".members", ".snapshots")
-# Why a bound of its own: a longer namespace names a topic Kafka refuses, and
-# its refusal reached `open` as UNAVAILABLE -- "retry later" for a name no
-# retry can help (a review).
-MAX_NAMESPACE = MAX_TOPIC_NAME - max(map(len, SUFFIXES))
-
-
 @dataclass(frozen=True)
 class Topics:
     namespace: str
@@ -75,7 +66,15 @@ class Topics:
         return f"{self.namespace}.snapshots"
 
     def all(self) -> list[str]:
-        return [self.namespace + suffix for suffix in SUFFIXES]
+        return [self.events, self.deliveries, self.blobs, self.members, self.snapshots]
+
+
+# Kafka's limit on a topic name's length (`Topic.MAX_NAME_LENGTH`).
+MAX_TOPIC_NAME = 249
+# Why a bound of its own: a longer namespace names a topic Kafka refuses, and
+# its refusal reached `open` as UNAVAILABLE -- "retry later" for a name no
+# retry can help (a review).
+MAX_NAMESPACE = MAX_TOPIC_NAME - max(map(len, Topics("").all()))
 
 
 @dataclass(frozen=True)
