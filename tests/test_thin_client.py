@@ -653,6 +653,51 @@ async def test_a_renewal_keeps_the_length_the_lease_was_granted_with_when_its_pa
         await second.stop()
 
 
+@pytest.mark.parametrize("late_ms", [0, 10_000], ids=["renewed", "granted-anew"])
+async def test_a_lease_asked_while_its_workers_owner_dies_gets_the_new_owners_length(
+        bootstrap, namespace, tmp_path, open_client, late_ms):
+    """Tried (a multi-worker probe): workers of 3 s and 600 s leases; the 3 s one
+    killed and a thread of its partition acquired at once. Its announcement
+    stays the partition's newest until it times out, so the proposal carried
+    3 s; the survivor judged it seconds later and the caller got a 3 s lease,
+    expired on arrival. Now the grant is renewed with the new owner's length
+    (`renewed`), or, when it expired by record time before that renewal
+    (`granted-anew`: the clock moved 10 s meanwhile), acquired again."""
+    clock = MutableClock()
+    dying = await WorkerProcess(bootstrap, namespace, tmp_path / "w-short", "w-short",
+                                "--lease-duration-ms", "3000", "--renew-after-ms", "1000").start()
+    thin = await open_client(processors="external", own_worker=True, clock=clock, request_timeout_ms=90_000)
+    p = partition_for("t", thin.runtime.layout.events)
+    survivor = None
+    try:
+        await until(lambda: (o := thin.runtime.query.owner(p)) is not None and o.lease == (3_000, 1_000), 30,
+                    "the short worker owns the partition")
+        dying.signal(signal.SIGKILL)
+        await dying.wait_exit(30)
+        assert thin.runtime.query.owner(p).lease == (3_000, 1_000)  # still announced: what is proposed
+        acquiring = asyncio.ensure_future(thin.checkpoints.acquire_writer("t", auto_renew=False))
+        verdicts = thin.session.bus.verdicts
+        await until(lambda: any(q == p for q, _, _ in verdicts._pending), 30,
+                    "the acquire proposed (its time stamped, its ack in)")
+        clock.advance(late_ms)
+        survivor = await WorkerProcess(bootstrap, namespace, tmp_path / "w-long", "w-long",
+                                       "--lease-duration-ms", "600000", "--renew-after-ms", "200000").start()
+        lease = await within(acquiring, 120)
+        assert (lease.expires_at - clock.now, lease.renew_after_ms) == (600_000, 200_000)
+        assert lease.fence == (1 if late_ms == 0 else 2)
+        # The log agrees: the lease is held (another client is refused) and writes pass.
+        other = await open_client(processors="external", own_worker=True, clock=clock)
+        clock.advance(60_000)  # past any 3 s, within 600 s
+        with pytest.raises(ThreadLogError) as err:
+            await within(other.checkpoints.acquire_writer("t", auto_renew=False))
+        assert err.value.code == "SANDBOX_SNAPSHOT_WRITER_CONFLICT"
+        assert await within(lease.renew()) == clock.now + 600_000
+    finally:
+        if survivor is not None:
+            await survivor.stop()
+        await dying.stop()
+
+
 async def test_a_record_larger_than_one_answer_is_read_in_slices(worker, open_client, monkeypatch):
     """Tried (a review): three accepted runs.update patches of 14 MiB each made a
     42 MiB run record (every write passed the proposal limit; the record has

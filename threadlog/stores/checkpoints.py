@@ -47,6 +47,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("threadlog.checkpoints")
 
+# How often one acquire sets its grant's length again after the partition's
+# owner changed during it (acquire_writer): once per rebalance met, bounded.
+MAX_RESETTLES = 3
+
 
 @dataclass(frozen=True)
 class Writer:
@@ -234,15 +238,47 @@ class CheckpointStore(StoreFacade):
         if not isinstance(auto_renew, bool) or not isinstance(steal, bool):
             raise invalid_argument(f"auto_renew and steal must be bool, got {auto_renew!r} and {steal!r}")
         began = time.monotonic()
-        duration, renew_after = await self._session.lease_setting(thread_id)
+        setting = await self._session.lease_setting(thread_id)
+        grant = await self._grant(thread_id, setting, steal, began)
+        for _ in range(MAX_RESETTLES):
+            now = await self._session.lease_setting(thread_id)
+            if now == setting:
+                break
+            # The thread's partition changed owner while the grant was judged (a
+            # worker died or left): the proposal carried the setting of the owner
+            # that was announced then, and the grant has its length -- a dead
+            # worker's 3 s arrived, seconds later, expired. The length must be in
+            # the log for every judge to agree, so it is set again in the log: a
+            # renewal of this fresh grant with the new owner's setting, or, if
+            # the grant is gone by then (expired by record time), a new acquire.
+            grant, setting = await self._resettle(grant, now, steal, began), now
+        return WriterLease(self, grant, setting[0], auto_renew=auto_renew)
+
+    async def _grant(self, thread_id: str, setting: tuple[int, int], steal: bool, began: float) -> dict:
         # The proposer draws the owner token (a capability: 128 random bits);
         # the judge only checks it, so every judge grants the same lease.
-        grant = await self._send("threadlog.cmd.AcquireCheckpointWriter", thread_id, {
+        return await self._send("threadlog.cmd.AcquireCheckpointWriter", thread_id, {
             "threadId": thread_id, "ownerToken": secrets.token_hex(16),
-            "leaseDurationMs": duration, "renewAfterMs": renew_after,
+            "leaseDurationMs": setting[0], "renewAfterMs": setting[1],
             "steal": steal,
         }, self._session.left_of(began))
-        return WriterLease(self, grant, duration, auto_renew=auto_renew)
+
+    async def _resettle(self, grant: dict, setting: tuple[int, int], steal: bool, began: float) -> dict:
+        """`grant` with the length of `setting`: renewed at once, or granted anew."""
+        writer = {"threadId": grant["threadId"], "ownerToken": grant["ownerToken"], "fence": grant["fence"]}
+        try:
+            renewed = await self._send("threadlog.cmd.RenewCheckpointWriter", grant["threadId"],
+                                       {"writer": writer, "leaseDurationMs": setting[0]},
+                                       self._session.left_of(began))
+        except ThreadLogError as exc:
+            if exc.code != WRITER_LOST:
+                raise
+            # Expired (or stolen) before the renewal was judged: a new grant, asked
+            # as the caller asked (a thread someone else took meanwhile is theirs).
+            return await self._grant(grant["threadId"], setting, steal, began)
+        # Set, not maxed: no other renewal of this grant exists yet, and the new
+        # owner's length may be shorter than the one first granted.
+        return {**grant, "expiresAt": renewed["expiresAt"], "renewAfterMs": setting[1]}
 
     def _stop_renewals(self) -> None:
         """Cancel every background lease renewal (the client is closing)."""
