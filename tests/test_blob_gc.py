@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import random
+import time
 
 import pytest
 from checkpoint_helpers import MutableClock, checkpoint, file_key, refused, threads_on_distinct_partitions
@@ -25,6 +26,7 @@ from threadlog.projections.folds import blob_gc as gc
 from threadlog.projections.folds import blobs as blob_state
 from worker_support import WorkerProcess, owned_by
 
+import threadlog
 from threadlog import ThreadLogError
 from threadlog import blob_gc as blob_gc_module
 from threadlog.blob_gc import FENCE_BATCH_BYTES, MAX_FENCE_KEYS, fence_batches
@@ -700,3 +702,65 @@ async def test_a_sweep_over_long_keys_fences_them_in_batches_and_deletes_them(tl
     assert report.deleted == 41 and report.unsettled == 0, report
     assert gc.standing_fences(tl.state) == []
     assert (await within(tl.blobs.list()))["objects"] == []
+
+
+async def test_a_sweep_cancelled_with_its_fences_up_settles_and_lowers_them(tl, monkeypatch):
+    """Tried (a review): a sweep cancelled between raising its fences and lowering
+    them (a caller's `wait_for`, Ctrl-C, the blocking client's limit) left them
+    standing: every append naming the key was refused BLOB_BEING_COLLECTED until
+    someone ran another sweep. Now the cancelled sweep seals its keys and lowers
+    its fences before it ends. Here its collect hangs (never proposed) and it is
+    cancelled once the fences stand."""
+    key = file_key("c")
+    await within(tl.blobs.put(key, b"x"))
+    session = tl.session
+    real_send = session.send
+    collecting = asyncio.Event()
+
+    async def send(type_name: str, k: str, payload: dict, timeout: float | None = None):
+        if type_name == "threadlog.cmd.CollectBlob":
+            collecting.set()
+            await asyncio.Event().wait()  # hangs until cancelled
+        return await real_send(type_name, k, payload, timeout=timeout)
+
+    monkeypatch.setattr(session, "send", send)
+    sweep = asyncio.ensure_future(tl.blobs.gc(grace_ms=0))
+    await within(collecting.wait())
+    await within(session.read_barrier(None))
+    assert gc.standing_fences(tl.state) != []  # what the cancellation finds
+    sweep.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await within(sweep)
+    await within(asyncio.gather(*getattr(blob_gc_module, "_CLEANUPS", ())))  # it outlives the sweep task
+    await within(session.read_barrier(None))
+    assert gc.standing_fences(tl.state) == []
+    monkeypatch.setattr(session, "send", real_send)
+    lease = await within(tl.checkpoints.acquire_writer("namer"))
+    await within(tl.checkpoints.append(checkpoint=cp_with("n-1", "namer", None, [key]),
+                                       expected_head_id=None, writer=lease))
+    assert (await within(tl.blobs.get(key)))["body"] == b"x"
+
+
+def test_the_blocking_clients_gc_is_not_cut_at_the_calls_limit(bootstrap, namespace, tmp_path, monkeypatch):
+    """Tried (a review): 9 000 blobs, `connect(request_timeout_ms=4000).blobs.gc()`:
+    the blocking client cut the sweep at its limit for one call (4 timeouts + 5 s),
+    cancelled it with fences up and raised OUTCOME_UNKNOWN. A sweep's every step is
+    bounded and its work grows with the namespace: it runs to its end. Here its
+    last step (reading the blobs topic) is made to take longer than that limit."""
+    real_scan = blob_gc_module._scan_chunks
+    delay = 2.0 * 4 + 5.0 + 1.0  # past the limit of one call at a 2 s request timeout
+
+    def slow_scan(session):
+        time.sleep(delay)  # the step's duration is what is tested, not a wait for an event
+        return real_scan(session)
+
+    monkeypatch.setattr(blob_gc_module, "_scan_chunks", slow_scan)
+    client = threadlog.connect(bootstrap, namespace=namespace, state_dir=str(tmp_path / "sync"),
+                               request_timeout_ms=2000)
+    try:
+        key = file_key("s")
+        client.blobs.put(key, b"x")
+        report = client.blobs.gc(grace_ms=0)
+        assert report.deleted_keys == [key] and report.abandoned_error is None
+    finally:
+        client.close()

@@ -127,6 +127,10 @@ async def collect_garbage(tl: Session, references: Callable[[], Awaitable[list[B
     return await _Sweep(tl, references, grace_ms, dry_run).run()
 
 
+# Cleanups of cancelled sweeps, referenced until done (the loop keeps only weak references).
+_CLEANUPS: set[asyncio.Task[None]] = set()
+
+
 class _Sweep:
     def __init__(self, tl: Session, references: Callable[[], Awaitable[list[BlobReference]]], grace_ms: int,
                  dry_run: bool) -> None:
@@ -248,6 +252,36 @@ class _Sweep:
                 log.warning("blob gc %s: raising the fences failed and lowering them too (%s); they stay until "
                             "the next sweep", sweep, exc)
             raise
+        try:
+            return await self._collect_fenced(versions, sweep, collectible)
+        except asyncio.CancelledError:
+            # Cancelled with the fences up (a caller's timeout, Ctrl-C). Tried (a
+            # review): the fences stayed, and every append naming these keys was
+            # refused BLOB_BEING_COLLECTED until someone ran another sweep. Settle
+            # every key and lower the fences first, in a task of its own, which a
+            # second cancellation of this one does not stop.
+            cleanup = asyncio.get_running_loop().create_task(self._settle(sweep, collectible))
+            _CLEANUPS.add(cleanup)
+            cleanup.add_done_callback(_CLEANUPS.discard)
+            try:
+                await asyncio.shield(cleanup)
+            except asyncio.CancelledError:
+                pass  # cancelled again: the cleanup goes on by itself
+            raise
+
+    async def _settle(self, sweep: str, keys: list[str]) -> None:
+        """Seal `keys` (their collects, sent or not, are settled once the seals are
+        judged) and lower the fences, with a marker for each key a collect deleted."""
+        try:
+            await asyncio.gather(*(self._bounded(self._claim(k, f"{sweep}.seal", None)) for k in keys))
+            await self._fence(sweep, keys, False)
+            log.warning("blob gc %s: cancelled; its %d key(s) settled and fences lowered", sweep, len(keys))
+        except Exception as exc:
+            log.warning("blob gc %s: cancelled, and settling failed (%s); fences stay until the next sweep",
+                        sweep, exc)
+
+    async def _collect_fenced(self, versions: dict[str, str], sweep: str, collectible: list[str]) -> bool:
+        r = self.report
         # Proposed only now: each collect's `seen` lies past every fence.
         results = await asyncio.gather(*(self._bounded(self.tl.send(
             "threadlog.cmd.CollectBlob", blob_state.partition_key(k),
