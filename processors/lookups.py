@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -38,6 +39,9 @@ log = logging.getLogger("threadlog.lookups")
 
 MAX_CACHED = 200_000
 RETRY_AFTER_S = 0.2
+# How long after a failed question a judge asks again, ahead of judging, the
+# questions it asked on arrival (processors/judge.py `_prefetch`).
+REASK_WINDOW_S = 10.0
 
 Question = tuple[int, str, str, int]  # (partition, kind, id, as of offset)
 
@@ -51,6 +55,7 @@ class Lookups:
         self._lock = threading.Lock()
         self.asked = 0  # questions sent (operators, tests)
         self.requests = 0  # requests they went in
+        self.failed_at = -math.inf  # time.monotonic() of the last question that failed
 
     def settled(self, questions: list[Question]) -> bool:
         """Should a judge waiting on these questions decide again now: every one
@@ -151,8 +156,13 @@ class Lookups:
         (result,) = results.values()
         return [str(t) for t in result["threads"]]
 
+    def failed_lately(self, window_s: float = REASK_WINDOW_S) -> bool:
+        """Did a question fail within the last `window_s` (its asker may ask again)?"""
+        return time.monotonic() - self.failed_at < window_s
+
     def _failed(self, questions: list[Question]) -> None:
         with self._lock:
-            again = time.monotonic() + RETRY_AFTER_S
+            self.failed_at = time.monotonic()
+            again = self.failed_at + RETRY_AFTER_S
             for question in questions:
                 self._asking[question] = again
