@@ -246,10 +246,6 @@ class MembersView:
                 log.exception("members view poll failed")
                 time.sleep(0.2)
                 continue
-            if not msgs:
-                self._check_stuck()
-                continue
-            self._heard = time.monotonic()
             changed = False
             reached = False
             for msg in msgs:
@@ -257,7 +253,9 @@ class MembersView:
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
                         reached = True
-                    continue
+                        self._heard = time.monotonic()
+                    continue  # an error is no sign of life: a consumer that only reports errors is stuck too
+                self._heard = time.monotonic()
                 self._next = msg.offset() + 1
                 reached = reached or msg.offset() + 1 >= self._target
                 wid = (msg.key() or b"").decode(errors="replace")
@@ -278,6 +276,7 @@ class MembersView:
                     self._changed.notify_all()
             if reached:
                 self._caught_up.set()
+            self._check_stuck()
 
     def _check_stuck(self) -> None:
         """After STUCK_S without a record, compare the position with the partition's
