@@ -845,10 +845,14 @@ async def _gc(args: argparse.Namespace) -> int:
                               state_dir=args.state_dir, request_timeout_ms=args.request_timeout_ms,
                               kafka=_kafka_props(args), create_topics=False) as tl:
         report = await tl.blobs.gc(grace_ms=args.grace_ms, dry_run=args.dry_run)
-    # A sweep whose abandoned-chunk step failed still reports what it deleted,
-    # but did not do all it was asked: exit 1 (as `reclaim --claim` with a run
-    # not claimed), so a cron job or script notices; the reason is printed.
-    status = 1 if report.abandoned_error is not None else 0
+    # A sweep that did not do all it was asked exits 1 (as `reclaim --claim`
+    # with a run not claimed), so a cron job or script notices; the summary
+    # says why. Two ways: its abandoned-chunk step failed (it still reports
+    # what it deleted), or it stopped at a batch whose collects it could not
+    # settle -- their fences stand and refuse appends naming those blobs
+    # until a later sweep lowers them, so whoever runs `gc` must know to run
+    # it again.
+    status = 1 if report.abandoned_error is not None or report.unsettled else 0
     if args.json:
         print(json.dumps(report.as_dict(), sort_keys=True), flush=True)
         return status
@@ -868,7 +872,8 @@ async def _gc(args: argparse.Namespace) -> int:
     if report.fences_recovered:
         print(f"  fences of earlier sweeps lowered: {report.fences_recovered}")
     if report.unsettled:
-        print(f"  collects left unsettled (the next sweep recovers them): {report.unsettled}")
+        print(f"  collects left unsettled: {report.unsettled} (their fences stand and refuse appends naming "
+              "those blobs until the next sweep recovers them: run gc again)")
     return status
 
 
