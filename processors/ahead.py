@@ -222,6 +222,16 @@ class Ahead:
                 elif mark is ANY:
                     part.anys.pop(0)
 
+    def may_settle_earlier(self, q: int, kind: str, asof: int) -> bool:
+        """Could `settles_at(q, kind, _, asof)` fall once more of q is fetched?
+        Only while asof lies beyond what is fetched of an owned partition, and
+        only for the kind looked at ahead."""
+        if kind != gid.CHECKPOINT:
+            return False
+        with self._lock:
+            part = self._parts.get(q)
+            return part is not None and asof > part.fetched_to
+
     def settles_at(self, q: int, kind: str, ident: str, asof: int) -> int:
         """How far q must be judged before "holders of (kind, ident) as of asof"
         can be read: `asof`, or less when the records in between cannot change

@@ -149,6 +149,11 @@ REPS_PAGE_BYTES = 8 * 1024 * 1024
 # (a barrier, a verdict, another worker's question) holds little, and a cap on
 # those left a read that could be answered at once unread behind them.
 MAX_CONN_UNSENT = 64 * 1024 * 1024
+# How often a `holders` question is settled again while the position it asks
+# about lies beyond what the judge has fetched (processors/ahead.py): once
+# fetched, the records in between may be seen not to mark the id, and the
+# answer is final long before the partition is *judged* that far.
+RESETTLE_S = 0.02
 
 
 class _Unsent:
@@ -584,14 +589,40 @@ class QueryServer:
         questions need (all of one proposal: see processors/lookups.py), within
         the asker's `wait`."""
         ahead = self.judge.ahead
-        need: dict[int, int] = {}
-        for q, kind, ident, asof in asked:
-            settles = ahead.settles_at(q, kind, ident, asof)
-            need[q] = max(need.get(q, 0), settles)
-            self.holders_asked += 1
-            if settles < asof and q in self.judge.owned and self.judge.applied(q) < asof:
-                self.holders_ahead += 1  # answered before q was judged up to asof
-        await self._owned({"partitions": sorted(need), "floor": {str(q): n for q, n in need.items()}, "wait": wait})
+        budget = self._bounded(wait)
+        began = time.monotonic()
+        self.holders_asked += len(asked)
+        while True:
+            need: dict[int, int] = {}
+            early = 0  # questions settled before q is judged up to what they ask
+            unfetched = False
+            for q, kind, ident, asof in asked:
+                settles = ahead.settles_at(q, kind, ident, asof)
+                need[q] = max(need.get(q, 0), settles)
+                if settles < asof and q in self.judge.owned and self.judge.applied(q) < asof:
+                    early += 1
+                unfetched = unfetched or ahead.may_settle_earlier(q, kind, asof)
+            left = budget - (time.monotonic() - began)
+            # Why slices: the wait's target is fixed when it starts. Asked of a
+            # worker that has not fetched that far yet (it just took the
+            # partition over, or its judge waits for answers from the asker),
+            # the target is the position itself, and the asker waited for
+            # every record before it to be judged -- while two catching-up
+            # workers' judges waited on each other's answers (a fault probe).
+            # Settled again every RESETTLE_S, the answer comes once the
+            # records are fetched and seen not to mark the id.
+            slice_ = min(left, RESETTLE_S) if unfetched else left
+            floor = {str(q): n for q, n in need.items()}
+            sliced = time.monotonic()
+            try:
+                await self._owned({"partitions": sorted(need), "floor": floor, "wait": slice_})
+                break
+            except ThreadLogError as exc:
+                # Only a slice that ran out is settled again (a judge failing at
+                # once is not looped on), and only while the budget lasts.
+                if exc.code != BEHIND or slice_ >= left or time.monotonic() - sliced < slice_ / 2:
+                    raise
+        self.holders_ahead += early  # answered before q was judged up to asof
         return self._read(lambda: [holders_as_of(self.stores.store_of(q), kind, ident, asof)
                                    for q, kind, ident, asof in asked], sorted(need))
 

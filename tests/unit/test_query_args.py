@@ -62,6 +62,9 @@ class Ahead:
     def settles_at(self, q, kind, ident, asof):
         return asof
 
+    def may_settle_earlier(self, q, kind, asof):
+        return False
+
 
 class Judged(Judge):
     """Judged as far as any floor asks; every verdict asked about is judged at once."""
