@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+from confluent_kafka import KafkaError
 from threadlog.schemas import Codec, CodecError
 
 from threadlog.kernel.errors import ThreadLogError, unavailable
@@ -203,12 +203,6 @@ class DeliveryIndex(Follower):
     def _begin(self) -> None:
         self.owned = set(self._initial)
         self._assign()
-
-    def _assign(self) -> None:
-        self._consumer.assign([
-            TopicPartition(self.topic, p, self._applied[p] if self._applied[p] > 0 else OFFSET_BEGINNING)
-            for p in sorted(self.owned)
-        ])
 
     def set_owned(self, partitions: set[int]) -> None:
         """Fold these partitions from now on (applied on the follower's thread)."""

@@ -25,6 +25,7 @@ from threadlog.schemas import Codec, CodecError
 
 from threadlog.kernel import kafka_config
 from threadlog.kernel.errors import unavailable
+from threadlog.kernel.stuck import Liveness
 
 from .delivery_follower import Item, Subscribers, Subscription
 
@@ -38,10 +39,13 @@ class DeliveryTail:
         self.codec = codec
         self.timeout = timeout
         self.max_queued = max_queued
-        self._consumer = Consumer(kafka_config.consumer(
+        self._settings = kafka_config.consumer(
             bootstrap, f"{client_id}.dlvtail", kafka,
             **{"enable.partition.eof": True, "fetch.wait.max.ms": kafka_config.READER_WAIT_MS},
-        ))
+        )
+        self._consumer = Consumer(self._settings)
+        self._liveness = Liveness()
+        self.restarts = 0  # consumers replaced because they stopped reading (operators, tests)
         self._subs = Subscribers()
         self._lock = self._subs.lock  # also guards _dispatched and _joining (the hand-off)
         self._joining: list[tuple[int, CFuture]] = []  # partitions readers wait to have tailed
@@ -158,7 +162,29 @@ class DeliveryTail:
                 log.exception("delivery tail consume failed")
                 self._stop.wait(0.1)
                 continue
+            self._liveness.saw(msgs)
             self._dispatch(msgs)
+            self._check_stuck()
+
+    def _check_stuck(self) -> None:
+        """A consumer that stopped reading is replaced (threadlog/kernel/stuck.py):
+        every live reader of this process waits for its records."""
+        with self._lock:
+            tailed = dict(self._dispatched)
+        why = self._liveness.stuck(self._consumer, self.topic, tailed, tailed, self.timeout)
+        if why is None:
+            return
+        log.warning("%s: %s: replacing the delivery tail's consumer", self.topic, why)
+        old, self._consumer = self._consumer, Consumer(self._settings)
+        try:
+            old.close()
+        except Exception:  # pragma: no cover - it is being replaced
+            pass
+        # From where every record below went out: none is lost or handed out twice.
+        with self._lock:
+            self._consumer.assign([TopicPartition(self.topic, p, at) for p, at in sorted(self._dispatched.items())])
+        self._liveness.restart()
+        self.restarts += 1
 
     def _dispatch(self, msgs: list) -> None:
         per_sub: dict[Subscription, list[Item]] = {}

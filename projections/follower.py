@@ -19,6 +19,7 @@ from threadlog.schemas import Codec, CodecError
 
 from threadlog.kernel import kafka_config
 from threadlog.kernel.errors import not_owner, unavailable
+from threadlog.kernel.stuck import Liveness
 from threadlog.kernel.topics import INCARNATION_HEADER
 
 from .fold import EventMeta, apply_event
@@ -61,15 +62,16 @@ class Follower:
         self.replaced: Callable[[], str | None] | None = None
         # Partitions folded here (all of them, unless a subclass takes part in a group).
         self.owned: set[int] = set(range(partitions))
-        self._consumer = Consumer(
-            kafka_config.consumer(
-                bootstrap,
-                f"{client_id}.follower",
-                kafka,
-                **{"enable.partition.eof": True, "fetch.wait.max.ms": kafka_config.FOLLOWER_WAIT_MS,
-                   **self._consumer_extra()},
-            )
+        self._settings = kafka_config.consumer(
+            bootstrap,
+            f"{client_id}.follower",
+            kafka,
+            **{"enable.partition.eof": True, "fetch.wait.max.ms": kafka_config.FOLLOWER_WAIT_MS,
+               **self._consumer_extra()},
         )
+        self._consumer = Consumer(self._settings)
+        self._liveness = Liveness()
+        self.restarts = 0  # consumers replaced because they stopped reading (operators, tests)
         self._begin()
         self._thread = threading.Thread(target=self._run, name=f"follower:{topic}", daemon=True)
 
@@ -77,13 +79,16 @@ class Follower:
         return {}
 
     def _begin(self) -> None:
-        """Start consuming: every partition, from its stored position."""
-        self._consumer.assign(
-            [
-                TopicPartition(self.topic, p, self._applied[p] if self._applied[p] > 0 else OFFSET_BEGINNING)
-                for p in range(self.partitions)
-            ]
-        )
+        """Start consuming: every owned partition (all), from its stored position."""
+        self._assign()
+
+    def _assign(self) -> None:
+        """Consume the owned partitions from where they are applied."""
+        self._consumer.assign([
+            TopicPartition(self.topic, p, self._applied[p] if self._applied[p] > 0 else OFFSET_BEGINNING)
+            for p in sorted(self.owned)
+        ])
+        self._liveness.restart()
 
     def start(self) -> None:
         self._thread.start()
@@ -194,11 +199,29 @@ class Follower:
                 time.sleep(0.1)
                 continue
             if msgs:
+                self._liveness.saw(msgs)
                 try:
                     self._handle(msgs)
                 except Exception:  # pragma: no cover - a bug must not stop folding
                     log.exception("follower failed on a batch; retrying from stored positions")
                     self._rewind()
+            self._check_stuck()
+
+    def _check_stuck(self) -> None:
+        """A consumer that stopped reading is replaced (threadlog/kernel/stuck.py):
+        every run's appends wait for this fold's verdicts, and its live readers
+        for its records."""
+        why = self._liveness.stuck(self._consumer, self.topic, self.owned, self._applied, 5.0)
+        if why is None:
+            return
+        log.warning("%s: %s: replacing its consumer", self.topic, why)
+        old, self._consumer = self._consumer, Consumer(self._settings)
+        try:
+            old.close()
+        except Exception:  # pragma: no cover - it is being replaced
+            pass
+        self._assign()
+        self.restarts += 1
 
     def _rewind(self) -> None:
         for p in sorted(self.owned):

@@ -35,6 +35,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 from .kernel import kafka_config
 from .kernel.checkpoint_rules import MAX_LEASE_MS
 from .kernel.errors import unavailable
+from .kernel.stuck import Liveness
 from .kernel.validation import is_finite, is_int
 
 log = logging.getLogger("threadlog.members")
@@ -209,7 +210,7 @@ class MembersView:
         self._caught_up = threading.Event()
         self._target = 0
         self._next = 0  # the offset after the last record read
-        self._heard = self._checked = time.monotonic()  # last record or end-of-partition; last stuck check
+        self._liveness = Liveness(STUCK_S)  # when a record or the partition's end was last read
         self.restarts = 0  # consumers replaced by the stuck check (operators, tests)
         self._thread = threading.Thread(target=self._run, name="members-view", daemon=True)
 
@@ -248,14 +249,12 @@ class MembersView:
                 continue
             changed = False
             reached = False
+            self._liveness.saw(msgs)
             for msg in msgs:
                 err = msg.error()
                 if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        reached = True
-                        self._heard = time.monotonic()
-                    continue  # an error is no sign of life: a consumer that only reports errors is stuck too
-                self._heard = time.monotonic()
+                    reached = reached or err.code() == KafkaError._PARTITION_EOF
+                    continue
                 self._next = msg.offset() + 1
                 reached = reached or msg.offset() + 1 >= self._target
                 wid = (msg.key() or b"").decode(errors="replace")
@@ -279,40 +278,24 @@ class MembersView:
             self._check_stuck()
 
     def _check_stuck(self) -> None:
-        """After STUCK_S without a record, compare the position with the partition's
-        end; behind it, replace the consumer and read on from the position.
+        """A consumer that stopped reading is replaced (threadlog/kernel/stuck.py).
 
-        Why (tried, a fault probe: two workers, a 12 s broker outage, 2 runs of
-        11): one worker's view never read a record again after the broker came
-        back -- its poll returned nothing for minutes while the other worker's
-        view read that worker's heartbeats. It saw no live worker, so every
-        question its judge asked the other owner failed, and its partitions
-        stopped for good. A new consumer fetches afresh.
+        Tried (a fault probe: two workers, a 12 s broker outage, 2 runs of 11):
+        one worker's view never read a record again after the broker came back.
+        It saw no live worker, so every question its judge asked the other owner
+        failed, and its partitions stopped for good.
         """
-        now = time.monotonic()
-        if now - self._heard < STUCK_S or now - self._checked < STUCK_S:
+        why = self._liveness.stuck(self._consumer, self.topic, (0,), {0: self._next}, 5.0)
+        if why is None:
             return
-        self._checked = now
-        try:
-            _, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=5.0)
-        except Exception as exc:
-            # The cluster is down, or this handle's view of it is stale (after a
-            # broker restart a handle's cached leader epoch fails its requests
-            # until its metadata refresh, minutes later): a new one costs little.
-            log.info("%s: no record read for %.0f s and its end not answered (%s): replacing its consumer",
-                     self.topic, now - self._heard, exc)
-        else:
-            if high <= self._next:
-                return  # quiet, not stuck
-            log.warning("%s: no record read for %.0f s while its end is %d and this view is at %d: "
-                        "replacing its consumer", self.topic, now - self._heard, high, self._next)
+        log.warning("%s: %s: replacing its consumer", self.topic, why)
         old, self._consumer = self._consumer, Consumer(self._settings)
         try:
             old.close()
         except Exception:  # pragma: no cover - it is being replaced
             pass
         self._consumer.assign([TopicPartition(self.topic, 0, self._next)])
-        self._heard = time.monotonic()
+        self._liveness.restart()
         self.restarts += 1
 
     def live(self) -> list[Member]:

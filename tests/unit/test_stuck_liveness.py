@@ -1,0 +1,88 @@
+"""When a tailing consumer counts as stuck (threadlog/kernel/stuck.py), without a broker.
+
+The consumer here only answers the partitions' ends (a stand-in; the real
+consumers are replaced on a real broker in tests/test_stuck_consumers.py and
+tests/test_members.py). Time is the real monotonic clock, scaled down.
+"""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import KafkaError, KafkaException
+
+from threadlog.kernel.stuck import Liveness
+
+
+class Ends:
+    def __init__(self, ends: dict[int, int]) -> None:
+        self.ends = ends
+        self.asked = 0
+        self.down = False
+
+    def get_watermark_offsets(self, tp, timeout):
+        self.asked += 1
+        if self.down:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+        return 0, self.ends[tp.partition]
+
+
+class Record:
+    def __init__(self, partition: int) -> None:
+        self._p = partition
+
+    def error(self):
+        return None
+
+    def partition(self) -> int:
+        return self._p
+
+
+def _after(s: float) -> None:
+    end = time.monotonic() + s
+    while time.monotonic() < end:
+        time.sleep(0.005)
+
+
+def test_quiet_partitions_at_their_end_are_not_stuck_and_are_asked_once_per_period():
+    live, ends = Liveness(0.05, 0.05), Ends({0: 5, 1: 9})
+    assert live.stuck(ends, "t", [0, 1], {0: 5, 1: 9}, 1.0) is None and ends.asked == 0  # not due yet
+    _after(0.06)
+    assert live.stuck(ends, "t", [0, 1], {0: 5, 1: 9}, 1.0) is None and ends.asked == 2
+    assert live.stuck(ends, "t", [0, 1], {0: 5, 1: 9}, 1.0) is None and ends.asked == 2  # not again at once
+
+
+def test_a_record_read_between_the_two_checks_clears_the_suspicion():
+    # A record landing on a quiet partition just before a check: behind once, then read.
+    live, ends = Liveness(0.05, 0.05), Ends({0: 6})
+    _after(0.06)
+    assert live.stuck(ends, "t", [0], {0: 5}, 1.0) is None  # behind: suspected, not yet replaced
+    live.saw([Record(0)])
+    _after(0.06)
+    assert live.stuck(ends, "t", [0], {0: 6}, 1.0) is None
+
+
+def test_behind_at_two_checks_with_nothing_read_is_stuck():
+    live, ends = Liveness(0.05, 0.05), Ends({0: 6, 1: 3})
+    live.saw([Record(1)])
+    _after(0.06)
+    assert live.stuck(ends, "t", [0, 1], {0: 5, 1: 3}, 1.0) is None
+    _after(0.06)
+    why = live.stuck(ends, "t", [0, 1], {0: 5, 1: 3}, 1.0)
+    assert why is not None and "t[0] ends at 6 and this consumer is at 5" in why
+    live.restart()  # replaced: silence counts from now
+    assert live.stuck(ends, "t", [0, 1], {0: 5, 1: 3}, 1.0) is None
+
+
+def test_an_end_not_answered_twice_is_stuck_and_a_partition_no_longer_owned_is_forgotten():
+    live, ends = Liveness(0.05, 0.05), Ends({0: 1})
+    ends.down = True
+    _after(0.06)
+    assert live.stuck(ends, "t", [0], {0: 1}, 1.0) is None
+    _after(0.06)
+    assert "not answered" in (live.stuck(ends, "t", [0], {0: 1}, 1.0) or "")
+    live2 = Liveness(0.05, 0.05)
+    _after(0.06)
+    assert live2.stuck(ends, "t", [0], {0: 1}, 1.0) is None  # suspected
+    _after(0.06)
+    assert live2.stuck(ends, "t", [], {}, 1.0) is None  # partition 0 moved away meanwhile

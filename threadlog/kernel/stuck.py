@@ -1,0 +1,103 @@
+"""Telling a consumer that stopped fetching from a partition that is quiet.
+
+Why: an assigned librdkafka consumer sometimes never fetches again after a
+broker restart -- its poll returns nothing, for good, and nothing it reports
+says so (librdkafka #5153 and rust-rdkafka #597, both open; restarting the
+consumer is the known remedy). Seen here by a fault probe (two workers, a
+12 s broker outage, 2 runs of 11): one worker's view of `<ns>.members` read
+nothing for minutes while the other's read every heartbeat.
+
+From poll alone a stuck consumer and a quiet partition look the same; the
+partition's end tells them apart. So every long-lived consumer that tails
+partitions (the members view, the delivery run index, a thin client's
+delivery tail) notes when it last heard of each partition -- a record or its
+end (an error is no sign of life: a consumer that only reports errors is
+stuck too) -- and when one was silent for `after_s`, asks its end: beyond the
+consumer's position, or not answered, at two checks `confirm_s` apart with
+nothing read in between, the consumer is replaced by a new one that reads on
+from that position. A replacement costs a connection; a
+consumer left stuck stops whatever depends on it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from .kafka_config import Consumed
+
+STUCK_S = 12.0  # a partition's silence before its end is asked
+# A partition found behind its end is asked again this much later, and the
+# consumer replaced only if nothing of it was read in between: a record that
+# landed just before a check on a partition quiet until then is no sign of a
+# stuck consumer (it is fetched a few milliseconds later).
+CONFIRM_S = 1.0
+
+
+class Liveness:
+    """When each partition was last heard of; whether the consumer is stuck."""
+
+    def __init__(self, after_s: float | None = None, confirm_s: float | None = None) -> None:
+        # Read when made, not bound as defaults: tests scale them down.
+        self.after_s = STUCK_S if after_s is None else after_s
+        self.confirm_s = CONFIRM_S if confirm_s is None else confirm_s
+        self._heard: dict[int, float] = {}
+        self._since = self._checked = time.monotonic()  # partitions never heard count from here
+        self._behind: dict[int, float] = {}  # partition -> when it was first found behind its end, unread since
+
+    def saw(self, msgs: Iterable[Consumed]) -> None:
+        """Note the records and end-of-partition events of a batch."""
+        now = time.monotonic()
+        for msg in msgs:
+            err = msg.error()
+            if err is None or err.code() == KafkaError._PARTITION_EOF:
+                p = msg.partition()
+                self._heard[p] = now
+                self._behind.pop(p, None)
+
+    def restart(self) -> None:
+        """A consumer was (re)assigned: every partition's silence counts from now."""
+        self._heard.clear()
+        self._behind.clear()
+        self._since = self._checked = time.monotonic()
+
+    def stuck(self, consumer: Consumer, topic: str, partitions: Iterable[int], positions: Mapping[int, int],
+              timeout: float) -> str | None:
+        """Why `consumer`, reading `partitions` of `topic` at `positions`
+        (partition -> next offset), must be replaced, or None. Cheap unless a
+        check is due: at most one per `after_s`, and one `confirm_s` after a
+        partition was found behind.
+
+        Call it on the consumer's own thread: librdkafka serialises calls on one
+        handle, and a watermark query from another thread waits behind its poll.
+        """
+        now = time.monotonic()
+        if not self._behind and now - self._checked < self.after_s:
+            return None  # every poll: nothing to do
+        owned = set(partitions)
+        for p in [p for p in self._behind if p not in owned]:
+            del self._behind[p]
+        confirming = bool(self._behind) and now - min(self._behind.values()) >= self.confirm_s
+        if not confirming and now - self._checked < self.after_s:
+            return None
+        self._checked = now
+        due = [p for p in sorted(owned) if now - self._heard.get(p, self._since) >= self.after_s]
+        for p in due:
+            try:
+                _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+            except Exception as exc:
+                # The cluster is down, or this handle's view of it is stale (after a
+                # broker restart a handle's cached leader epoch can fail its requests
+                # until a metadata refresh, minutes later): a new one costs little.
+                why = f"the end of {topic}[{p}] was not answered ({exc})"
+            else:
+                if high <= positions[p]:
+                    self._behind.pop(p, None)
+                    continue  # quiet, not stuck
+                why = f"{topic}[{p}] ends at {high} and this consumer is at {positions[p]}"
+            first = self._behind.setdefault(p, now)
+            if now - first >= self.confirm_s:
+                return f"nothing read for {now - self._heard.get(p, self._since):.0f} s and {why}"
+        return None
