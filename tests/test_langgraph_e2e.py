@@ -9,11 +9,13 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 from langgraph_approval import build
 from support import within
 
+from threadlog import ThreadLogError
 from threadlog.integrations.langgraph import AsyncThreadLogSaver
 
 SCRIPT = Path(__file__).with_name("langgraph_approval.py")
@@ -90,3 +92,25 @@ async def test_time_travel_makes_the_same_tree_as_langgraphs_own_saver(open_clie
     assert ours == reference
     parents = [row[5] for row in ours]
     assert len(parents) == 9 and len(set(parents)) < len(parents)  # one checkpoint has two children
+
+
+async def test_a_thread_id_of_none_is_refused_not_stored_as_the_text_none(open_client):
+    """Tried (a new-user review): `thread_id=None` was stored as the thread "None",
+    so every caller that forgot to set one shared that real thread, and
+    `delete_thread(None)` deleted it. InMemorySaver keeps None apart from "None";
+    the Postgres saver fails on it. Refused now, and the thread "None" is untouched."""
+    tl = await open_client()
+    graph = build(AsyncThreadLogSaver(tl))
+    named_none = {"configurable": {"thread_id": "None"}}
+    await within(graph.ainvoke({"request": "kept"}, named_none), 60)
+    before = (await within(graph.aget_state(named_none))).values
+    with pytest.raises(ThreadLogError) as err:
+        await within(graph.ainvoke({"request": "lost"}, {"configurable": {"thread_id": None}}), 60)
+    assert err.value.code == "INVALID_ARGUMENT" and "thread_id" in err.value.message
+    saver = AsyncThreadLogSaver(tl)
+    for call in (saver.adelete_thread(None), saver.aprune([None]), saver.acopy_thread("None", None)):
+        with pytest.raises(ThreadLogError) as err:
+            await within(call)
+        assert err.value.code == "INVALID_ARGUMENT"
+    assert before["request"] == "KEPT"
+    assert (await within(graph.aget_state(named_none))).values == before

@@ -167,6 +167,25 @@ class ThreadLog:
         await self.session.read_barrier(keys)
 
 
+def require_connected(tl: Any, who: str, instead: str) -> None:
+    """Refuse anything but a connected asyncio client where an integration takes one.
+
+    Why: the easy mistakes -- a bootstrap address, `threadlog.open(...)` not
+    awaited, the blocking client of `threadlog.connect` -- were accepted and
+    failed later, deep inside, as `AttributeError: ... has no attribute 'opts'`
+    (an OpenAI Agents session only at its first use, inside `Runner.run`).
+    `instead`: what the caller likely meant."""
+    if isinstance(tl, ThreadLog):
+        return
+    if isinstance(tl, _Opener):
+        got = "threadlog.open(...) not awaited: use `tl = await threadlog.open(...)` or `async with`"
+    elif isinstance(tl, str):
+        got = f"the string {tl!r}, not a client"
+    else:
+        got = f"a {type(tl).__module__}.{type(tl).__qualname__}"
+    raise TypeError(f"{who} takes a connected threadlog.ThreadLog (the asyncio client); got {got}. {instead}")
+
+
 class _Opener:
     """Both `async with open(...)` and `await open(...)` work."""
 

@@ -122,13 +122,24 @@ def _not_a_str(ids: Any, name: str) -> None:
         raise TypeError(f"{name} must be a sequence of ids, not a {type(ids).__name__}")
 
 
+def _text_id(value: Any, name: str) -> str:
+    """A thread id as stored: text (`str(value)`), as LangGraph's SQL savers store it.
+
+    None is refused, not stored as "None": every caller that forgot to set a
+    thread id then shared that one real thread (a review: `delete_thread(None)`
+    deleted it). InMemorySaver keeps None apart from "None" and the Postgres
+    saver fails on it (NULL), so no LangGraph saver merges them."""
+    if value is None:
+        raise invalid_argument(f"{name} is required, got None")
+    return require_id(str(value), name)
+
+
 def _thread_id(config: RunnableConfig) -> str:
     try:
         thread = config["configurable"]["thread_id"]
     except (KeyError, TypeError):
         raise invalid_argument("config['configurable']['thread_id'] is required") from None
-    # LangGraph accepts any thread id; like its SQL savers, it is stored as text.
-    return require_id(str(thread), "thread_id")
+    return _text_id(thread, "thread_id")
 
 
 def _ns(config: RunnableConfig) -> str:
@@ -200,6 +211,8 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         command_budget_bytes: int = DEFAULT_COMMAND_BUDGET_BYTES,
     ) -> None:
         super().__init__(serde=serde)
+        _client.require_connected(tl, "AsyncThreadLogSaver", "From an address: `async with AsyncThreadLogSaver"
+                                  ".open(bootstrap, namespace=...)`; blocking code: `ThreadLogSaver(bootstrap, ...)`.")
         _limits(inline_max_bytes, chunk_bytes, command_budget_bytes)
         self.tl = tl
         self.inline_max_bytes = inline_max_bytes
@@ -514,7 +527,7 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         await self.tl.send("threadlog.cmd.LangGraphPutWrites", thread, {"threadId": thread, "writes": payload})
 
     async def adelete_thread(self, thread_id: str) -> None:
-        thread = require_id(str(thread_id), "thread_id")
+        thread = _text_id(thread_id, "thread_id")
         await self.tl.send("threadlog.cmd.LangGraphDeleteThread", thread, {"threadId": thread})
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
@@ -524,7 +537,7 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         _not_a_str(thread_ids, "thread_ids")
         if strategy not in STRATEGIES:
             raise invalid_argument(f"prune strategy must be one of {STRATEGIES}, got {strategy!r}")
-        threads = sorted({require_id(str(t), "thread_id") for t in thread_ids})
+        threads = sorted({_text_id(t, "thread_id") for t in thread_ids})
         calls: dict[str, list[str]] = {t: [] for t in threads}
         if strategy == "keep_latest":
             surveys = {t: await self._survey(t) for t in threads}
@@ -591,8 +604,8 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, channel value and pending write of the source, ids kept,
         into the target (an id the target holds is replaced) in one atomic command."""
-        source = require_id(str(source_thread_id), "source thread_id")
-        target = require_id(str(target_thread_id), "target thread_id")
+        source = _text_id(source_thread_id, "source thread_id")
+        target = _text_id(target_thread_id, "target thread_id")
         if source == target:
             raise invalid_argument(f"cannot copy thread {source!r} onto itself")
         await self.tl.read_barrier([source])
@@ -781,6 +794,10 @@ class ThreadLogSaver(BaseCheckpointSaver[str]):
         **open_kwargs: Any,
     ) -> None:
         super().__init__(serde=serde)
+        if not isinstance(bootstrap_servers, str):
+            raise TypeError(f"ThreadLogSaver takes the bootstrap servers (a str), got a "
+                            f"{type(bootstrap_servers).__qualname__}; with a connected client, use "
+                            "AsyncThreadLogSaver(tl)")
         if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
             raise invalid_argument(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)

@@ -80,6 +80,8 @@ class ThreadLogSession(SessionABC):
     def __init__(self, session_id: str, tl: _client.ThreadLog, *,
                  session_settings: SessionSettings | dict[str, Any] | None = None) -> None:
         self.session_id = require_id(session_id, "session_id")
+        _client.require_connected(tl, "ThreadLogSession", "From an address: `ThreadLogSession.open(session_id, "
+                                  "bootstrap, namespace=...)`.")
         self.tl = tl
         self.session_settings = (coerce_session_settings(session_settings) if session_settings is not None
                                  else SessionSettings())
