@@ -9,6 +9,7 @@ import operator
 import os
 import queue
 import threading
+import time
 import uuid
 from typing import Annotated, TypedDict
 
@@ -915,3 +916,42 @@ async def test_a_prune_naming_no_subgraph_call_is_refused_and_changes_nothing(op
     assert err.value.code == INVALID_ARGUMENT
     await saver.tl.read_barrier(None)
     assert lg_state(saver.tl) == before
+
+
+async def test_a_blocking_saver_used_after_os_fork_fails_at_once_in_the_child(bootstrap, namespace, tmp_path):
+    """Tried (a new-user review): a module-level ThreadLogSaver, then gunicorn
+    --preload / Celery prefork. The child has no loop thread: each call waited
+    out the saver's whole timeout, and a write then said OUTCOME_UNKNOWN ("may
+    still apply") for a command never sent. The child's calls are UNAVAILABLE at
+    once, its close() forgets the saver; the parent's saver goes on."""
+    def use() -> tuple[str, str, float, bool]:
+        with ThreadLogSaver(bootstrap, namespace, state_dir=str(tmp_path / "sync"), timeout=20) as saver:
+            saver.put(generate_config("t-fork"), generate_checkpoint(), generate_metadata(), {})
+            read_end, write_end = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: no pytest, no Kafka; report and leave at once
+                try:
+                    started = time.monotonic()
+                    codes = []
+                    for call in (lambda: saver.get_tuple(generate_config("t-fork")),
+                                 lambda: saver.delete_thread("t-fork")):
+                        try:
+                            call()
+                            codes.append("none")
+                        except ThreadLogError as exc:
+                            codes.append(exc.code)
+                    elapsed = time.monotonic() - started
+                    saver.close()
+                    os.write(write_end, f"{codes[0]} {codes[1]} {elapsed:.3f} {saver._closed}".encode())
+                finally:
+                    os._exit(0)
+            os.close(write_end)
+            _, status = os.waitpid(pid, 0)
+            with os.fdopen(read_end) as reader:
+                read, write, elapsed, closed = reader.read().split()
+            assert status == 0
+            assert saver.get_tuple(generate_config("t-fork")) is not None  # the parent's saver goes on
+            return read, write, float(elapsed), closed == "True"
+
+    read, write, elapsed, closed = await asyncio.to_thread(use)
+    assert (read, write) == (UNAVAILABLE, UNAVAILABLE) and elapsed < 1.0 and closed

@@ -14,12 +14,29 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
+from .kernel.errors import unavailable
+
 if TYPE_CHECKING:
     from .client import ThreadLog
+
+FORKED = ("this client was connected in another process (before os.fork): its loop thread and "
+          "connections are not in this one; connect again here")
+
+
+def require_same_process(pid: int) -> None:
+    """UNAVAILABLE at once in a process other than `pid`, the one whose loop thread serves the client.
+
+    Why: after os.fork (gunicorn --preload, Celery prefork) the child has no
+    loop thread; a call handed to the parent's loop never started, and waited
+    out its whole timeout to say OUTCOME_UNKNOWN ("a write may still apply")
+    for a write never sent (a review, both blocking clients)."""
+    if os.getpid() != pid:
+        raise unavailable(FORKED)
 
 
 class BackgroundOpen:

@@ -45,7 +45,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .background_open import BackgroundOpen
+from .background_open import BackgroundOpen, require_same_process
 from .blob_gc import DEFAULT_GRACE_MS, GcReport
 from .kernel.errors import OUTCOME_UNKNOWN, ThreadLogError, unavailable
 from .producers.proposals import track_unsettled
@@ -109,8 +109,6 @@ _OPEN_GRACE_S = 30.0
 # the producer busy while the caller's iterator makes the next chunk, small
 # enough that a large body is never held in memory.
 _FEED_DEPTH = 4
-_FORKED = ("this client was connected in another process (before os.fork): its loop thread and "
-           "connections are not in this one; connect again here")
 
 
 class _End:
@@ -194,7 +192,7 @@ class SyncThreadLog:
                                "it would wait for itself (use the async client there)")
         if os.getpid() != self._pid:
             coro.close()
-            raise unavailable(_FORKED)
+            require_same_process(self._pid)
         with self._lock:
             if self._closed:
                 coro.close()

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import threading
 import uuid
@@ -76,7 +77,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from .. import client as _client
-from ..background_open import BackgroundOpen
+from ..background_open import BackgroundOpen, require_same_process
 from ..kernel.errors import OUTCOME_UNKNOWN, ThreadLogError, invalid_argument, unavailable
 from ..kernel.validation import is_int, require_id
 from ..producers.proposals import MAX_PROPOSAL_BYTES
@@ -225,6 +226,7 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         # from the loop running here, a saver built off it (asyncio.to_thread)
         # had none, and its sync methods failed with a wrong reason.
         self.loop: asyncio.AbstractEventLoop | None = getattr(tl, "loop", None)
+        self._pid = os.getpid()  # the process that loop runs in (see require_same_process)
 
     @classmethod
     @asynccontextmanager
@@ -390,6 +392,9 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         except RuntimeError:
             running = None
         loop = self.loop
+        if os.getpid() != self._pid:
+            coro.close()
+            require_same_process(self._pid)
         if loop is None:
             coro.close()
             raise RuntimeError("this AsyncThreadLogSaver's client was never started (no event loop serves it): "
@@ -805,6 +810,7 @@ class ThreadLogSaver(BaseCheckpointSaver[str]):
         self._limits = {"inline_max_bytes": inline_max_bytes, "chunk_bytes": chunk_bytes,
                         "command_budget_bytes": command_budget_bytes}
         self._loop = asyncio.new_event_loop()
+        self._pid = os.getpid()  # the process its loop thread runs in (see require_same_process)
         self._thread = threading.Thread(target=self._serve, name=f"threadlog-langgraph:{namespace}", daemon=True)
         self._inner: AsyncThreadLogSaver | None = None
         self._closed = False
@@ -848,8 +854,9 @@ class ThreadLogSaver(BaseCheckpointSaver[str]):
 
     def _call(self, coro: Coroutine[Any, Any, T], *, write: bool = False) -> T:
         """Run `coro` on the saver's loop, waiting at most `timeout`; `write`: see `_timed_out`."""
-        if threading.current_thread() is self._thread or self._closed:
+        if threading.current_thread() is self._thread or self._closed or os.getpid() != self._pid:
             coro.close()
+            require_same_process(self._pid)
             if self._closed:
                 raise unavailable("this ThreadLogSaver is closed")
             raise RuntimeError("a blocking ThreadLogSaver call from its own loop thread would deadlock")
@@ -861,8 +868,9 @@ class ThreadLogSaver(BaseCheckpointSaver[str]):
             raise _timed_out(self.timeout, write) from None
 
     async def _acall(self, coro: Coroutine[Any, Any, T], *, write: bool = False) -> T:
-        if self._closed:
+        if self._closed or os.getpid() != self._pid:
             coro.close()
+            require_same_process(self._pid)
             raise unavailable("this ThreadLogSaver is closed")
         fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
@@ -878,6 +886,10 @@ class ThreadLogSaver(BaseCheckpointSaver[str]):
     def close(self) -> None:
         """Close the client and stop the loop thread (idempotent)."""
         if self._closed:
+            return
+        if os.getpid() != self._pid:
+            # A forked child: the loop and connections are the parent's, not ours to close.
+            self._closed = True
             return
         try:
             self._call(self.tl.close())
