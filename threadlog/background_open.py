@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import os
 import threading
 from collections.abc import Awaitable
@@ -23,6 +24,8 @@ from .kernel.errors import unavailable
 
 if TYPE_CHECKING:
     from .client import ThreadLog
+
+log = logging.getLogger("threadlog.open")
 
 FORKED = ("this client was connected in another process (before os.fork): its loop thread and "
           "connections are not in this one; connect again here")
@@ -52,7 +55,17 @@ class BackgroundOpen:
         """Run on the loop: open; if the waiter gave up meanwhile, close it and stop the loop."""
         abandoned = False
         try:
-            tl = await opener
+            try:
+                tl = await opener
+            except Exception as exc:
+                with self._lock:
+                    if not self._abandoned:
+                        raise  # the waiter's to raise
+                # Nobody waits for it (the waiter already raised UNAVAILABLE): said
+                # here, not as asyncio's "Task exception was never retrieved" once
+                # the loop, stopped below, drops the task (a review).
+                log.info("an open given up on by its caller failed: %s", exc)
+                return
             with self._lock:
                 abandoned = self._abandoned
                 if not abandoned:

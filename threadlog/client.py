@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable, Generator, Iterable, Mapping
 from datetime import datetime
 from typing import Any
@@ -12,6 +13,7 @@ from .config import Options
 from .delivery import DeliveryLog, DeliveryService
 from .kernel.errors import ThreadLogError, unavailable
 from .producers.proposals import ProposalBus, Verdicts
+from .producers.pump import settle_threadsafe
 from .projections.partition_stores import PartitionStores
 from .projections.store import Store
 from .remote import RemoteStore, RemoteVerdicts
@@ -52,12 +54,12 @@ class ThreadLog:
         # code that hops onto it from other threads (integrations' sync methods) asks here.
         self.loop: asyncio.AbstractEventLoop = asyncio.get_running_loop()
         try:
-            await asyncio.to_thread(self._start_sync)
+            await _on_own_thread(self._start_sync)
         except ThreadLogError:
-            await asyncio.to_thread(self._stop_sync)
+            await _on_own_thread(self._stop_sync)
             raise
         except Exception as exc:
-            await asyncio.to_thread(self._stop_sync)
+            await _on_own_thread(self._stop_sync)
             raise unavailable(f"cannot open namespace {self.opts.namespace!r}: {exc}") from exc
         return self
 
@@ -165,6 +167,31 @@ class ThreadLog:
 
     async def read_barrier(self, keys: Iterable[str] | None) -> None:
         await self.session.read_barrier(keys)
+
+
+async def _on_own_thread(fn: Callable[[], Any]) -> Any:
+    """`await asyncio.to_thread(fn)`, on a daemon thread of its own.
+
+    Why not the loop's default executor: its threads are joined at interpreter
+    exit. An open its waiter gave up on (a `ThreadLogSaver` or blocking client
+    timing out on an unreachable cluster) goes on until the cluster is reached
+    or the request timeout passes, so a script that caught the error and ended
+    took ~30 s more to exit, and the open's cleanup, asked once the executor
+    had shut down, raised `RuntimeError: cannot schedule new futures after
+    shutdown` (a review). A daemon thread does not hold the exit."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def run() -> None:
+        try:
+            value = fn()
+        except BaseException as exc:  # handed to the awaiting task
+            settle_threadsafe(loop, fut, exc, None)
+        else:
+            settle_threadsafe(loop, fut, None, value)
+
+    threading.Thread(target=run, name="threadlog-open", daemon=True).start()
+    return await fut
 
 
 def require_connected(tl: Any, who: str, instead: str) -> None:
