@@ -419,7 +419,26 @@ async def thread_state(tl: ThreadLog, store: Store, thread_id: str) -> dict:
         "runs": await RunStore(frozen).list_by_thread(thread_id),
         "interrupts": await InterruptStore(frozen).list(thread_id),
         "transcript": await MessageStore(frozen).load_thread(thread_id),
+        "langgraph": langgraph_summary(store, thread_id),
     }
+
+
+def langgraph_summary(store: Store, thread_id: str) -> dict:
+    """What the LangGraph saver (threadlog/integrations/langgraph.py) keeps of the
+    thread: its checkpoints, by namespace, and how many pending writes.
+
+    Why here: a LangGraph thread's checkpoints are not `tl.checkpoints` records,
+    so `inspect thread` showed "checkpoints: 0" for a graph paused at an
+    interrupt with three of them (a review): it read as empty. Ids ascend
+    (LangGraph's checkpoint ids grow with time); values are left to the saver."""
+    from threadlog.projections.folds import langgraph as lg
+
+    by_ns: dict[str, list[str]] = {}
+    for k, _ in store.scan(lg.ckpt_prefix(thread_id)):
+        _, ns, checkpoint_id = lg.split_ckpt_key(k)
+        by_ns.setdefault(ns, []).append(checkpoint_id)
+    writes = sum(1 for _ in store.scan(lg.write_prefix(thread_id)))
+    return {"checkpoints": {ns: sorted(ids) for ns, ids in sorted(by_ns.items())}, "pendingWrites": writes}
 
 
 # -- the API (ThreadLog.history / ThreadLog.state_at) ------------------------------------------

@@ -386,3 +386,29 @@ async def test_a_thread_named_like_another_domains_key_lists_only_its_own_propos
     await within(tl.messages.save_thread("blob:x", [{"n": 1}]))
     rows = await within(tl.history("blob:x"), 60)
     assert [r["type"] for r in rows] == ["threadlog.cmd.SaveTranscript"]
+
+
+async def test_inspect_shows_a_langgraph_threads_checkpoints(bootstrap, namespace, tl, tmp_path):
+    """Tried (a new-user review): after the approval example paused at its
+    interrupt with three LangGraph checkpoints, `inspect thread` printed
+    "checkpoints: 0" -- those count `tl.checkpoints` records, which a LangGraph
+    thread has none of -- and it read as empty. The saver's checkpoints (by
+    namespace) and pending writes are shown beside them now, as of the offset."""
+    from langgraph_approval import build
+
+    from threadlog.integrations.langgraph import AsyncThreadLogSaver
+
+    graph = build(AsyncThreadLogSaver(tl))
+    config = {"configurable": {"thread_id": "lg-inspected"}}
+    await within(graph.ainvoke({"request": "deploy"}, config), 60)
+    ids = sorted([s.config["configurable"]["checkpoint_id"] async for s in graph.aget_state_history(config)])
+    state = await within(tl.state_at("lg-inspected"), 60)
+    assert state["checkpoints"] == [] and state["langgraph"]["checkpoints"] == {"": ids}
+    assert state["langgraph"]["pendingWrites"] > 0  # paused at the interrupt: its writes are pending
+    first = (await tl.history("lg-inspected"))[0]["offset"]
+    earlier = await within(tl.state_at("lg-inspected", at=first), 60)
+    assert earlier["langgraph"]["checkpoints"] == {"": ids[:1]}  # as of that offset
+    code, out, err = await cli(bootstrap, namespace, str(tmp_path / "cli"), "thread", "lg-inspected")
+    assert code == 0, err
+    assert f"langgraph checkpoints: {len(ids)}, pending writes: {state['langgraph']['pendingWrites']}" in out
+    assert f"  (root): {', '.join(ids)}" in out.splitlines()

@@ -949,6 +949,11 @@ async def _inspect(args: argparse.Namespace) -> int:
         print(f"{section}: {len(items)}")
         for item in items:
             print("  " + json.dumps(item, ensure_ascii=False))
+    graph = state["langgraph"]  # the LangGraph saver's records, not tl.checkpoints
+    print(f"langgraph checkpoints: {sum(len(ids) for ids in graph['checkpoints'].values())}, "
+          f"pending writes: {graph['pendingWrites']}")
+    for ns, ids in graph["checkpoints"].items():
+        print(f"  {ns or '(root)'}: {', '.join(ids)}")
     return 0
 
 

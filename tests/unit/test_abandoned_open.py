@@ -50,6 +50,6 @@ def test_a_script_whose_open_timed_out_exits_without_waiting_for_it():
 
 
 def test_an_abandoned_open_that_fails_later_leaves_no_unretrieved_task_error():
-    took, out, err = _run(OPEN.format(ms=2_000) + WAIT)
+    _, out, err = _run(OPEN.format(ms=2_000) + WAIT)
     assert out.splitlines() == ["raised UNAVAILABLE", "ended"], err[-2000:]
     assert "never retrieved" not in err and "Traceback" not in err, err[-2000:]
