@@ -175,15 +175,10 @@ class DeliveryTail:
         if why is None:
             return
         log.warning("%s: %s: replacing the delivery tail's consumer", self.topic, why)
-        old, self._consumer = self._consumer, Consumer(self._settings)
-        try:
-            old.close()
-        except Exception:  # pragma: no cover - it is being replaced
-            pass
         # From where every record below went out: none is lost or handed out twice.
         with self._lock:
-            self._consumer.assign([TopicPartition(self.topic, p, at) for p, at in sorted(self._dispatched.items())])
-        self._liveness.restart()
+            assignment = [TopicPartition(self.topic, p, at) for p, at in sorted(self._dispatched.items())]
+        self._consumer = self._liveness.replace(self._consumer, self._settings, assignment)
         self.restarts += 1
 
     def _dispatch(self, msgs: list) -> None:

@@ -82,12 +82,13 @@ class Follower:
         """Start consuming: every owned partition (all), from its stored position."""
         self._assign()
 
+    def _assignment(self) -> list[TopicPartition]:
+        """The owned partitions, from where they are applied."""
+        return [TopicPartition(self.topic, p, self._applied[p] if self._applied[p] > 0 else OFFSET_BEGINNING)
+                for p in sorted(self.owned)]
+
     def _assign(self) -> None:
-        """Consume the owned partitions from where they are applied."""
-        self._consumer.assign([
-            TopicPartition(self.topic, p, self._applied[p] if self._applied[p] > 0 else OFFSET_BEGINNING)
-            for p in sorted(self.owned)
-        ])
+        self._consumer.assign(self._assignment())
         self._liveness.restart()
 
     def start(self) -> None:
@@ -215,12 +216,7 @@ class Follower:
         if why is None:
             return
         log.warning("%s: %s: replacing its consumer", self.topic, why)
-        old, self._consumer = self._consumer, Consumer(self._settings)
-        try:
-            old.close()
-        except Exception:  # pragma: no cover - it is being replaced
-            pass
-        self._assign()
+        self._consumer = self._liveness.replace(self._consumer, self._settings, self._assignment())
         self.restarts += 1
 
     def _rewind(self) -> None:

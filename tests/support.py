@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
+from collections.abc import Callable
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
@@ -112,3 +114,26 @@ def namespace_of_an_earlier_version(bootstrap: str, namespace: str, partitions: 
     from threadlog.kernel.topics import Topics, ensure_topics
 
     ensure_topics(AdminClient({"bootstrap.servers": bootstrap}), Topics(namespace), partitions=partitions)
+
+
+def in_forked_child(report: Callable[[], str]) -> str:
+    """Run `report` in an os.fork child and return what it returned (the child
+    leaves at once after: no pytest teardown, no Kafka). The child's exception is
+    reported as "error <repr>"."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            try:
+                said = report()
+            except BaseException as exc:
+                said = f"error {exc!r}"
+            os.write(write_end, said.encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    _, status = os.waitpid(pid, 0)
+    with os.fdopen(read_end) as reader:
+        said = reader.read()
+    assert status == 0, said
+    return said

@@ -20,7 +20,7 @@ from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, gen
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import END, START, StateGraph
-from support import until, within
+from support import in_forked_child, until, within
 from threadlog.projections.folds import langgraph as state
 from threadlog.projections.keys import key
 
@@ -927,29 +927,22 @@ async def test_a_blocking_saver_used_after_os_fork_fails_at_once_in_the_child(bo
     def use() -> tuple[str, str, float, bool]:
         with ThreadLogSaver(bootstrap, namespace, state_dir=str(tmp_path / "sync"), timeout=20) as saver:
             saver.put(generate_config("t-fork"), generate_checkpoint(), generate_metadata(), {})
-            read_end, write_end = os.pipe()
-            pid = os.fork()
-            if pid == 0:  # the child: no pytest, no Kafka; report and leave at once
-                try:
-                    started = time.monotonic()
-                    codes = []
-                    for call in (lambda: saver.get_tuple(generate_config("t-fork")),
-                                 lambda: saver.delete_thread("t-fork")):
-                        try:
-                            call()
-                            codes.append("none")
-                        except ThreadLogError as exc:
-                            codes.append(exc.code)
-                    elapsed = time.monotonic() - started
-                    saver.close()
-                    os.write(write_end, f"{codes[0]} {codes[1]} {elapsed:.3f} {saver._closed}".encode())
-                finally:
-                    os._exit(0)
-            os.close(write_end)
-            _, status = os.waitpid(pid, 0)
-            with os.fdopen(read_end) as reader:
-                read, write, elapsed, closed = reader.read().split()
-            assert status == 0
+
+            def child() -> str:
+                started = time.monotonic()
+                codes = []
+                for call in (lambda: saver.get_tuple(generate_config("t-fork")),
+                             lambda: saver.delete_thread("t-fork")):
+                    try:
+                        call()
+                        codes.append("none")
+                    except ThreadLogError as exc:
+                        codes.append(exc.code)
+                elapsed = time.monotonic() - started
+                saver.close()
+                return f"{codes[0]} {codes[1]} {elapsed:.3f} {saver._closed}"
+
+            read, write, elapsed, closed = in_forked_child(child).split()
             assert saver.get_tuple(generate_config("t-fork")) is not None  # the parent's saver goes on
             return read, write, float(elapsed), closed == "True"
 

@@ -19,6 +19,7 @@ from importlib import import_module
 
 import pytest
 from checkpoint_helpers import LaggingFollower, artifact, checkpoint, file_key
+from support import in_forked_child
 
 import threadlog
 from threadlog import ThreadLogError, sync
@@ -885,26 +886,19 @@ def test_a_client_used_after_os_fork_fails_at_once_in_the_child(tl):
     for UNAVAILABLE. The child's calls are UNAVAILABLE at once; its close()
     forgets the client; the parent's client goes on."""
     tl.metadata.set("ns", "k", 1)
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: no pytest, no Kafka; report and leave at once
+
+    def child() -> str:
+        started = time.monotonic()
         try:
-            started = time.monotonic()
-            try:
-                tl.metadata.get("ns", "k")
-                outcome = "no error"
-            except ThreadLogError as exc:
-                outcome = exc.code
-            elapsed = time.monotonic() - started
-            tl.close()
-            os.write(write_end, f"{outcome} {elapsed:.3f} {tl.closed}".encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    _, status = os.waitpid(pid, 0)
-    with os.fdopen(read_end) as reader:
-        code, elapsed, closed = reader.read().split()
-    assert status == 0
+            tl.metadata.get("ns", "k")
+            outcome = "no error"
+        except ThreadLogError as exc:
+            outcome = exc.code
+        elapsed = time.monotonic() - started
+        tl.close()
+        return f"{outcome} {elapsed:.3f} {tl.closed}"
+
+    code, elapsed, closed = in_forked_child(child).split()
     assert code == "UNAVAILABLE" and float(elapsed) < 1.0 and closed == "True"
     assert tl.metadata.get("ns", "k") == 1
 

@@ -289,13 +289,8 @@ class MembersView:
         if why is None:
             return
         log.warning("%s: %s: replacing its consumer", self.topic, why)
-        old, self._consumer = self._consumer, Consumer(self._settings)
-        try:
-            old.close()
-        except Exception:  # pragma: no cover - it is being replaced
-            pass
-        self._consumer.assign([TopicPartition(self.topic, 0, self._next)])
-        self._liveness.restart()
+        self._consumer = self._liveness.replace(self._consumer, self._settings,
+                                                [TopicPartition(self.topic, 0, self._next)])
         self.restarts += 1
 
     def live(self) -> list[Member]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
@@ -56,6 +57,18 @@ class Liveness:
                 p = msg.partition()
                 self._heard[p] = now
                 self._behind.pop(p, None)
+
+    def replace(self, old: Consumer, settings: Mapping[str, Any], assignment: list[TopicPartition]) -> Consumer:
+        """A new consumer of `settings` reading `assignment`, in place of `old`
+        (closed); every partition's silence counts from now."""
+        new = Consumer(dict(settings))
+        try:
+            old.close()
+        except Exception:  # pragma: no cover - it is being replaced
+            pass
+        new.assign(assignment)
+        self.restart()
+        return new
 
     def restart(self) -> None:
         """A consumer was (re)assigned: every partition's silence counts from now."""
