@@ -123,7 +123,7 @@ class ChunkSink:
         self.partitions = partitions
         self.codec = codec
         self.timeout = timeout
-        self.producer = Producer(kafka_config.producer(
+        settings = kafka_config.producer(
             bootstrap, f"{client_id}.blobs", kafka,
             **{
                 "linger.ms": 2,
@@ -132,8 +132,8 @@ class ChunkSink:
                 # timeout (librdkafka's default is 5 minutes): a put is bounded.
                 "message.timeout.ms": int(timeout * 1000),
             },
-        ))
-        self._pump = ProducerPump(self.producer, f"blobs-pump:{client_id}")
+        )
+        self._pump = ProducerPump(Producer(settings), f"blobs-pump:{client_id}", settings)
 
     def produce(self, key: str, value: bytes | None, on_delivery: DeliveryCallback | None = None) -> int:
         """Produce to the chunk key's partition (where its tombstone will go too)."""
@@ -141,7 +141,7 @@ class ChunkSink:
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                self.producer.produce(self.topic, value, key.encode("utf-8"), partition=partition,
+                self._pump.produce(self.topic, value, key.encode("utf-8"), partition=partition,
                                       on_delivery=on_delivery)
                 return partition
             except BufferError:  # local queue full: let the pump drain it
@@ -150,6 +150,11 @@ class ChunkSink:
                 time.sleep(0.002)
             except KafkaException as exc:
                 raise produce_refused(exc, "blob chunk") from None
+
+    @property
+    def producer(self) -> Producer:
+        """The producer records go to now (ProducerPump replaces one that stopped delivering)."""
+        return self._pump.producer
 
     def close(self) -> None:
         self._pump.stop(flush_timeout=10)

@@ -40,7 +40,7 @@ class DeliveryWriter:
         self.partitions = partitions
         self.codec = codec
         self.timeout = timeout
-        self.producer = Producer(kafka_config.producer(
+        settings = kafka_config.producer(
             bootstrap, f"{client_id}.deliveries", kafka,
             # librdkafka gives up on a record after this and reports it failed;
             # the caller waits for that verdict instead of guessing on a timer.
@@ -48,8 +48,8 @@ class DeliveryWriter:
                # An awaited append is latency-bound: send at once (batches still
                # form from whatever queues while a request is in flight).
                "linger.ms": 0},
-        ))
-        self._pump = ProducerPump(self.producer, f"deliveries-pump:{client_id}")
+        )
+        self._pump = ProducerPump(Producer(settings), f"deliveries-pump:{client_id}", settings)
 
     def partition_of(self, run_id: str) -> int:
         return partition_for(run_id, self.partitions)
@@ -81,7 +81,7 @@ class DeliveryWriter:
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                self.producer.produce(self.topic, value, run_id.encode("utf-8"), partition=partition,
+                self._pump.produce(self.topic, value, run_id.encode("utf-8"), partition=partition,
                                       on_delivery=delivered, headers=self._headers)
                 break
             except BufferError:  # local queue full: the pump drains it
@@ -102,6 +102,11 @@ class DeliveryWriter:
         except TimeoutError:
             raise ThreadLogError(OUTCOME_UNKNOWN, f"delivery record not acknowledged within {self.timeout}s: it "
                                  "may or may not have been written (read the log to know)") from None
+
+    @property
+    def producer(self) -> Producer:
+        """The producer records go to now (ProducerPump replaces one that stopped delivering)."""
+        return self._pump.producer
 
     def close(self) -> None:
         self._pump.stop()

@@ -177,14 +177,19 @@ class ProposalBus:
         self.end_offsets = end_offsets
         self.clock = clock or (lambda: time.time() * 1000.0)
         self.timeout = timeout
-        self.producer = Producer(kafka_config.producer(
+        settings = kafka_config.producer(
             bootstrap, f"{client_id}.proposals", kafka,
             # A proposal is awaited: send at once (batches still form from what
             # queues while a request is in flight). librdkafka reports every
             # record within message.timeout.ms, so no write is left unknown.
             **{"linger.ms": 0, "message.timeout.ms": int(timeout * 1000)},
-        ))
-        self._pump = ProducerPump(self.producer, f"proposals-pump:{client_id}")
+        )
+        self._pump = ProducerPump(Producer(settings), f"proposals-pump:{client_id}", settings)
+
+    @property
+    def producer(self) -> Producer:
+        """The producer records go to now (ProducerPump replaces one that stopped delivering)."""
+        return self._pump.producer
 
     def close(self) -> None:
         self._pump.stop()
@@ -270,7 +275,7 @@ class ProposalBus:
 
         t0 = time.perf_counter()
         try:
-            self.producer.produce(self.topics.events, value, key.encode("utf-8"), partition=partition,
+            self._pump.produce(self.topics.events, value, key.encode("utf-8"), partition=partition,
                                   on_delivery=delivered, headers=self._headers)
         except BufferError:
             raise unavailable("proposal producer queue is full") from None
@@ -320,7 +325,7 @@ class ProposalBus:
                 settle_threadsafe(loop, fut, None if err is None else unavailable(str(err)), None)
 
             where = partition_for(k, self.layout.blobs) if partition is None else partition
-            self.producer.produce(self.topics.blobs, None, k.encode("utf-8"), partition=where, on_delivery=done)
+            self._pump.produce(self.topics.blobs, None, k.encode("utf-8"), partition=where, on_delivery=done)
         if futures:
             await asyncio.wait_for(asyncio.gather(*futures), self.timeout if timeout is None else timeout)
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from threadlog.kernel import kafka_config
+from threadlog.kernel import kafka_config, stuck
 from threadlog.kernel.errors import OUTCOME_UNKNOWN, ThreadLogError, invalid_argument, unavailable
 from threadlog.kernel.topics import MAX_MESSAGE_BYTES
 
@@ -176,15 +177,72 @@ async def within(fut: asyncio.Future, timeout: float) -> Any:
 
 class ProducerPump:
     """librdkafka calls delivery callbacks only from `poll`/`flush`: this thread
-    polls, so an awaited produce completes without the caller polling."""
+    polls, so an awaited produce completes without the caller polling.
 
-    def __init__(self, producer: Producer, name: str) -> None:
+    It also replaces a producer that stopped delivering (given the `settings`
+    to make another). Why: after a broker restart (or a KRaft broker fenced for
+    a moment) librdkafka can leave a producer's partitions without a leader for
+    good -- its metadata update skips a partition whose leader was -1, and
+    later answers naming the leader do not revive it (librdkafka #5430, open;
+    logged as "new leader-1 not found in cache"). Every record then times out,
+    and a client could not write again until its process restarted (a fault
+    probe: every append OUTCOME_UNKNOWN for minutes after the broker was back,
+    the workers healthy). So when records only time out, none delivered, for
+    `STUCK_S`, a new producer takes the next records. The old one is polled
+    until its queue is empty: its records are reported as before (timed out:
+    OUTCOME_UNKNOWN), none is dropped unreported. During a real outage this
+    replaces a producer every `STUCK_S` or so, which costs a connection attempt.
+    """
+
+    def __init__(self, producer: Producer, name: str, settings: dict[str, Any] | None = None) -> None:
         self.producer = producer
         self.name = name
+        self._settings = settings  # None: never replaced
         self._failed = False  # poll raised (logged once)
+        self._timed_out_since: float | None = None  # first timeout since the last delivery
+        self._replaced_at = time.monotonic()
+        self._retiring: list[Producer] = []  # replaced, polled until their queues are empty
+        self.replacements = 0  # producers replaced because they stopped delivering (operators, tests)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+
+    def produce(self, topic: str, value: bytes | None, key: bytes | None, *, partition: int,
+                on_delivery: Callable[[KafkaError | None, Message], None] | None = None,
+                headers: list[tuple[str, str | bytes | None]] | None = None) -> None:
+        """`Producer.produce` on the current producer, noting each record's outcome."""
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            self._saw(err)
+            if on_delivery is not None:
+                on_delivery(err, msg)
+
+        if headers is None:
+            self.producer.produce(topic, value, key, partition=partition, on_delivery=delivered)
+        else:
+            self.producer.produce(topic, value, key, partition=partition, on_delivery=delivered, headers=headers)
+
+    def _saw(self, err: KafkaError | None) -> None:
+        if err is None:
+            self._timed_out_since = None
+        elif err.code() == KafkaError._MSG_TIMED_OUT and self._timed_out_since is None:
+            self._timed_out_since = time.monotonic()
+
+    def _replace_if_stuck(self) -> None:
+        since = self._timed_out_since
+        if self._settings is None or since is None:
+            return
+        now = time.monotonic()
+        after = stuck.STUCK_S
+        if now - since < after or now - self._replaced_at < after:
+            return
+        log.warning("%s: nothing delivered for %.0f s, every record timed out: replacing its producer "
+                    "(librdkafka can leave a producer without partition leaders after a broker restart)",
+                    self.name, now - since)
+        self._retiring.append(self.producer)
+        self.producer = Producer(dict(self._settings))
+        self._timed_out_since = None
+        self._replaced_at = now
+        self.replacements += 1
 
     def _run(self) -> None:
         # Never dies: poll raises librdkafka's fatal errors (an idempotent producer
@@ -200,8 +258,19 @@ class ProducerPump:
                     self._failed = True
                     log.warning("%s: %s (the writes through this producer fail)", self.name, exc)
                 self._stop.wait(0.05)
+            try:
+                for old in list(self._retiring):
+                    old.poll(0)
+                    if len(old) == 0:
+                        self._retiring.remove(old)
+                self._replace_if_stuck()
+            except Exception:  # pragma: no cover - this thread never dies of it
+                log.exception("%s: serving or replacing a stuck producer failed", self.name)
+                self._stop.wait(0.05)
 
     def stop(self, flush_timeout: float = 5.0) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        for old in self._retiring:
+            old.flush(0)
         self.producer.flush(flush_timeout)

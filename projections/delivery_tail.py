@@ -162,16 +162,19 @@ class DeliveryTail:
                 log.exception("delivery tail consume failed")
                 self._stop.wait(0.1)
                 continue
-            self._liveness.saw(msgs)
+            self._liveness.saw(msgs, full=len(msgs) >= 1000)
             self._dispatch(msgs)
-            self._check_stuck()
+            try:
+                self._check_stuck()
+            except Exception:  # pragma: no cover - every live reader's feed: never dies of it
+                log.exception("delivery tail: checking or replacing its consumer failed")
 
     def _check_stuck(self) -> None:
         """A consumer that stopped reading is replaced (threadlog/kernel/stuck.py):
         every live reader of this process waits for its records."""
         with self._lock:
             tailed = dict(self._dispatched)
-        why = self._liveness.stuck(self._consumer, self.topic, tailed, tailed, self.timeout)
+        why = self._liveness.stuck(self._consumer, self.topic, tailed, tailed)
         if why is None:
             return
         log.warning("%s: %s: replacing the delivery tail's consumer", self.topic, why)

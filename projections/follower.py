@@ -200,19 +200,22 @@ class Follower:
                 time.sleep(0.1)
                 continue
             if msgs:
-                self._liveness.saw(msgs)
+                self._liveness.saw(msgs, full=len(msgs) >= 2000)
                 try:
                     self._handle(msgs)
                 except Exception:  # pragma: no cover - a bug must not stop folding
                     log.exception("follower failed on a batch; retrying from stored positions")
                     self._rewind()
-            self._check_stuck()
+            try:
+                self._check_stuck()
+            except Exception:  # pragma: no cover - a follower's thread never dies of it
+                log.exception("%s: checking or replacing the consumer failed", self.topic)
 
     def _check_stuck(self) -> None:
         """A consumer that stopped reading is replaced (threadlog/kernel/stuck.py):
         every run's appends wait for this fold's verdicts, and its live readers
         for its records."""
-        why = self._liveness.stuck(self._consumer, self.topic, self.owned, self._applied, 5.0)
+        why = self._liveness.stuck(self._consumer, self.topic, self.owned, self._applied)
         if why is None:
             return
         log.warning("%s: %s: replacing its consumer", self.topic, why)

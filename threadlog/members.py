@@ -249,7 +249,7 @@ class MembersView:
                 continue
             changed = False
             reached = False
-            self._liveness.saw(msgs)
+            self._liveness.saw(msgs, full=len(msgs) >= 500)
             for msg in msgs:
                 err = msg.error()
                 if err is not None:
@@ -275,7 +275,10 @@ class MembersView:
                     self._changed.notify_all()
             if reached:
                 self._caught_up.set()
-            self._check_stuck()
+            try:
+                self._check_stuck()
+            except Exception:  # pragma: no cover - the view's thread never dies of it
+                log.exception("members view: checking or replacing its consumer failed")
 
     def _check_stuck(self) -> None:
         """A consumer that stopped reading is replaced (threadlog/kernel/stuck.py).
@@ -285,7 +288,7 @@ class MembersView:
         It saw no live worker, so every question its judge asked the other owner
         failed, and its partitions stopped for good.
         """
-        why = self._liveness.stuck(self._consumer, self.topic, (0,), {0: self._next}, 5.0)
+        why = self._liveness.stuck(self._consumer, self.topic, (0,), {0: self._next})
         if why is None:
             return
         log.warning("%s: %s: replacing its consumer", self.topic, why)

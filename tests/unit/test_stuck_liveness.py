@@ -86,3 +86,26 @@ def test_an_end_not_answered_twice_is_stuck_and_a_partition_no_longer_owned_is_f
     assert live2.stuck(ends, "t", [0], {0: 1}, 1.0) is None  # suspected
     _after(0.06)
     assert live2.stuck(ends, "t", [], {}, 1.0) is None  # partition 0 moved away meanwhile
+
+
+def test_a_full_batch_is_life_for_every_partition():
+    # Tried (a review): a delivery index catching up on a backlog of partition 0 read
+    # partition 1's record only after it; checked meanwhile, 1 looked behind, twice,
+    # and a healthy consumer was replaced every 13 s. A full batch means more is
+    # queued locally: nothing counts as silent while they come.
+    live, ends = Liveness(0.05, 0.05), Ends({0: 10_000, 1: 1})
+    for _ in range(3):
+        _after(0.06)
+        live.saw([Record(0)] * 4, full=True)
+        assert live.stuck(ends, "t", [0, 1], {0: 500, 1: 0}, 1.0) is None
+    assert ends.asked == 0
+
+
+def test_a_check_stops_at_the_first_partition_behind_or_unanswered():
+    # Each question may block the consumer's thread up to its timeout on a cluster
+    # that does not answer (a review: 4 partitions x 5 s held a follower 20 s).
+    live, ends = Liveness(0.05, 0.05), Ends({0: 1, 1: 1, 2: 1, 3: 1})
+    ends.down = True
+    _after(0.06)
+    assert live.stuck(ends, "t", [0, 1, 2, 3], dict.fromkeys(range(4), 0), 1.0) is None
+    assert ends.asked == 1
