@@ -37,6 +37,7 @@ from .kernel.checkpoint_rules import MAX_LEASE_MS
 from .kernel.errors import unavailable
 from .kernel.stuck import Liveness
 from .kernel.validation import is_finite, is_int
+from .producers.pump import ProducerPump
 
 log = logging.getLogger("threadlog.members")
 
@@ -80,8 +81,14 @@ class Announcer:
         self.address = address
         self.interval = interval
         self.started_at = time.time() * 1000.0
-        self._producer = Producer(kafka_config.producer(bootstrap, f"{worker_id}.members", kafka,
-                                                        **{"linger.ms": 0}))
+        # Through a pump that replaces a producer librdkafka left without a leader
+        # after a broker restart (producers/pump.py): a worker whose heartbeats
+        # stopped reaching the topic looked dead to every client and worker while
+        # it judged on. A heartbeat older than LIVE_AFTER_S is worthless, so its
+        # records give up after a few of them (librdkafka's default: 5 minutes).
+        settings = kafka_config.producer(bootstrap, f"{worker_id}.members", kafka,
+                                         **{"linger.ms": 0, "message.timeout.ms": int(5 * LIVE_AFTER_S * 1000)})
+        self._pump = ProducerPump(Producer(settings), f"members-pump:{worker_id}", settings)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._started = False
@@ -90,16 +97,18 @@ class Announcer:
     def start(self, timeout: float = 30.0) -> None:
         # The first announcement is awaited: once `start` returns, clients can find us.
         # Started before it: an ownership change while it flushes is announced too.
+        first: list[KafkaError | None] = []
         with self._lock:
             self._started = True
-            self._produce_entry()
-        if self._producer.flush(timeout) != 0:
+            self._produce_entry(first.append)
+        if self._pump.producer.flush(timeout) != 0 or first != [None]:
             with self._lock:
                 self._started = False
-            raise unavailable(f"could not register in {self.topic} within {timeout}s")
+            why = f": {first[0]}" if first and first[0] is not None else ""
+            raise unavailable(f"could not register in {self.topic} within {timeout}s{why}")
         self._thread.start()
 
-    def _produce_entry(self) -> None:
+    def _produce_entry(self, delivered: Callable[[KafkaError | None], None] | None = None) -> None:
         # Under the lock, ownership read included: the heartbeat thread and an
         # ownership change announce concurrently, and clients route by the last
         # record of the key -- it must hold the newest reading, never an older
@@ -110,8 +119,8 @@ class Announcer:
             record["partitions"] = list(self.partitions())
         if self.lease is not None:
             record["leaseDurationMs"], record["renewAfterMs"] = self.lease
-        self._producer.produce(self.topic, json.dumps(record).encode(), self.worker_id.encode(), partition=0)
-        self._producer.poll(0)
+        self._pump.produce(self.topic, json.dumps(record).encode(), self.worker_id.encode(), partition=0,
+                           on_delivery=None if delivered is None else lambda err, _msg: delivered(err))
 
     def _announce(self) -> None:
         with self._lock:
@@ -140,8 +149,8 @@ class Announcer:
         try:
             with self._lock:
                 self._started = False
-                self._producer.produce(self.topic, None, self.worker_id.encode(), partition=0)
-            self._producer.flush(timeout)
+                self._pump.produce(self.topic, None, self.worker_id.encode(), partition=0)
+            self._pump.stop(timeout)
         except Exception:  # pragma: no cover - the entry then ages out
             log.exception("could not tombstone %s", self.worker_id)
 
