@@ -601,7 +601,8 @@ class QueryServer:
                 need[q] = max(need.get(q, 0), settles)
                 if settles < asof and q in self.judge.owned and self.judge.applied(q) < asof:
                     early += 1
-                unfetched = unfetched or ahead.may_settle_earlier(q, kind, asof)
+                # Settled before asof, q is fetched past it already: no need to ask.
+                unfetched = unfetched or (settles == asof and ahead.may_settle_earlier(q, kind, asof))
             left = budget - (time.monotonic() - began)
             # Why slices: the wait's target is fixed when it starts. Asked of a
             # worker that has not fetched that far yet (it just took the

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from threadlog.projections.folds import langgraph as lg
 from threadlog.projections.global_ids import holders_as_of
 from threadlog.projections.queries import QUERIES
 from threadlog.projections.store import Store
@@ -431,8 +432,6 @@ def langgraph_summary(store: Store, thread_id: str) -> dict:
     so `inspect thread` showed "checkpoints: 0" for a graph paused at an
     interrupt with three of them (a review): it read as empty. Ids ascend
     (LangGraph's checkpoint ids grow with time); values are left to the saver."""
-    from threadlog.projections.folds import langgraph as lg
-
     by_ns: dict[str, list[str]] = {}
     for k, _ in store.scan(lg.ckpt_prefix(thread_id)):
         _, ns, checkpoint_id = lg.split_ckpt_key(k)

@@ -216,10 +216,7 @@ class ProducerPump:
             if on_delivery is not None:
                 on_delivery(err, msg)
 
-        if headers is None:
-            self.producer.produce(topic, value, key, partition=partition, on_delivery=delivered)
-        else:
-            self.producer.produce(topic, value, key, partition=partition, on_delivery=delivered, headers=headers)
+        self.producer.produce(topic, value, key, partition=partition, on_delivery=delivered, headers=headers)
 
     def _saw(self, err: KafkaError | None) -> None:
         if err is None:

@@ -16,6 +16,7 @@ partition at or after it reaches the subscription, in offset order.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from concurrent.futures import Future as CFuture
@@ -45,7 +46,6 @@ class DeliveryTail:
         )
         self._consumer = Consumer(self._settings)
         self._liveness = Liveness()
-        self.restarts = 0  # consumers replaced because they stopped reading (operators, tests)
         self._subs = Subscribers()
         self._lock = self._subs.lock  # also guards _dispatched and _joining (the hand-off)
         self._joining: list[tuple[int, CFuture]] = []  # partitions readers wait to have tailed
@@ -164,25 +164,21 @@ class DeliveryTail:
                 continue
             self._liveness.saw(msgs, full=len(msgs) >= 1000)
             self._dispatch(msgs)
-            try:
-                self._check_stuck()
-            except Exception:  # pragma: no cover - every live reader's feed: never dies of it
-                log.exception("delivery tail: checking or replacing its consumer failed")
+            # A consumer that stopped reading is replaced (threadlog/kernel/stuck.py): every
+            # live reader of this process waits for its records. It reads on from where every
+            # record below went out: none is lost or handed out twice.
+            with self._lock:
+                tailed = dict(self._dispatched)
+            self._consumer = self._liveness.check(self._consumer, self.topic, tailed, tailed, self._settings,
+                                                  functools.partial(self._assignment, tailed))
 
-    def _check_stuck(self) -> None:
-        """A consumer that stopped reading is replaced (threadlog/kernel/stuck.py):
-        every live reader of this process waits for its records."""
-        with self._lock:
-            tailed = dict(self._dispatched)
-        why = self._liveness.stuck(self._consumer, self.topic, tailed, tailed)
-        if why is None:
-            return
-        log.warning("%s: %s: replacing the delivery tail's consumer", self.topic, why)
-        # From where every record below went out: none is lost or handed out twice.
-        with self._lock:
-            assignment = [TopicPartition(self.topic, p, at) for p, at in sorted(self._dispatched.items())]
-        self._consumer = self._liveness.replace(self._consumer, self._settings, assignment)
-        self.restarts += 1
+    def _assignment(self, tailed: dict[int, int]) -> list[TopicPartition]:
+        return [TopicPartition(self.topic, p, at) for p, at in sorted(tailed.items())]
+
+    @property
+    def restarts(self) -> int:
+        """Consumers replaced because they stopped reading (operators, tests)."""
+        return self._liveness.restarts
 
     def _dispatch(self, msgs: list) -> None:
         per_sub: dict[Subscription, list[Item]] = {}

@@ -71,7 +71,6 @@ class Follower:
         )
         self._consumer = Consumer(self._settings)
         self._liveness = Liveness()
-        self.restarts = 0  # consumers replaced because they stopped reading (operators, tests)
         self._begin()
         self._thread = threading.Thread(target=self._run, name=f"follower:{topic}", daemon=True)
 
@@ -206,21 +205,15 @@ class Follower:
                 except Exception:  # pragma: no cover - a bug must not stop folding
                     log.exception("follower failed on a batch; retrying from stored positions")
                     self._rewind()
-            try:
-                self._check_stuck()
-            except Exception:  # pragma: no cover - a follower's thread never dies of it
-                log.exception("%s: checking or replacing the consumer failed", self.topic)
+            # A consumer that stopped reading is replaced (threadlog/kernel/stuck.py):
+            # every run's appends wait for this fold's verdicts, its live readers for its records.
+            self._consumer = self._liveness.check(self._consumer, self.topic, self.owned, self._applied,
+                                                  self._settings, self._assignment)
 
-    def _check_stuck(self) -> None:
-        """A consumer that stopped reading is replaced (threadlog/kernel/stuck.py):
-        every run's appends wait for this fold's verdicts, and its live readers
-        for its records."""
-        why = self._liveness.stuck(self._consumer, self.topic, self.owned, self._applied)
-        if why is None:
-            return
-        log.warning("%s: %s: replacing its consumer", self.topic, why)
-        self._consumer = self._liveness.replace(self._consumer, self._settings, self._assignment())
-        self.restarts += 1
+    @property
+    def restarts(self) -> int:
+        """Consumers replaced because they stopped reading (operators, tests)."""
+        return self._liveness.restarts
 
     def _rewind(self) -> None:
         for p in sorted(self.owned):

@@ -9,6 +9,7 @@ from confluent_kafka import Producer, TopicPartition
 from support import until, within
 
 from threadlog import members
+from threadlog.kernel import stuck
 from threadlog.kernel.topics import Topics
 from threadlog.members import LIVE_AFTER_S, MembersView
 
@@ -43,7 +44,7 @@ async def test_a_view_whose_consumer_stopped_reading_replaces_it(open_client, bo
     failed: its partitions stopped for good. Here a paused consumer stands for
     the stuck one: the view notices its position is behind the partition's end
     and reads on with a new consumer."""
-    monkeypatch.setattr(members, "STUCK_S", 0.5, raising=False)
+    monkeypatch.setattr(stuck, "STUCK_S", 0.5)
     await open_client()  # creates the namespace's topics
     topic = Topics(namespace).members
     stalled: dict = {}

@@ -17,8 +17,8 @@ import concurrent.futures
 import logging
 import os
 import threading
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from .kernel.errors import unavailable
 
@@ -31,14 +31,17 @@ FORKED = ("this client was connected in another process (before os.fork): its lo
           "connections are not in this one; connect again here")
 
 
-def require_same_process(pid: int) -> None:
-    """UNAVAILABLE at once in a process other than `pid`, the one whose loop thread serves the client.
+def require_same_process(pid: int, coro: Coroutine[Any, Any, Any] | None = None) -> None:
+    """UNAVAILABLE at once in a process other than `pid`, the one whose loop thread
+    serves the client (`coro`, the call that will not run, is closed first).
 
     Why: after os.fork (gunicorn --preload, Celery prefork) the child has no
     loop thread; a call handed to the parent's loop never started, and waited
     out its whole timeout to say OUTCOME_UNKNOWN ("a write may still apply")
     for a write never sent (a review, both blocking clients)."""
     if os.getpid() != pid:
+        if coro is not None:
+            coro.close()
         raise unavailable(FORKED)
 
 

@@ -43,8 +43,6 @@ log = logging.getLogger("threadlog.members")
 
 HEARTBEAT_S = 2.0
 LIVE_AFTER_S = 3 * HEARTBEAT_S
-# A view that read nothing this long checks whether it is stuck (MembersView._check_stuck).
-STUCK_S = 2 * LIVE_AFTER_S
 
 
 @dataclass(frozen=True)
@@ -219,8 +217,7 @@ class MembersView:
         self._caught_up = threading.Event()
         self._target = 0
         self._next = 0  # the offset after the last record read
-        self._liveness = Liveness(STUCK_S)  # when a record or the partition's end was last read
-        self.restarts = 0  # consumers replaced by the stuck check (operators, tests)
+        self._liveness = Liveness()  # when a record or the partition's end was last read
         self._thread = threading.Thread(target=self._run, name="members-view", daemon=True)
 
     def start(self, timeout: float) -> None:
@@ -284,26 +281,18 @@ class MembersView:
                     self._changed.notify_all()
             if reached:
                 self._caught_up.set()
-            try:
-                self._check_stuck()
-            except Exception:  # pragma: no cover - the view's thread never dies of it
-                log.exception("members view: checking or replacing its consumer failed")
+            # A consumer that stopped reading is replaced (threadlog/kernel/stuck.py). Tried
+            # (a fault probe: two workers, a 12 s broker outage, 2 runs of 11): one worker's
+            # view never read a record again after the broker came back; it saw no live
+            # worker, so every question its judge asked the other owner failed, and its
+            # partitions stopped for good.
+            self._consumer = self._liveness.check(self._consumer, self.topic, (0,), {0: self._next}, self._settings,
+                                                  lambda: [TopicPartition(self.topic, 0, self._next)])
 
-    def _check_stuck(self) -> None:
-        """A consumer that stopped reading is replaced (threadlog/kernel/stuck.py).
-
-        Tried (a fault probe: two workers, a 12 s broker outage, 2 runs of 11):
-        one worker's view never read a record again after the broker came back.
-        It saw no live worker, so every question its judge asked the other owner
-        failed, and its partitions stopped for good.
-        """
-        why = self._liveness.stuck(self._consumer, self.topic, (0,), {0: self._next})
-        if why is None:
-            return
-        log.warning("%s: %s: replacing its consumer", self.topic, why)
-        self._consumer = self._liveness.replace(self._consumer, self._settings,
-                                                [TopicPartition(self.topic, 0, self._next)])
-        self.restarts += 1
+    @property
+    def restarts(self) -> int:
+        """Consumers replaced because they stopped reading (operators, tests)."""
+        return self._liveness.restarts
 
     def live(self) -> list[Member]:
         with self._lock:

@@ -190,9 +190,7 @@ class SyncThreadLog:
             coro.close()
             raise RuntimeError("a threadlog sync client was called from its own event loop; "
                                "it would wait for itself (use the async client there)")
-        if os.getpid() != self._pid:
-            coro.close()
-            require_same_process(self._pid)
+        require_same_process(self._pid, coro)
         with self._lock:
             if self._closed:
                 coro.close()

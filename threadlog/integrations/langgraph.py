@@ -392,9 +392,7 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         except RuntimeError:
             running = None
         loop = self.loop
-        if os.getpid() != self._pid:
-            coro.close()
-            require_same_process(self._pid)
+        require_same_process(self._pid, coro)
         if loop is None:
             coro.close()
             raise RuntimeError("this AsyncThreadLogSaver's client was never started (no event loop serves it): "
@@ -854,9 +852,9 @@ class ThreadLogSaver(BaseCheckpointSaver[str]):
 
     def _call(self, coro: Coroutine[Any, Any, T], *, write: bool = False) -> T:
         """Run `coro` on the saver's loop, waiting at most `timeout`; `write`: see `_timed_out`."""
-        if threading.current_thread() is self._thread or self._closed or os.getpid() != self._pid:
+        require_same_process(self._pid, coro)
+        if threading.current_thread() is self._thread or self._closed:
             coro.close()
-            require_same_process(self._pid)
             if self._closed:
                 raise unavailable("this ThreadLogSaver is closed")
             raise RuntimeError("a blocking ThreadLogSaver call from its own loop thread would deadlock")
@@ -868,9 +866,9 @@ class ThreadLogSaver(BaseCheckpointSaver[str]):
             raise _timed_out(self.timeout, write) from None
 
     async def _acall(self, coro: Coroutine[Any, Any, T], *, write: bool = False) -> T:
-        if self._closed or os.getpid() != self._pid:
+        require_same_process(self._pid, coro)
+        if self._closed:
             coro.close()
-            require_same_process(self._pid)
             raise unavailable("this ThreadLogSaver is closed")
         fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:

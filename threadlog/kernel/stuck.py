@@ -21,13 +21,16 @@ consumer left stuck stops whatever depends on it.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from .kafka_config import Consumed
+
+log = logging.getLogger("threadlog.stuck")
 
 STUCK_S = 12.0  # a partition's silence before its end is asked
 # A partition found behind its end is asked again this much later, and the
@@ -52,6 +55,7 @@ class Liveness:
         self._heard: dict[int, float] = {}
         self._since = self._checked = time.monotonic()  # partitions never heard count from here
         self._behind: dict[int, float] = {}  # partition -> when it was first found behind its end, unread since
+        self.restarts = 0  # consumers replaced (operators, tests)
 
     def saw(self, msgs: list[Consumed], full: bool = False) -> None:
         """Note the records and end-of-partition events of a batch. `full`: the
@@ -76,16 +80,28 @@ class Liveness:
                 self._heard[p] = now
                 self._behind.pop(p, None)
 
-    def replace(self, old: Consumer, settings: Mapping[str, Any], assignment: list[TopicPartition]) -> Consumer:
-        """A new consumer of `settings` reading `assignment`, in place of `old`
-        (closed); every partition's silence counts from now."""
-        new = Consumer(dict(settings))
+    def check(self, consumer: Consumer, topic: str, partitions: Iterable[int], positions: Mapping[int, int],
+              settings: Mapping[str, Any], assignment: Callable[[], list[TopicPartition]]) -> Consumer:
+        """`consumer`, or, when it is stuck (`stuck`), a new consumer of `settings`
+        reading `assignment()` in its place (the old one closed; a warning says
+        why). Call it after every poll, on the consumer's own thread; it never
+        raises: the tailing thread must not die of it."""
         try:
-            old.close()
-        except Exception:  # pragma: no cover - it is being replaced
-            pass
-        new.assign(assignment)
+            why = self.stuck(consumer, topic, partitions, positions)
+            if why is None:
+                return consumer
+            log.warning("%s: %s: replacing its consumer", topic, why)
+            new = Consumer(dict(settings))
+            try:
+                consumer.close()
+            except Exception:  # pragma: no cover - it is being replaced
+                pass
+            new.assign(assignment())
+        except Exception:  # pragma: no cover - a tailing thread never dies of it
+            log.exception("%s: checking or replacing its consumer failed", topic)
+            return consumer
         self.restart()
+        self.restarts += 1
         return new
 
     def restart(self) -> None:
