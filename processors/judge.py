@@ -30,6 +30,7 @@ import json
 import logging
 import math
 import struct
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -317,6 +318,8 @@ class Judge(Follower):
         snapshot first is restored off this thread and assigned when it is
         (`_restored`): a restore inside poll outlasting max.poll.interval.ms made
         the worker leave its group, and stopped all judging meanwhile."""
+        if consumer is not self._consumer:
+            return  # a retired consumer's (`_watch`): its partitions were given up when it was
         ready = []
         for tp in tps:
             # Given back mid-restore, its store is still being filled: not opened here.
@@ -410,6 +413,8 @@ class Judge(Follower):
         return False
 
     def _revoked(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+        if consumer is not self._consumer:
+            return  # a retired consumer leaving the group (`_watch`): given up already
         gone = {tp.partition for tp in tps}
         # Those still restoring, or restored but not assigned yet, were never assigned to
         # the consumer (unassigning one fails the whole call).
@@ -560,6 +565,8 @@ class Judge(Follower):
                 log.exception("judge consume failed")
                 time.sleep(0.1)
                 continue
+            self._liveness.saw(msgs, full=len(msgs) >= 2000)
+            self._watch()
             if waiting and not msgs and not backlog:
                 owned, progress = set(self.owned), dict(self._applied)
                 answered = any(self._may_retry(pend, owned, progress) for pend in waiting)
@@ -838,6 +845,60 @@ class Judge(Follower):
             return False
         return reads_other_partitions(env["type"])
 
+    def _watch(self) -> None:
+        """Replace the consumer when it stopped fetching (threadlog/kernel/stuck.py).
+
+        Why the judge too: a stuck judge consumer stops every decision of the
+        partitions it owns -- every write to them ends OUTCOME_UNKNOWN, for good
+        (librdkafka #5153 after a broker restart; the readiness probe only says
+        so). Only partitions that should be fetching are looked at: one paused
+        by flow control, or with fetched records still to judge (waiting for
+        answers, or a backlog), is not fetched on purpose and its end is ahead.
+        Such a partition has nothing fetched and not judged, so the judged
+        position is the consumer's."""
+        fetching = [p for p in self.owned
+                    if p not in self._paused and not (p in self._pending and self._pending[p].msgs)]
+        why = self._liveness.stuck(self._consumer, self.topic, fetching, self._applied)
+        if why is None:
+            return
+        log.warning("%s: %s: replacing the judge's consumer", self.topic, why)
+        old = self._consumer
+        try:
+            new = Consumer(dict(self._settings))
+        except Exception:  # pragma: no cover - the loop never dies of it; checked again later
+            log.exception("%s: a new judge consumer could not be made", self.topic)
+            return
+        if self.group is None:
+            # Every partition again from its stored position; nothing fetched is kept
+            # (fetched again by the new consumer), and no pause carries over.
+            self._drop_fetched()
+            self._paused.clear()
+            self._consumer = new
+            self._retire(old)
+            for p in self.owned:
+                self.ahead.reset(p, self._applied[p])
+            self._assign()  # from the judged positions
+        else:
+            # A group member: give every partition up as a rebalance does (waiters told
+            # NOT_OWNER, stores closed and kept), then join again with the new consumer;
+            # the group hands the partitions to it (or to another worker) and they resume
+            # from their stores. The old one leaves off this thread: its close can wait
+            # on a cluster that does not answer, and its callbacks are ignored.
+            held = self.owned | set(self.restoring)
+            self._revoked(old, [TopicPartition(self.topic, p) for p in sorted(held)])
+            self._consumer = new
+            self._liveness.restart()
+            self._begin()
+            threading.Thread(target=self._retire, args=(old,), name="judge:retire", daemon=True).start()
+        self._liveness.restarts += 1
+
+    @staticmethod
+    def _retire(consumer: Consumer) -> None:
+        try:
+            consumer.close()
+        except Exception:  # pragma: no cover - it is being replaced
+            log.exception("closing a replaced judge consumer failed")
+
     def _flow_control(self) -> None:
         """Stop fetching a partition that waits with many records in hand."""
         for p, pend in self._pending.items():
@@ -872,11 +933,15 @@ class Judge(Follower):
             except Exception:  # pragma: no cover - on_lost: the assignment is already gone
                 log.exception("could not resume %s of %s", sorted(paused), self.topic)
 
-    def _rewind(self) -> None:
+    def _drop_fetched(self) -> None:
+        """Forget every record fetched and not judged (fetched again from the stored positions)."""
         self._pending.clear()
         self._ends.clear()  # the records before them were dropped: fetched again, with their end
         self._early.clear()
         self._early_n = 0
+
+    def _rewind(self) -> None:
+        self._drop_fetched()
         self._resume(set(self._paused))
         stored: dict[int, int] = {}
         for p in sorted(self.owned):

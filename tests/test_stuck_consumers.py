@@ -9,14 +9,20 @@ reports nothing. The members view's case is tests/test_members.py.
 
 from __future__ import annotations
 
+import asyncio
+
 from delivery_support import chunk, collect
 from support import until, within
+from threadlog.processors.query_server import QueryServer
 from threadlog.projections.delivery_tail import DeliveryTail
 from threadlog.schemas import default_codec
 
+from threadlog.config import Options
 from threadlog.kernel import kafka_config, stuck
 from threadlog.kernel.partitioning import partition_for
 from threadlog.kernel.topics import Topics
+from threadlog.members import Announcer
+from threadlog.runtime import Runtime
 
 
 def _stall(monkeypatch, stalled: dict) -> None:
@@ -83,3 +89,70 @@ async def test_a_delivery_tail_whose_consumer_stopped_reading_replaces_it(open_c
         assert tail.restarts == 1
     finally:
         tail.stop()
+
+
+async def test_an_embedded_judge_whose_consumer_stopped_reading_replaces_it(open_client, monkeypatch):
+    """The judge decides every proposal; stuck, every write ended OUTCOME_UNKNOWN
+    for good (only the readiness probe said why). Tried: an embedded client's
+    judge consumer paused, then a thread saved: the save is judged through a new
+    consumer, from the judged positions (the earlier save is not judged again)."""
+    monkeypatch.setattr(stuck, "STUCK_S", 0.5)
+    tl = await open_client()
+    judge = tl.runtime.judge
+    await within(tl.messages.save_thread("before-the-stall", ["one"]))
+    judged = judge.stats["judged"]
+    stalled: dict = {}
+    _stall(monkeypatch, stalled)
+    stalled["consumer"] = judge._consumer
+    await until(lambda: "paused" in stalled, 10, "the judge's consumer paused")
+    await within(tl.messages.save_thread("after-the-stall", ["two"]), 30)
+    assert judge.restarts == 1
+    assert judge.stats["judged"] == judged + 1, judge.stats
+    assert await within(tl.messages.load_thread("after-the-stall")) == ["two"]
+    assert await within(tl.messages.load_thread("before-the-stall")) == ["one"]
+
+
+async def test_a_workers_judge_whose_consumer_stopped_reading_rejoins_its_group(bootstrap, namespace, tmp_path,
+                                                                              open_client, monkeypatch):
+    """A worker's judge is a group member: its stuck consumer is replaced by one
+    that joins the group again (the old one leaves off the judge's thread), and
+    its partitions come back from their local stores. Tried: the only worker's
+    judge consumer paused, then a thin client saves a thread: the save succeeds
+    once the new consumer owns the partitions, which were not judged again."""
+    monkeypatch.setattr(stuck, "STUCK_S", 0.5)
+    rt = Runtime(Options(bootstrap_servers=bootstrap, namespace=namespace, state_dir=str(tmp_path / "worker")),
+                 worker=True)
+    await asyncio.to_thread(rt.start)
+    server = announcer = None
+    try:
+        judge = rt.judge
+        assert judge is not None and rt.layout is not None and rt.stores is not None and rt.barrier is not None
+        everything = set(range(rt.layout.events))
+        await until(lambda: judge.owned == everything, 60, "the worker owns every partition")
+        # What `threadlog worker` adds to its runtime (threadlog/cli.py), in this process.
+        server = QueryServer(rt.stores, judge, rt.barrier, timeout=rt.opts.request_timeout,
+                             deliveries=rt.deliveries, delivery_barrier=rt.delivery_barrier)
+        announcer = Announcer(bootstrap, rt.topics.members, rt.client_id, await server.start("127.0.0.1", 0),
+                              partitions=lambda: sorted(judge.owned),
+                              lease=(rt.opts.lease_duration_ms, rt.opts.renew_after_ms))
+        rt.ownership_listeners.append(lambda owned: announcer.announce_now())
+        await asyncio.to_thread(announcer.start, rt.opts.request_timeout)
+        thin = await open_client(processors="external", own_worker=True)
+        await within(thin.messages.save_thread("before-the-stall", ["one"]))
+        judged = judge.stats["judged"]
+        stalled: dict = {}
+        _stall(monkeypatch, stalled)
+        stalled["consumer"] = judge._consumer
+        await until(lambda: "paused" in stalled, 10, "the judge's consumer paused")
+        await within(thin.messages.save_thread("after-the-stall", ["two"]), 40)
+        assert judge.restarts == 1
+        await until(lambda: judge.owned == everything, 30, "every partition owned again")
+        assert judge.stats["judged"] == judged + 1, judge.stats
+        assert await within(thin.messages.load_thread("after-the-stall")) == ["two"]
+        assert await within(thin.messages.load_thread("before-the-stall")) == ["one"]
+    finally:
+        if announcer is not None:
+            await asyncio.to_thread(announcer.stop)
+        if server is not None:
+            await server.close()
+        await asyncio.to_thread(rt.stop)
