@@ -352,6 +352,7 @@ class _Run:
     positions: dict[tuple[str, int], int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
+    undelivered: bool = False  # records of it were refused or not acknowledged in time
 
     def on_pair(self, k: bytes, v: bytes) -> None:
         self.pairs += 1
@@ -387,10 +388,12 @@ class SnapshotWriter:
         self.origin = origin  # the log the stores are folded from: named in each manifest
         self.chunk_bytes = chunk_bytes
         self.timeout = timeout
-        self._producer = Producer(kafka_config.producer(
+        self._settings = kafka_config.producer(
             bootstrap, f"{client_id}.snapshots", kafka,
             # Cheap in librdkafka, no new dependency; state is mostly JSON.
-            **{"linger.ms": 5, "compression.type": "lz4"}))
+            **{"linger.ms": 5, "compression.type": "lz4"})
+        self._producer = Producer(self._settings)
+        self.replacements = 0  # producers replaced after a write they did not deliver (operators, tests)
         self._lock = threading.Lock()
         # Set by `abort` (any thread, no lock): a write in progress gives up at its
         # next chunk or wait, and no new one starts.
@@ -458,7 +461,27 @@ class SnapshotWriter:
         except BaseException:
             # Whatever of this snapshot reached the topic is superseded by the next one.
             self._stale[partition].update(run.keys)
+            if run.undelivered and not self._aborting.is_set() and partition not in self._abandoned:
+                self._replace_producer()
             raise
+
+    def _replace_producer(self) -> None:
+        """A new producer for the next write; the old one's records are purged.
+
+        Why: librdkafka can leave a producer's partitions without a leader for
+        good after a broker restart (#5430, producers/pump.py says more): every
+        later snapshot would time out too, and takeovers would restore from
+        older and older snapshots, folding more and more history. A write is
+        rare (minutes apart), so a failed one replaces the producer: a
+        connection, against snapshots stopped for good."""
+        old, self._producer = self._producer, Producer(self._settings)
+        self.replacements += 1
+        log.warning("%s: a snapshot was not delivered; its producer is replaced", self.topic)
+        try:
+            old.purge()  # what is queued or in flight belongs to the failed write (superseded)
+            old.flush(0)
+        except Exception:  # pragma: no cover - it is dropped either way
+            log.exception("purging a replaced snapshot producer failed")
 
     def _run(self, partition: int, store: Store, run: _Run, t0: float, deadline: float) -> SnapshotInfo:
         sid = run.snapshot_id
@@ -466,12 +489,12 @@ class SnapshotWriter:
             for value in encode_chunks(items, self.chunk_bytes, run.on_pair):
                 self._check_abort(sid, partition)
                 k = chunk_key(sid, len(run.keys))
-                self._produce(k, value, partition, run.delivered, deadline)
+                self._produce(k, value, partition, run, deadline)
                 run.keys.append(k)
                 run.nbytes += len(value) - _HEADER
                 if run.errors:
                     break
-        self._await(f"snapshot {sid} chunks", run.errors, deadline)
+        self._await(f"snapshot {sid} chunks", run, deadline)
         self._check_abort(sid, partition)
         first = min(run.offsets) if run.offsets else -1
         position = _tracking_position(run.positions, partition, None if self.origin is None else self.origin.topic)
@@ -484,45 +507,48 @@ class SnapshotWriter:
         if self.origin is not None:  # checked by `restore` (`_from_origin`)
             manifest["topic"], manifest["topicId"] = self.origin.topic, self.origin.topic_id
         run.offsets.clear()
-        self._produce(MANIFEST_KEY, json.dumps(manifest).encode(), partition, run.delivered, deadline)
-        self._await(f"snapshot {sid} manifest", run.errors, deadline)
+        self._produce(MANIFEST_KEY, json.dumps(manifest).encode(), partition, run, deadline)
+        self._await(f"snapshot {sid} manifest", run, deadline)
         if first < 0:
             first = run.offsets[0] if run.offsets else -1
         self._last[partition] = sid
         stale = self._stale[partition]
         for k in sorted(stale):
-            self._produce(k, None, partition, run.delivered, deadline)
-        self._await(f"tombstones of the snapshots before {sid}", run.errors, deadline)
+            self._produce(k, None, partition, run, deadline)
+        self._await(f"tombstones of the snapshots before {sid}", run, deadline)
         if stale:
             # The manifest again, as the log's last record: a restore finds it
             # reading one record (compaction keeps only this copy anyway).
-            self._produce(MANIFEST_KEY, json.dumps(manifest).encode(), partition, run.delivered, deadline)
-            self._await(f"snapshot {sid} manifest", run.errors, deadline)
+            self._produce(MANIFEST_KEY, json.dumps(manifest).encode(), partition, run, deadline)
+            self._await(f"snapshot {sid} manifest", run, deadline)
         self._stale[partition] = set(run.keys)
         return SnapshotInfo(sid, partition, len(run.keys), run.nbytes, run.pairs, position, dict(run.positions),
                             first, len(stale), time.monotonic() - t0)
 
-    def _produce(self, k: bytes, v: bytes | None, partition: int,
-                 cb: Callable[[KafkaError | None, Message], None], deadline: float) -> None:
+    def _produce(self, k: bytes, v: bytes | None, partition: int, run: _Run, deadline: float) -> None:
         while True:
             try:
-                self._producer.produce(self.topic, v, k, partition=partition, on_delivery=cb)
+                self._producer.produce(self.topic, v, k, partition=partition, on_delivery=run.delivered)
                 self._producer.poll(0)
                 return
             except BufferError:  # the local queue is full: let deliveries drain it
                 if time.monotonic() > deadline:
+                    run.undelivered = True
                     raise unavailable(f"{self.topic}[{partition}]: producer queue full past the deadline") from None
                 self._producer.poll(0.05)
 
-    def _await(self, what: str, errors: list[str], deadline: float) -> None:
+    def _await(self, what: str, run: _Run, deadline: float) -> None:
         while True:  # in slices: an abort does not wait out the deadline
             left = self._producer.flush(max(0.0, min(0.2, deadline - time.monotonic())))
             if not left or time.monotonic() >= deadline or self._aborting.is_set():
                 break
+        if left and not self._aborting.is_set():
+            run.undelivered = True
         if left:
             raise unavailable(f"{what} not acknowledged by {self.topic} in time ({left} records pending)")
-        if errors:
-            raise unavailable(f"{what} not written to {self.topic}: {errors[0]}")
+        if run.errors:
+            run.undelivered = True
+            raise unavailable(f"{what} not written to {self.topic}: {run.errors[0]}")
 
     def _discover(self, partition: int, deadline: float) -> set[bytes]:
         consumer = _consumer(self.bootstrap, self.client_id, self.kafka)

@@ -331,6 +331,25 @@ def test_a_failed_write_leaves_nothing_behind(bootstrap, topics, writer, tmp_pat
         == {again.snapshot_id}
 
 
+def test_a_producer_that_did_not_deliver_a_snapshot_is_replaced(bootstrap, topics, writer, tmp_path):
+    """librdkafka can leave a producer's partitions without a leader for good after
+    a broker restart (#5430): every later snapshot timed out too, and takeovers
+    restored older and older state. A producer whose bootstrap refuses
+    connections stands for the stuck one. Tried: a write through it fails
+    UNAVAILABLE within its timeout; the next write goes through a new producer
+    and is the one restored."""
+    src = Store(tmp_path / "src")
+    fill(src, 500, seed=3, events=topics.events, partition=0, position=77)
+    writer._producer = Producer(kafka_config.producer("127.0.0.1:1", "test-stuck", None))
+    with pytest.raises(ThreadLogError) as err:
+        writer.write(0, src, timeout=3)
+    assert err.value.code == "UNAVAILABLE"
+    info = writer.write(0, src)
+    _, got = do_restore(bootstrap, topics, 0, tmp_path / "dst")
+    assert got is not None and got.snapshot_id == info.snapshot_id and got.position == 77
+    assert writer.replacements == 1
+
+
 class _Aborted(Store):
     """A store whose snapshot read aborts the writer after `after` pairs (a worker
     stopping while the snapshotter thread writes), or, with `moved`, tells it that
