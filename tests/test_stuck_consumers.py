@@ -98,15 +98,21 @@ async def test_an_embedded_judge_whose_consumer_stopped_reading_replaces_it(open
     consumer, from the judged positions (the earlier save is not judged again)."""
     monkeypatch.setattr(stuck, "STUCK_S", 0.5)
     tl = await open_client()
-    judge = tl.runtime.judge
+    await _saved_across_a_stall(tl, tl.runtime.judge, monkeypatch)
+
+
+async def _saved_across_a_stall(tl, judge, monkeypatch) -> None:
+    """A save, the judge's consumer stalled, a save: both stored, the judge's
+    consumer replaced once, nothing judged twice."""
     await within(tl.messages.save_thread("before-the-stall", ["one"]))
     judged = judge.stats["judged"]
     stalled: dict = {}
     _stall(monkeypatch, stalled)
     stalled["consumer"] = judge._consumer
     await until(lambda: "paused" in stalled, 10, "the judge's consumer paused")
-    await within(tl.messages.save_thread("after-the-stall", ["two"]), 30)
+    await within(tl.messages.save_thread("after-the-stall", ["two"]), 40)
     assert judge.restarts == 1
+    await until(lambda: judge.owned == set(range(tl.runtime.layout.events)), 30, "every partition owned again")
     assert judge.stats["judged"] == judged + 1, judge.stats
     assert await within(tl.messages.load_thread("after-the-stall")) == ["two"]
     assert await within(tl.messages.load_thread("before-the-stall")) == ["one"]
@@ -137,19 +143,7 @@ async def test_a_workers_judge_whose_consumer_stopped_reading_rejoins_its_group(
                               lease=(rt.opts.lease_duration_ms, rt.opts.renew_after_ms))
         rt.ownership_listeners.append(lambda owned: announcer.announce_now())
         await asyncio.to_thread(announcer.start, rt.opts.request_timeout)
-        thin = await open_client(processors="external", own_worker=True)
-        await within(thin.messages.save_thread("before-the-stall", ["one"]))
-        judged = judge.stats["judged"]
-        stalled: dict = {}
-        _stall(monkeypatch, stalled)
-        stalled["consumer"] = judge._consumer
-        await until(lambda: "paused" in stalled, 10, "the judge's consumer paused")
-        await within(thin.messages.save_thread("after-the-stall", ["two"]), 40)
-        assert judge.restarts == 1
-        await until(lambda: judge.owned == everything, 30, "every partition owned again")
-        assert judge.stats["judged"] == judged + 1, judge.stats
-        assert await within(thin.messages.load_thread("after-the-stall")) == ["two"]
-        assert await within(thin.messages.load_thread("before-the-stall")) == ["one"]
+        await _saved_across_a_stall(await open_client(processors="external", own_worker=True), judge, monkeypatch)
     finally:
         if announcer is not None:
             await asyncio.to_thread(announcer.stop)
