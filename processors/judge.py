@@ -143,6 +143,8 @@ PREFETCH_AHEAD = 64
 # At most this many questions asked on arrival wait for their appends (Judge._ask_early):
 # well under the lookups' cache (processors/lookups.py MAX_CACHED), so none is evicted first.
 MAX_EARLY = 50_000
+# The least time between two replacements of the judge's consumer (`Judge._watch`).
+REPLACE_GAP_S = 60.0
 
 
 def verdict_key(partition: int, offset: int) -> bytes:
@@ -276,6 +278,7 @@ class Judge(Follower):
         # for another worker, its owner's) is answered before that partition is
         # judged as far as asked when the answer cannot change (processors/ahead.py).
         self.ahead = Ahead(codec, RULES)
+        self._watch_after = 0.0  # no consumer replacement before this (monotonic; `_watch`)
         super().__init__(bootstrap, topic, partitions, stores, codec, client_id, kafka=kafka)  # type: ignore[arg-type]
         if group is not None:
             self.owned = set()
@@ -360,6 +363,10 @@ class Judge(Follower):
             tp.offset = pos if pos > 0 else OFFSET_BEGINNING
             self.ahead.reset(tp.partition, pos)
         consumer.incremental_assign(tps)
+        # Silent since the last ownership is not silent now (`_watch`): a partition
+        # coming back (or restored) is behind its end until its first fetch.
+        self._liveness.fresh(tp.partition for tp in tps)
+        self.unreadable -= {tp.partition for tp in tps}  # its new position may be in the log
         # librdkafka keeps an application pause across unassign and assign: a
         # partition paused by flow control when it was last owned here would
         # otherwise never be fetched again (and never be in `_pending`, where
@@ -566,7 +573,10 @@ class Judge(Follower):
                 time.sleep(0.1)
                 continue
             self._liveness.saw(msgs, full=len(msgs) >= 2000)
-            self._watch()
+            try:
+                self._watch()
+            except Exception:  # pragma: no cover - the judge's thread never dies of it
+                log.exception("%s: checking or replacing the judge's consumer failed", self.topic)
             if waiting and not msgs and not backlog:
                 owned, progress = set(self.owned), dict(self._applied)
                 answered = any(self._may_retry(pend, owned, progress) for pend in waiting)
@@ -856,18 +866,20 @@ class Judge(Follower):
         answers, or a backlog), is not fetched on purpose and its end is ahead.
         Such a partition has nothing fetched and not judged, so the judged
         position is the consumer's."""
-        fetching = [p for p in self.owned
-                    if p not in self._paused and not (p in self._pending and self._pending[p].msgs)]
+        if time.monotonic() < self._watch_after:
+            return
+        fetching = [p for p in self.owned if p not in self._paused and p not in self.unreadable
+                    and not (p in self._pending and self._pending[p].msgs)]
         why = self._liveness.stuck(self._consumer, self.topic, fetching, self._applied)
         if why is None:
             return
+        # At most one replacement per REPLACE_GAP_S, whatever the cause: a partition
+        # this check misreads as stuck must not make a worker give every partition up
+        # every few seconds (each give-up answers NOT_OWNER and cancels restores).
+        self._watch_after = time.monotonic() + REPLACE_GAP_S
         log.warning("%s: %s: replacing the judge's consumer", self.topic, why)
         old = self._consumer
-        try:
-            new = Consumer(dict(self._settings))
-        except Exception:  # pragma: no cover - the loop never dies of it; checked again later
-            log.exception("%s: a new judge consumer could not be made", self.topic)
-            return
+        new = Consumer(dict(self._settings))
         if self.group is None:
             # Every partition again from its stored position; nothing fetched is kept
             # (fetched again by the new consumer), and no pause carries over.
@@ -885,11 +897,15 @@ class Judge(Follower):
             # from their stores. The old one leaves off this thread: its close can wait
             # on a cluster that does not answer, and its callbacks are ignored.
             held = self.owned | set(self.restoring)
-            self._revoked(old, [TopicPartition(self.topic, p) for p in sorted(held)])
-            self._consumer = new
-            self._liveness.restart()
-            self._begin()
-            threading.Thread(target=self._retire, args=(old,), name="judge:retire", daemon=True).start()
+            try:
+                self._revoked(old, [TopicPartition(self.topic, p) for p in sorted(held)])
+            finally:  # whatever failed of the hand-over, the new consumer joins: the group reassigns
+                self._consumer = new
+                self._liveness.restart()
+                self._liveness.restarts += 1
+                threading.Thread(target=self._retire, args=(old,), name="judge:retire", daemon=True).start()
+                self._begin()
+            return
         self._liveness.restarts += 1
 
     @staticmethod

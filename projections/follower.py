@@ -62,6 +62,9 @@ class Follower:
         self.replaced: Callable[[], str | None] | None = None
         # Partitions folded here (all of them, unless a subclass takes part in a group).
         self.owned: set[int] = set(range(partitions))
+        # Partitions whose position the log no longer holds (`_sort`): never fetched,
+        # on purpose, so no consumer watchdog may call them stuck (Judge._watch).
+        self.unreadable: set[int] = set()
         self._settings = kafka_config.consumer(
             bootstrap,
             f"{client_id}.follower",
@@ -263,6 +266,7 @@ class Follower:
                     # Our stored position is not in the log (a judge refuses librdkafka's
                     # reset to 0): the topic was deleted and created again, or records
                     # were deleted. The partition waits; the incarnation watch stops us.
+                    self.unreadable.add(msg.partition())
                     log.error("%s[%s]: the stored position is not in the log any more (%s): not folding it",
                               self.topic, msg.partition(), err)
                 else:

@@ -461,7 +461,7 @@ class SnapshotWriter:
         except BaseException:
             # Whatever of this snapshot reached the topic is superseded by the next one.
             self._stale[partition].update(run.keys)
-            if run.undelivered and not self._aborting.is_set() and partition not in self._abandoned:
+            if run.undelivered and not self._aborting.is_set():
                 self._replace_producer()
             raise
 

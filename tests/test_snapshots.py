@@ -340,6 +340,7 @@ def test_a_producer_that_did_not_deliver_a_snapshot_is_replaced(bootstrap, topic
     and is the one restored."""
     src = Store(tmp_path / "src")
     fill(src, 500, seed=3, events=topics.events, partition=0, position=77)
+    writer.write(0, src)  # the partition's topic is read once, on its first write: not on the stuck one's clock
     writer._producer = Producer(kafka_config.producer("127.0.0.1:1", "test-stuck", None))
     with pytest.raises(ThreadLogError) as err:
         writer.write(0, src, timeout=3)

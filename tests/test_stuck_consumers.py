@@ -10,7 +10,10 @@ reports nothing. The members view's case is tests/test_members.py.
 from __future__ import annotations
 
 import asyncio
+import time
 
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 from delivery_support import chunk, collect
 from support import until, within
 from threadlog.processors.query_server import QueryServer
@@ -105,6 +108,7 @@ async def _saved_across_a_stall(tl, judge, monkeypatch) -> None:
     """A save, the judge's consumer stalled, a save: both stored, the judge's
     consumer replaced once, nothing judged twice."""
     await within(tl.messages.save_thread("before-the-stall", ["one"]))
+    await within(tl.read_barrier(None))  # every record so far judged (the rules-floor markers too)
     judged = judge.stats["judged"]
     stalled: dict = {}
     _stall(monkeypatch, stalled)
@@ -150,3 +154,58 @@ async def test_a_workers_judge_whose_consumer_stopped_reading_rejoins_its_group(
         if server is not None:
             await server.close()
         await asyncio.to_thread(rt.stop)
+
+
+async def test_a_partition_the_judge_may_not_read_is_not_a_stuck_consumer(bootstrap, namespace, tmp_path,
+                                                                          monkeypatch):
+    """A judge refuses to judge from offset 0 onto state whose position the log no
+    longer holds (records deleted while it was down): that partition is never
+    fetched, on purpose, and its end stays ahead. Tried (a review reproduced it):
+    a worker's stored position of events[0] deleted from the log; before, the
+    worker gave up and took back every partition each ~13 s (NOT_OWNER to every
+    caller of the healthy partitions, restores cancelled); after, the partition
+    waits alone and the other partitions stay owned and judged."""
+    monkeypatch.setattr(stuck, "STUCK_S", 0.5)
+    opts = Options(bootstrap_servers=bootstrap, namespace=namespace, state_dir=str(tmp_path / "worker"))
+    rt = Runtime(opts, worker=True)
+    await asyncio.to_thread(rt.start)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    try:
+        assert rt.judge is not None and rt.layout is not None
+        everything, topic = set(range(rt.layout.events)), rt.topics.events
+        await until(lambda: rt.judge.owned == everything, 60, "the worker owns every partition")
+        first = _poison(producer, topic, 0, 3)
+        await until(lambda: rt.judge.applied(0) >= first, 30, "events[0] judged")
+    finally:
+        await asyncio.to_thread(rt.stop)
+    end = _poison(producer, topic, 0, 4)  # past the stored position, then deleted with it
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept: its futures die with it
+    for fut in admin.delete_records([TopicPartition(topic, 0, end)]).values():
+        fut.result(30)
+    rt = Runtime(opts, worker=True)
+    await asyncio.to_thread(rt.start)
+    try:
+        judge = rt.judge
+        assert judge is not None
+        await until(lambda: judge.owned == everything and 0 in judge.unreadable, 60, "events[0] refused its reset")
+        # Nothing to await: the fault is an event that must not happen. Watched for
+        # eight periods of the scaled-down watchdog (STUCK_S 0.5 s).
+        watched = time.monotonic() + 4
+        while time.monotonic() < watched:
+            assert judge.owned == everything and judge.restarts == 0
+            await asyncio.sleep(0.05)
+        later = _poison(producer, topic, 1, 1)
+        await until(lambda: judge.applied(1) >= later, 30, "events[1] still judged")
+        assert judge.restarts == 0 and judge.applied(0) < end
+    finally:
+        await asyncio.to_thread(rt.stop)
+
+
+def _poison(producer: Producer, topic: str, partition: int, n: int) -> int:
+    """`n` records that are no proposal (judged: refused) on `partition`: the end after them."""
+    offsets: list[int] = []
+    for _ in range(n):
+        producer.produce(topic, b"not a proposal", b"k", partition=partition,
+                         on_delivery=lambda err, msg: offsets.append(-1 if err else msg.offset()))
+    assert producer.flush(30) == 0 and len(offsets) == n and min(offsets) >= 0, offsets
+    return max(offsets) + 1

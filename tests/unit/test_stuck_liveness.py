@@ -109,3 +109,15 @@ def test_a_check_stops_at_the_first_partition_behind_or_unanswered():
     _after(0.06)
     assert live.stuck(ends, "t", [0, 1, 2, 3], dict.fromkeys(range(4), 0), 1.0) is None
     assert ends.asked == 1
+
+
+def test_a_partition_assigned_again_counts_its_silence_from_then():
+    # A judge's partition given up and taken back (or restored) is behind its end
+    # until its first fetch: silent since its last ownership, it was called stuck
+    # at the first check. `fresh` on assignment: not due before `after_s` again.
+    live, ends = Liveness(0.05, 0.01), Ends({0: 9})
+    _after(0.06)
+    live.fresh([0])
+    assert live.stuck(ends, "t", [0], {0: 3}, 1.0) is None and ends.asked == 0
+    _after(0.06)
+    assert live.stuck(ends, "t", [0], {0: 3}, 1.0) is None and ends.asked == 1  # due now: suspected

@@ -104,6 +104,13 @@ class Liveness:
         self.restarts += 1
         return new
 
+    def fresh(self, partitions: Iterable[int]) -> None:
+        """`partitions` were (re)assigned just now: their silence counts from now."""
+        now = time.monotonic()
+        for p in partitions:
+            self._heard[p] = now
+            self._behind.pop(p, None)
+
     def restart(self) -> None:
         """A consumer was (re)assigned: every partition's silence counts from now."""
         self._heard.clear()
