@@ -201,8 +201,8 @@ class Follower:
                 log.exception("follower consume failed")
                 time.sleep(0.1)
                 continue
+            self._liveness.saw(msgs, full=len(msgs) >= 2000)
             if msgs:
-                self._liveness.saw(msgs, full=len(msgs) >= 2000)
                 try:
                     self._handle(msgs)
                 except Exception:  # pragma: no cover - a bug must not stop folding

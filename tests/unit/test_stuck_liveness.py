@@ -121,3 +121,34 @@ def test_a_partition_assigned_again_counts_its_silence_from_then():
     assert live.stuck(ends, "t", [0], {0: 3}, 1.0) is None and ends.asked == 0
     _after(0.06)
     assert live.stuck(ends, "t", [0], {0: 3}, 1.0) is None and ends.asked == 1  # due now: suspected
+
+
+def test_time_the_thread_did_not_poll_is_not_silence():
+    # A worker resumed after SIGSTOP (or a thread busy between two polls) found every
+    # partition silent and behind, and replaced a healthy consumer. A poll long
+    # after the last one counts as life; the thread's own questions are no pause.
+    live, ends = Liveness(0.05, 0.01, pause_s=0.2), Ends({0: 9})
+    live.saw([])
+    _after(0.25)  # not polled meanwhile
+    live.saw([])
+    assert live.stuck(ends, "t", [0], {0: 3}, 1.0) is None and ends.asked == 0
+    _after(0.06)  # polled, and silent: due
+    live.saw([])
+    assert live.stuck(ends, "t", [0], {0: 3}, 1.0) is None and ends.asked == 1  # suspected
+
+
+def test_a_slow_question_is_no_pause_of_polling():
+    # An end not answered takes up to ASK_S; the poll after it must still confirm.
+    class Slow(Ends):
+        def get_watermark_offsets(self, tp, timeout):
+            _after(0.25)
+            return super().get_watermark_offsets(tp, timeout)
+
+    live, ends = Liveness(0.05, 0.01, pause_s=0.2), Slow({0: 9})
+    _after(0.06)
+    live.saw([])
+    assert live.stuck(ends, "t", [0], {0: 3}, 1.0) is None  # suspected, after a slow question
+    live.saw([])
+    _after(0.02)
+    live.saw([])
+    assert live.stuck(ends, "t", [0], {0: 3}, 1.0) is not None

@@ -43,17 +43,25 @@ CONFIRM_S = 1.0
 # partition that is behind or unanswered, so a cluster that does not answer
 # holds a tailing thread at most this long per check.
 ASK_S = 2.0
+# A gap this long between two polls means the thread was not polling (busy, or
+# the process was stopped: SIGSTOP, a VM paused): silence meanwhile says nothing
+# of the consumer. Seen by a fault probe: a worker resumed after a 12 s SIGSTOP
+# found every partition silent and behind, replaced its judge's consumer, and
+# the extra group rejoin delayed recovery by ~30 s.
+PAUSE_S = 2.0
 
 
 class Liveness:
     """When each partition was last heard of; whether the consumer is stuck."""
 
-    def __init__(self, after_s: float | None = None, confirm_s: float | None = None) -> None:
+    def __init__(self, after_s: float | None = None, confirm_s: float | None = None,
+                 pause_s: float | None = None) -> None:
         # Read when made, not bound as defaults: tests scale them down.
         self.after_s = STUCK_S if after_s is None else after_s
         self.confirm_s = CONFIRM_S if confirm_s is None else confirm_s
+        self.pause_s = PAUSE_S if pause_s is None else pause_s
         self._heard: dict[int, float] = {}
-        self._since = self._checked = time.monotonic()  # partitions never heard count from here
+        self._since = self._checked = self._polled = time.monotonic()  # partitions never heard count from here
         self._behind: dict[int, float] = {}  # partition -> when it was first found behind its end, unread since
         self.restarts = 0  # consumers replaced (operators, tests)
 
@@ -66,9 +74,12 @@ class Liveness:
         quiet partition's record waits behind it -- fetched, not yet read (a
         review: a delivery index catching up on 200 000 records had its healthy
         consumer replaced every 13 s). Only a batch that emptied the queue
-        shows that what was not read was not fetched."""
+        shows that what was not read was not fetched. Call it after every poll,
+        with what it returned (nothing too): a poll long after the last one
+        (`pause_s`) counts as life for every partition, as `full` does."""
         now = time.monotonic()
-        if full:
+        paused, self._polled = now - self._polled > self.pause_s, now
+        if full or paused:
             self._heard.clear()
             self._behind.clear()
             self._since = now
@@ -151,6 +162,9 @@ class Liveness:
                     self._behind.pop(p, None)
                     continue  # quiet, not stuck
                 why = f"{topic}[{p}] ends at {high} and this consumer is at {positions[p]}"
+            finally:
+                # This thread's own questions are no pause of its polling (`saw`).
+                self._polled = time.monotonic()
             first = self._behind.setdefault(p, now)
             if now - first >= self.confirm_s:
                 return f"nothing read for {now - self._heard.get(p, self._since):.0f} s and {why}"
