@@ -51,7 +51,7 @@ from threadlog.projections.view import View
 from threadlog.schemas import Codec, CodecError
 from threadlog.schemas.codec import MARKER
 
-from threadlog.kernel import kafka_config
+from threadlog.kernel import kafka_config, stuck
 from threadlog.kernel.errors import (
     INVALID_ARGUMENT,
     INVALID_MESSAGE,
@@ -877,9 +877,18 @@ class Judge(Follower):
         # this check misreads as stuck must not make a worker give every partition up
         # every few seconds (each give-up answers NOT_OWNER and cancels restores).
         self._watch_after = time.monotonic() + REPLACE_GAP_S
-        log.warning("%s: %s: replacing the judge's consumer", self.topic, why)
         old = self._consumer
         new = Consumer(dict(self._settings))
+        if self.group is not None and not self._served_elsewhere(new, self._liveness.suspect):
+            # The cluster does not serve that partition to a new handle either (its
+            # leader is down: an offline partition of a multi-node cluster, an outage):
+            # not this consumer's fault, and giving every partition up would only stop
+            # the healthy ones. It waits, as before; readiness says it is stalled.
+            log.warning("%s: %s, and a new consumer cannot read its end either: the cluster, not this "
+                        "consumer; kept", self.topic, why)
+            new.close()
+            return
+        log.warning("%s: %s: replacing the judge's consumer", self.topic, why)
         if self.group is None:
             # Every partition again from its stored position; nothing fetched is kept
             # (fetched again by the new consumer), and no pause carries over.
@@ -907,6 +916,18 @@ class Judge(Follower):
                 self._begin()
             return
         self._liveness.restarts += 1
+
+    def _served_elsewhere(self, fresh: Consumer, p: int | None) -> bool:
+        """Does a new handle read partition `p`'s end, ahead of the judged position?
+        (The stuck handle did not fetch it.) Asked before a worker's judge gives
+        every partition up for one: that costs every caller of the healthy ones."""
+        if p is None:
+            return True
+        try:
+            _, high = fresh.get_watermark_offsets(TopicPartition(self.topic, p), timeout=stuck.ASK_S)
+        except Exception:
+            return False
+        return high > self._applied.get(p, 0)
 
     @staticmethod
     def _retire(consumer: Consumer) -> None:

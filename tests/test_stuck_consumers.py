@@ -209,3 +209,32 @@ def _poison(producer: Producer, topic: str, partition: int, n: int) -> int:
                          on_delivery=lambda err, msg: offsets.append(-1 if err else msg.offset()))
     assert producer.flush(30) == 0 and len(offsets) == n and min(offsets) >= 0, offsets
     return max(offsets) + 1
+
+
+async def test_a_worker_keeps_its_partitions_when_a_new_consumer_cannot_read_the_partition_either(
+        bootstrap, namespace, tmp_path, monkeypatch):
+    """Giving every partition up costs every caller of the healthy ones, so a
+    worker's judge does it only when a new consumer reads the silent partition's
+    end where the old one fetched nothing. Tried: the judge's consumer paused with
+    a record to fetch, and every new consumer pointed at a refused address
+    (standing for a cluster that serves that partition to no one: its leader is
+    down): the judge keeps its consumer and every partition."""
+    monkeypatch.setattr(stuck, "STUCK_S", 0.5)
+    rt = Runtime(Options(bootstrap_servers=bootstrap, namespace=namespace, state_dir=str(tmp_path / "worker")),
+                 worker=True)
+    await asyncio.to_thread(rt.start)
+    try:
+        judge = rt.judge
+        assert judge is not None and rt.layout is not None
+        everything = set(range(rt.layout.events))
+        await until(lambda: judge.owned == everything, 60, "the worker owns every partition")
+        stalled: dict = {}
+        _stall(monkeypatch, stalled)
+        stalled["consumer"] = judge._consumer
+        await until(lambda: "paused" in stalled, 10, "the judge's consumer paused")
+        judge._settings = {**judge._settings, "bootstrap.servers": "127.0.0.1:1"}
+        end = _poison(Producer({"bootstrap.servers": bootstrap}), rt.topics.events, 0, 1)
+        await until(lambda: judge._watch_after > 0, 30, "the judge found events[0] silent and behind")
+        assert judge.restarts == 0 and judge.owned == everything and judge.applied(0) < end
+    finally:
+        await asyncio.to_thread(rt.stop)

@@ -64,6 +64,7 @@ class Liveness:
         self._since = self._checked = self._polled = time.monotonic()  # partitions never heard count from here
         self._behind: dict[int, float] = {}  # partition -> when it was first found behind its end, unread since
         self.restarts = 0  # consumers replaced (operators, tests)
+        self.suspect: int | None = None  # the partition the last "stuck" verdict was about
 
     def saw(self, msgs: list[Consumed], full: bool = False) -> None:
         """Note the records and end-of-partition events of a batch. `full`: the
@@ -167,6 +168,7 @@ class Liveness:
                 self._polled = time.monotonic()
             first = self._behind.setdefault(p, now)
             if now - first >= self.confirm_s:
+                self.suspect = p
                 return f"nothing read for {now - self._heard.get(p, self._since):.0f} s and {why}"
             # One suspect is enough for this round: each question may block this
             # thread (its poll too) up to `timeout` on a cluster that does not answer.
