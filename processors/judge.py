@@ -866,8 +866,8 @@ class Judge(Follower):
         answers, or a backlog), is not fetched on purpose and its end is ahead.
         Such a partition has nothing fetched and not judged, so the judged
         position is the consumer's."""
-        if time.monotonic() < self._watch_after:
-            return
+        if time.monotonic() < self._watch_after or not self._liveness.due():
+            return  # every poll: nothing to work out
         fetching = [p for p in self.owned if p not in self._paused and p not in self.unreadable
                     and not (p in self._pending and self._pending[p].msgs)]
         why = self._liveness.stuck(self._consumer, self.topic, fetching, self._applied)
@@ -898,7 +898,7 @@ class Judge(Follower):
             self._retire(old)
             for p in self.owned:
                 self.ahead.reset(p, self._applied[p])
-            self._assign()  # from the judged positions
+            self._consumer.assign(self._assignment())  # from the judged positions
         else:
             # A group member: give every partition up as a rebalance does (waiters told
             # NOT_OWNER, stores closed and kept), then join again with the new consumer;
@@ -910,12 +910,11 @@ class Judge(Follower):
                 self._revoked(old, [TopicPartition(self.topic, p) for p in sorted(held)])
             finally:  # whatever failed of the hand-over, the new consumer joins: the group reassigns
                 self._consumer = new
-                self._liveness.restart()
-                self._liveness.restarts += 1
+                self._liveness.replaced()
                 threading.Thread(target=self._retire, args=(old,), name="judge:retire", daemon=True).start()
                 self._begin()
             return
-        self._liveness.restarts += 1
+        self._liveness.replaced()
 
     def _served_elsewhere(self, fresh: Consumer, p: int | None) -> bool:
         """Does a new handle read partition `p`'s end, ahead of the judged position?

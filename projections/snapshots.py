@@ -542,9 +542,8 @@ class SnapshotWriter:
             left = self._producer.flush(max(0.0, min(0.2, deadline - time.monotonic())))
             if not left or time.monotonic() >= deadline or self._aborting.is_set():
                 break
-        if left and not self._aborting.is_set():
+        if left:  # (on an abort too: `_write` does not replace the producer of an aborted writer)
             run.undelivered = True
-        if left:
             raise unavailable(f"{what} not acknowledged by {self.topic} in time ({left} records pending)")
         if run.errors:
             run.undelivered = True

@@ -81,9 +81,7 @@ class Liveness:
         now = time.monotonic()
         paused, self._polled = now - self._polled > self.pause_s, now
         if full or paused:
-            self._heard.clear()
-            self._behind.clear()
-            self._since = now
+            self._forget(now)
             return
         for msg in msgs:
             err = msg.error()
@@ -112,9 +110,13 @@ class Liveness:
         except Exception:  # pragma: no cover - a tailing thread never dies of it
             log.exception("%s: checking or replacing its consumer failed", topic)
             return consumer
+        self.replaced()
+        return new
+
+    def replaced(self) -> None:
+        """A new consumer took the stuck one's place: counted, and silence counts from now."""
         self.restart()
         self.restarts += 1
-        return new
 
     def fresh(self, partitions: Iterable[int]) -> None:
         """`partitions` were (re)assigned just now: their silence counts from now."""
@@ -125,9 +127,21 @@ class Liveness:
 
     def restart(self) -> None:
         """A consumer was (re)assigned: every partition's silence counts from now."""
+        self._forget(time.monotonic())
+        self._checked = self._since
+
+    def _forget(self, now: float) -> None:
         self._heard.clear()
         self._behind.clear()
-        self._since = self._checked = time.monotonic()
+        self._since = now
+
+    def due(self) -> bool:
+        """Whether `stuck` may ask anything now: cheap, for every poll (a caller
+        can skip working out which partitions to pass)."""
+        now = time.monotonic()
+        if now - self._checked >= self.after_s:
+            return True
+        return bool(self._behind) and now - min(self._behind.values()) >= self.confirm_s
 
     def stuck(self, consumer: Consumer, topic: str, partitions: Iterable[int], positions: Mapping[int, int],
               timeout: float = ASK_S) -> str | None:
@@ -139,9 +153,9 @@ class Liveness:
         Call it on the consumer's own thread: librdkafka serialises calls on one
         handle, and a watermark query from another thread waits behind its poll.
         """
-        now = time.monotonic()
-        if not self._behind and now - self._checked < self.after_s:
+        if not self.due():
             return None  # every poll: nothing to do
+        now = time.monotonic()
         owned = set(partitions)
         for p in [p for p in self._behind if p not in owned]:
             del self._behind[p]
