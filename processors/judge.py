@@ -143,6 +143,16 @@ PREFETCH_AHEAD = 64
 # At most this many questions asked on arrival wait for their appends (Judge._ask_early):
 # well under the lookups' cache (processors/lookups.py MAX_CACHED), so none is evicted first.
 MAX_EARLY = 50_000
+# At most this many questions are in flight when another is asked on arrival
+# (`Lookups.in_flight`); the others wait in `_early` and are asked as judging
+# comes near their appends (`_unanswered`, `_ask_early_again`). Why (a probe:
+# two workers, one SIGSTOPped 12 s): the worker that came back took over two
+# partitions with ~7 000 records to judge again and asked about every fetched
+# append at once -- 13 700 questions in 6 800 requests within 2 s. The other
+# worker, judging on the same cores, answered them one behind the other, most
+# after the 3 s request timeout, and ~3 600 failed together: recovery took
+# 17-87 s (17-21 s with this bound). Steady state keeps ~70 in flight.
+MAX_EARLY_IN_FLIGHT = 256
 # The least time between two replacements of the judge's consumer (`Judge._watch`).
 REPLACE_GAP_S = 60.0
 
@@ -761,7 +771,9 @@ class Judge(Follower):
         catching up on a backlog fetches thousands): beyond that an append is
         asked about when judging comes near it, as any other proposal
         (`_prefetch`), so early answers are never evicted from the lookups'
-        cache before their appends use them.
+        cache before their appends use them. Of those, only the first are
+        asked at once (MAX_EARLY_IN_FLIGHT in flight); the rest are asked when
+        judging comes within PREFETCH_AHEAD of them (`_ask_early_again`).
         """
         assert self.lookups is not None
         for offset, ident, seen in asks:
@@ -772,7 +784,8 @@ class Judge(Follower):
             if questions:
                 self._early[(p, offset)] = questions
                 self._early_n += len(questions)
-                self.lookups.ask(questions)
+                if self.lookups.in_flight < MAX_EARLY_IN_FLIGHT:
+                    self.lookups.ask(questions)
 
     def _unanswered(self, p: int, offset: int, owned: set[int]) -> list[Question]:
         """The questions asked on arrival for the proposal at (p, offset) whose
@@ -782,7 +795,10 @@ class Judge(Follower):
         if not questions or self.lookups is None:
             return []
         remote = _remote(questions, owned)
-        return [] if self.lookups.answered(remote) else remote
+        if self.lookups.answered(remote):
+            return []
+        self.lookups.ask(remote)  # not asked on arrival (MAX_EARLY_IN_FLIGHT), or failed; never twice in flight
+        return remote
 
     def _prefetch(self, view: View, p: int, pend: _Pending, progress: dict[int, int], others: Others) -> None:
         """Start the other owners' lookups of the proposals queued behind a waiting one.
@@ -797,8 +813,7 @@ class Judge(Follower):
         """
         if self.lookups is None:
             return  # every partition is judged here: nothing to ask ahead
-        if self.lookups.failed_lately():
-            self._ask_early_again(p, pend)
+        self._ask_early_again(p, pend)
 
         def ask(q: int, kind: str, ident: str, need: int) -> list[str]:
             return others(q, kind, ident, need) or []
@@ -827,7 +842,11 @@ class Judge(Follower):
         appends were then asked about one at a time as judging reached each: the
         partition judged ~50 records/s and recovered in 58 s instead of 11-17.
         Questions answered, in flight or failed a moment ago are not sent again
-        (Lookups.ask), and this runs only while questions fail lately.
+        (Lookups.ask). It runs whenever a partition waits, not only within a
+        while of a failure (as it did until 2026-12-05): a backlog of appends
+        whose questions failed, or were never sent (MAX_EARLY_IN_FLIGHT),
+        outlasts any such window, and after it each was asked only when judged
+        -- one round trip per append, ~26 records/s in the probe.
         """
         assert self.lookups is not None
         owned = set(self.owned)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import threading
 import time
 from collections import OrderedDict
@@ -39,9 +38,6 @@ log = logging.getLogger("threadlog.lookups")
 
 MAX_CACHED = 200_000
 RETRY_AFTER_S = 0.2
-# How long after a failed question a judge asks again, ahead of judging, the
-# questions it asked on arrival (processors/judge.py `_prefetch`).
-REASK_WINDOW_S = 10.0
 
 Question = tuple[int, str, str, int]  # (partition, kind, id, as of offset)
 
@@ -55,7 +51,9 @@ class Lookups:
         self._lock = threading.Lock()
         self.asked = 0  # questions sent (operators, tests)
         self.requests = 0  # requests they went in
-        self.failed_at = -math.inf  # time.monotonic() of the last question that failed
+        # Questions sent and neither answered nor failed yet: a judge asks ahead
+        # only while few are (processors/judge.py MAX_EARLY_IN_FLIGHT).
+        self.in_flight = 0
 
     def settled(self, questions: list[Question]) -> bool:
         """Should a judge waiting on these questions decide again now: every one
@@ -96,6 +94,7 @@ class Lookups:
                     continue
                 self._asking[question] = float("inf")
                 self.asked += 1
+                self.in_flight += 1
                 batch.append(question)
         if batch:
             self.query._run(self._ask(batch))
@@ -123,6 +122,7 @@ class Lookups:
             self._failed(questions)
             return
         with self._lock:
+            self.in_flight -= len(questions)
             for question, threads in zip(questions, answers, strict=True):
                 self._asking.pop(question, None)
                 self._answers[question] = threads
@@ -156,13 +156,9 @@ class Lookups:
         (result,) = results.values()
         return [str(t) for t in result["threads"]]
 
-    def failed_lately(self, window_s: float = REASK_WINDOW_S) -> bool:
-        """Did a question fail within the last `window_s` (its asker may ask again)?"""
-        return time.monotonic() - self.failed_at < window_s
-
     def _failed(self, questions: list[Question]) -> None:
         with self._lock:
-            self.failed_at = time.monotonic()
-            again = self.failed_at + RETRY_AFTER_S
+            self.in_flight -= len(questions)
+            again = time.monotonic() + RETRY_AFTER_S
             for question in questions:
                 self._asking[question] = again
