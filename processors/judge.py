@@ -66,7 +66,7 @@ from threadlog.kernel.validation import dumps, int_digits_problem
 
 from .ahead import Ahead
 from .handlers import GLOBAL_READS, HANDLERS, INTRODUCED, SCHEMA_INTRODUCED, Context, Decision, reads_other_partitions
-from .restores import RETRY_S, Restorer, Restores, reason
+from .restores import RESUME_GAP, RETRY_S, Peek, Restorer, Restores, reason
 from .verdict_push import VerdictPush
 
 if TYPE_CHECKING:
@@ -155,6 +155,8 @@ MAX_EARLY = 50_000
 MAX_EARLY_IN_FLIGHT = 256
 # The least time between two replacements of the judge's consumer (`Judge._watch`).
 REPLACE_GAP_S = 60.0
+# How long the assignment callback waits for a partition's end offset (`Judge._far_behind`).
+FAR_BEHIND_ASK_S = 1.0
 
 
 def verdict_key(partition: int, offset: int) -> bytes:
@@ -254,14 +256,15 @@ class Judge(Follower):
 
     def __init__(self, bootstrap: str, topic: str, partitions: int, stores: PartitionStores, codec: Codec,
                  client_id: str, *, kafka: Props | None = None, group: str | None = None,
-                 lookups: Lookups | None = None, restore: Restorer | None = None,
-                 on_ownership: Callable[[list[int]], None] | None = None) -> None:
+                 lookups: Lookups | None = None, restore: Restorer | None = None, peek: Peek | None = None,
+                 resume_gap: int = RESUME_GAP, on_ownership: Callable[[list[int]], None] | None = None) -> None:
         self.stores = stores
         self.group = group
         self.lookups = lookups
         self.restore = restore
         # Partitions taken over without local state, restored off this thread (processors/restores.py).
-        self._restoring = Restores(stores, restore) if restore is not None and group is not None else None
+        self._restoring = (Restores(stores, restore, peek, resume_gap)
+                           if restore is not None and group is not None else None)
         # Restored and served by the stores, not assigned yet: `_own` failed (tried again).
         self._to_own: set[int] = set()
         self._own_retry_at = 0.0
@@ -337,11 +340,12 @@ class Judge(Follower):
         for tp in tps:
             # Given back mid-restore, its store is still being filled: not opened here.
             mid_restore = self._restoring is not None and tp.partition in self._restoring
-            if not mid_restore and self._resumable(tp.partition):
+            floor = 0 if mid_restore else self._resumable(consumer, tp.partition)
+            if floor is None:
                 ready.append(tp)
             else:
                 assert self._restoring is not None
-                self._restoring.start(tp.partition)
+                self._restoring.start(tp.partition, floor)
         self._own(consumer, ready)  # even none: the assignment callback must assign
 
     def _restored(self, consumer: Consumer) -> None:
@@ -407,10 +411,12 @@ class Judge(Follower):
         log.info("%s now owns %s of %s", self.group, sorted(self.owned), self.topic)
         self._ownership_changed()
 
-    def _resumable(self, p: int) -> bool:
-        """Open `p`'s store; False when a restore must fill it first (`Restores`)."""
+    def _resumable(self, consumer: Consumer, p: int) -> int | None:
+        """Open `p`'s store to judge it from there now (None); or the position of
+        the local store, closed again, that a restore must beat first (`Restores`;
+        0: none worth keeping)."""
         if not self.stores.has_local(p) and self._restoring is not None:
-            return False
+            return 0
         try:
             store = self.stores.open(p)
         except Exception:  # a corrupt directory, a lock still held: start it again
@@ -419,15 +425,32 @@ class Judge(Follower):
             # next rebalance.
             log.exception("partition %d: local state unusable; starting it again from a snapshot or offset 0", p)
             if self._restoring is not None:
-                return False  # `Restores` drops the directory
+                return 0  # `Restores` drops the directory
             self.stores.replace(p)
-            return True
-        if self._restoring is None or store.offset(self.topic, p) > 0:
-            return True  # resumes where an earlier ownership stopped
-        # Empty, or keys without a position (a restore that did not finish):
-        # never fold onto that; restore again.
+            return None
+        if self._restoring is None:
+            return None
+        position = store.offset(self.topic, p)
+        if position > 0 and not self._far_behind(consumer, p, position):
+            return None  # resumes where an earlier ownership stopped
+        # Empty, or keys without a position (a restore that did not finish): never
+        # fold onto that, restore again. Or far behind: a snapshot may be nearer.
         self.stores.close_partition(p)
-        return False
+        return position
+
+    def _far_behind(self, consumer: Consumer, p: int, position: int) -> bool:
+        """Is `p`'s local store far behind the partition's end, so a snapshot may
+        be nearer (processors/restores.py)? One offsets request in the assignment
+        callback, bounded; unanswered: no -- resumed, as before."""
+        assert self._restoring is not None
+        if self._restoring.peek is None:
+            return False  # no snapshots to compare with
+        try:
+            _, high = consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=FAR_BEHIND_ASK_S)
+        except Exception as exc:  # an outage: the store is resumed, never worse than before
+            log.info("partition %d: end offset not answered (%s): resuming its local store at %d", p, exc, position)
+            return False
+        return self._restoring.far_behind(position, high)
 
     def _revoked(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         if consumer is not self._consumer:

@@ -17,6 +17,15 @@ assigned here may wait for); what it wrote is destroyed, or, holding no
 position, destroyed by the next open (`PartitionStores.open`). One that ended
 before it saw the revoke is closed and kept on disk: a return resumes from it.
 Given back meanwhile, it is restored anew once the cancelled one has ended.
+
+A partition that comes back to a local store far behind its end (the judge
+asks: `Judge._local_floor`) is compared here with its latest snapshot: one at
+least `resume_gap` records ahead of the store is restored *beside* it and takes
+its place only once whole; otherwise the store is resumed. Why (found by a
+probe's helper, 2026-12-05): a worker keeps the store of every partition it
+gave up, and the first worker of a group owns every partition until the
+others join -- so a partition that came back days later was judged again
+from where it left, the whole history since, however recent its snapshot.
 """
 
 from __future__ import annotations
@@ -40,9 +49,15 @@ log = logging.getLogger("threadlog.judge")
 # (partition, the empty store to fill, cancelled when the owner stops) -> what was
 # restored, or None when the partition has no snapshot (it is folded from offset 0).
 Restorer = Callable[[int, Store, threading.Event], RestoreInfo | None]
+# (partition, cancelled when the owner stops) -> the position of its latest snapshot, or None.
+Peek = Callable[[int, threading.Event], int | None]
 
 RETRY_S = 1.0  # between two tries to serve a restored store that failed
 PARALLEL = 4  # snapshots read side by side: the wait for one's records overlaps another's decoding
+# How far (records) a snapshot must be ahead of a kept local store to be restored
+# over it (`threadlog worker --resume-gap`): judging that many again costs seconds here (~0.5-1.5 ms each), about
+# what restoring a large partition's state costs.
+RESUME_GAP = 10_000
 
 
 _Result = tuple[Store | None, RestoreInfo | None] | None
@@ -55,15 +70,19 @@ class _Job:
     wanted: bool = True  # still assigned here (a revoke unsets it, an assignment sets it again)
     retry_at: float = 0.0  # serving it failed: not tried again before this (time.monotonic())
     failing: str | None = None  # why serving it failed last (until it is served)
+    floor: int = 0  # the position of the kept local store a snapshot must beat (0: none kept)
 
 
 class Restores:
     """The restores under way, by partition. `start`, `drop`, `finished` run on
     the judge's thread, `close` after it ended; `partitions` and `cancel` on any."""
 
-    def __init__(self, stores: PartitionStores, restore: Restorer) -> None:
+    def __init__(self, stores: PartitionStores, restore: Restorer, peek: Peek | None = None,
+                 resume_gap: int = RESUME_GAP) -> None:
         self.stores = stores
         self.restore = restore
+        self.peek = peek  # None: a kept local store is always resumed
+        self.resume_gap = resume_gap
         self._jobs: dict[int, _Job] = {}
         self._closed = threading.Event()
         self._pool = _DaemonPool(PARALLEL, "restore")
@@ -87,21 +106,32 @@ class Restores:
     def __contains__(self, partition: int) -> bool:
         return partition in self._jobs
 
-    def start(self, partition: int) -> None:
-        """Restore `partition` (assigned here) unless a restore of it still runs."""
+    def far_behind(self, position: int, end: int) -> bool:
+        """Is a kept local store at `position` far enough behind the partition's
+        `end` that a snapshot may be worth restoring over it (`start` with a floor)?"""
+        return self.peek is not None and end - position >= self.resume_gap
+
+    def start(self, partition: int, floor: int = 0) -> None:
+        """Restore `partition` (assigned here) unless a restore of it still runs;
+        `floor`: the position of its closed local store, kept unless a snapshot
+        is `resume_gap` ahead of it."""
         job = self._jobs.get(partition)
         if job is not None:
             # Given back before its restore ended: that one goes on, or, if the
             # revoke cancelled it, another starts once it has ended (`finished`).
             job.wanted = True
             return
-        self._submit(partition)
+        self._submit(partition, floor)
 
-    def _submit(self, partition: int) -> None:
+    def _submit(self, partition: int, floor: int = 0) -> None:
         if self._closed.is_set():
             return  # stopping: nothing new starts (the judge no longer assigns it)
         cancel = threading.Event()
-        self._jobs[partition] = _Job(self._pool.submit(self._fill, partition, cancel), cancel)
+
+        def fill(p: int, cancelled: threading.Event) -> _Result:
+            return self._fill(p, cancelled) if floor <= 0 else self._fill_over(p, floor, cancelled)
+
+        self._jobs[partition] = _Job(self._pool.submit(fill, partition, cancel), cancel, floor=floor)
 
     def drop(self, partition: int) -> bool:
         """`partition` was revoked: True if it was being restored (so it is not
@@ -128,7 +158,7 @@ class Restores:
                     result[0].close()  # ended before it saw the revoke: complete, kept for a return
                 continue
             if result is None:  # cancelled by a revoke, then given back: restored after all
-                self._submit(p)
+                self._submit(p, job.floor)
                 continue
             store, info = result
             try:
@@ -170,6 +200,42 @@ class Restores:
                 # resumed from when the partition comes back.
                 store.destroy()
             return _failed(cancel)
+
+    def _fill_over(self, p: int, floor: int, cancel: threading.Event) -> _Result:
+        """On a restore thread: `p`'s latest snapshot if it is `resume_gap` ahead of
+        its kept local store (at `floor`), restored beside that store and put in
+        its place once whole; else the local store. Never worse than the store:
+        whatever fails, it is resumed. None when cancelled (the store kept)."""
+        if cancel.is_set():
+            return None
+        at = None
+        if self.peek is not None:
+            try:
+                at = self.peek(p, cancel)
+            except Exception as exc:
+                if cancel.is_set():
+                    return None
+                log.warning("partition %d: the position of its latest snapshot is unknown (%s): resuming its "
+                            "local store at %d", p, exc, floor)
+        if at is None or at - floor < self.resume_gap:
+            return None if cancel.is_set() else (self.stores.local(p), None)
+        store = None
+        try:
+            store = self.stores.beside(p)
+            info = self.restore(p, store, cancel)
+            # `restore` falls back to an older complete snapshot when the latest is
+            # not: one at or below the store's position is not worth it.
+            if info is not None and info.position is not None and info.position > floor:
+                log.info("partition %d: restored its snapshot at %d over its local store at %d", p,
+                         info.position, floor)
+                return self.stores.swap_in(p, store), info
+        except Exception as exc:
+            if not cancel.is_set():
+                log.warning("partition %d: no snapshot restore over its local store (%s): resuming the store "
+                            "at %d", p, exc, floor, exc_info=not isinstance(exc, ThreadLogError))
+        if store is not None:
+            store.destroy()
+        return None if cancel.is_set() else (self.stores.local(p), None)
 
     def cancel(self) -> None:
         """The owner stops or halts: what runs ends at its next read, nothing new starts (any thread)."""

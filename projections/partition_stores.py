@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .incarnation import MARKER
-from .store import Store, discard, sweep
+from .store import BESIDE, Store, discard, sweep
 
 
 class Slot:
@@ -213,6 +213,27 @@ class PartitionStores:
             old.destroy()
         else:
             discard(self.dir_of(partition))
+        return Store(self.dir_of(partition))
+
+    def local(self, partition: int) -> Store:
+        """`partition`'s store from an earlier ownership, opened but not served until `adopt`."""
+        return Store(self.dir_of(partition))
+
+    def beside(self, partition: int) -> Store:
+        """An empty store next to `partition`'s (closed, unserved) one, which stays
+        whole until `swap_in`: a restore that may fail keeps the store it would
+        replace. A crash leaves it to `sweep`."""
+        path = self.path / f".{self.dir_of(partition).name}{BESIDE}"
+        discard(path)
+        return Store(path)
+
+    def swap_in(self, partition: int, store: Store) -> Store:
+        """`store` (from `beside`, filled) in place of `partition`'s directory:
+        closed, moved, and returned opened there, not served until `adopt`."""
+        source = Path(store.path)
+        store.close()
+        discard(self.dir_of(partition))
+        os.rename(source, self.dir_of(partition))  # a crash before this: no local store, restored again
         return Store(self.dir_of(partition))
 
     def adopt(self, partition: int, store: Store) -> None:

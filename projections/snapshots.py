@@ -601,17 +601,9 @@ def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id:
             return None
         usable = _from_origin(consumer, origin, partition, timeout, cancel)
         # 1. The latest manifest: the end of the log backwards, keeping what is read.
-        latest: dict[str, Any] | None = None
-        tails: list[_Segment] = []  # newest first
-        stop, window = high, 1
-        while stop > low and latest is None:
-            start = max(low, stop - window)
-            tail = _read(consumer, topic, partition, start, stop, timeout, keep=lambda _sid: True, cancel=cancel)
-            tails.append(tail)
-            records, nbytes = records + tail.records, nbytes + tail.bytes
-            if tail.manifests:
-                latest = tail.manifests[-1]
-            stop, window = start, (TAIL_WINDOW if window == 1 else window * 16)
+        latest, tails, stop = _latest_manifest(consumer, topic, partition, low, high, timeout, cancel)
+        records += sum(tail.records for tail in tails)
+        nbytes += sum(tail.bytes for tail in tails)
         if latest is None:
             return None
         # 2. Its chunks before the tail read so far, from its first chunk on.
@@ -667,6 +659,45 @@ def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id:
     positions = {(str(t), int(p)): int(o) for t, p, o in chosen.get("positions", [])}
     return RestoreInfo(chosen.get("position"), keys, nbytes, records, time.monotonic() - t0,
                        chosen["snapshotId"], positions)
+
+
+def _latest_manifest(consumer: Consumer, topic: str, partition: int, low: int, high: int, timeout: float,
+                     cancel: threading.Event | None) -> tuple[dict[str, Any] | None, list[_Segment], int]:
+    """(the partition's latest manifest or None, the segments read for it newest
+    first, the offset they start at): read from the end of the log backwards in
+    growing windows, so a recent snapshot costs a few records to find."""
+    latest: dict[str, Any] | None = None
+    tails: list[_Segment] = []
+    stop, window = high, 1
+    while stop > low and latest is None:
+        start = max(low, stop - window)
+        tail = _read(consumer, topic, partition, start, stop, timeout, keep=lambda _sid: True, cancel=cancel)
+        tails.append(tail)
+        if tail.manifests:
+            latest = tail.manifests[-1]
+        stop, window = start, (TAIL_WINDOW if window == 1 else window * 16)
+    return latest, tails, stop
+
+
+def latest_position(bootstrap: str, topic: str, partition: int, client_id: str,
+                    kafka: Mapping[str, Any] | None = None, timeout: float = 30.0,
+                    origin: Origin | None = None, cancel: threading.Event | None = None) -> int | None:
+    """The position of the latest snapshot of `origin`'s partition on `topic`
+    (None: none, or the latest is not of that log), read as `restore` finds it,
+    without its chunks: is a snapshot worth restoring over a kept local store?
+    (A latest snapshot that turns out incomplete is refused by `restore`'s
+    caller when what it falls back to is older: processors/restores.py.)"""
+    consumer = _consumer(bootstrap, client_id, kafka)
+    try:
+        low, high = _watermarks(consumer, topic, partition, time.monotonic() + timeout, cancel)
+        if high <= low:
+            return None
+        usable = _from_origin(consumer, origin, partition, timeout, cancel)
+        latest, _, _ = _latest_manifest(consumer, topic, partition, low, high, timeout, cancel)
+        position = None if latest is None or not usable(latest) else latest.get("position")
+        return position if type(position) is int else None
+    finally:
+        consumer.close()
 
 
 def _from_origin(consumer: Consumer, origin: Origin | None, partition: int,

@@ -83,6 +83,7 @@ def _options() -> Options:
 
 DROPPED = ".dropped-"  # `.<name>.dropped-<id>`: a directory being deleted (`discard`)
 SNAPSHOT = ".snapshot-"  # `.<name>.snapshot-<id>`: a checkpoint a snapshot reads (`Store.snapshot_items`)
+BESIDE = ".restoring"  # `.<name>.restoring`: a restore beside a kept store (`PartitionStores.beside`)
 
 
 def discard(path: Path, last: str | None = None) -> None:
@@ -125,7 +126,7 @@ def leftover(name: str, of: str = "") -> bool:
     """Is `name` what a crash leaves (of the entry named `of`, or of any): a
     directory `discard` had renamed, or the RocksDB checkpoint of a snapshot
     being taken?"""
-    return name.startswith(f".{of}") and (DROPPED in name or SNAPSHOT in name)
+    return name.startswith(f".{of}") and (DROPPED in name or SNAPSHOT in name or name.endswith(BESIDE))
 
 
 def sweep(directory: Path, of: str = "") -> None:

@@ -343,6 +343,53 @@ async def test_a_partition_taken_over_is_restored_from_a_snapshot_not_replayed(b
               f"in {sum(i['seconds'] for i in restored.values()):.3f}s instead of judging {sum(history.values())}")
 
 
+async def test_a_partition_given_back_to_a_stale_local_store_restores_its_newer_snapshot(bootstrap, namespace,
+                                                                                          tmp_path, open_client):
+    """A worker keeps the store of every partition it gives up, and a partition
+    that comes back resumed from it -- judging again every record since, however
+    old the store and however recent the partition's snapshot (found by a probe's
+    helper: the first worker of a group owns every partition until the others
+    join). Tried: worker `old` judged one save per partition and left; `w1`
+    judged 30 more rounds, snapshotted them and was killed; `old` started again on
+    its state directory took every partition over. Before: its stale stores were
+    resumed and the 120 records judged again. Now (`--resume-gap 20`): each
+    partition's snapshot is restored over its store and nothing is judged again."""
+    gap = ("--resume-gap", "20")
+    old = WorkerProcess(bootstrap, namespace, tmp_path / "old", "old", *gap)
+    w1 = WorkerProcess(bootstrap, namespace, tmp_path / "w1", "w1", "--snapshot-every", "10",
+                       "--snapshot-interval", "0.5")
+    back = WorkerProcess(bootstrap, namespace, tmp_path / "old", "back", *gap)  # old's state directory
+    try:
+        await old.start()
+        thin = await open_client(processors="external", own_worker=True)
+        total = thin.runtime.layout.events
+        threads = [thread_on({p}, total, "stale") for p in range(total)]
+        await owned_by([old], total)
+        await within(asyncio.gather(*(thin.messages.save_thread(t, ["old"]) for t in threads)))
+        old.signal(signal.SIGTERM)
+        assert await old.wait_exit(30) == 0
+        await w1.start()
+        await owned_by([w1], total)
+        for round_ in range(30):
+            await within(asyncio.gather(*(thin.messages.save_thread(t, [round_]) for t in threads)), 60)
+        history = await within(thin.runtime.query.barrier(None))
+        await within(_snapshotted([w1], history, total), 30)
+        w1.signal(signal.SIGKILL)
+        assert await w1.wait_exit(10) == -signal.SIGKILL
+        await back.start()
+        await owned_by([back], total, timeout=60)
+        assert await within(asyncio.gather(*(thin.messages.load_thread(t) for t in threads)), 60) == [[29]] * total
+        st = await ask_worker(back.address, "stats")
+        restored = {int(p): info for p, info in st["restored"].items()}
+        assert sorted(restored) == list(range(total)), st
+        assert all(restored[p]["position"] == history[p] for p in range(total)), (restored, history)
+        assert st["judged"] == 0, st
+    finally:
+        await old.stop()
+        await w1.stop()
+        await back.stop()
+
+
 async def test_a_partition_paused_by_flow_control_is_judged_again_when_it_comes_back(bootstrap, namespace,
                                                                                       tmp_path):
     """Flow control pauses fetching a partition that waits with many records in

@@ -152,6 +152,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     http = _host_port(args.http, "--http") if args.http else None
     # isfinite: NaN passed `<= 0` and made every comparison with it false, so a
     # partition that moved was snapshotted every second; inf never snapshotted by time.
+    if args.resume_gap < 1:
+        raise invalid_argument(f"--resume-gap must be a number of records >= 1, got {args.resume_gap}")
     if args.snapshot_every < 1 or not (math.isfinite(args.snapshot_interval) and args.snapshot_interval > 0):
         raise invalid_argument("--snapshot-every and --snapshot-interval must be positive (the interval a finite "
                                f"number of seconds), got {args.snapshot_every} and {args.snapshot_interval}")
@@ -163,7 +165,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     _require_bindable(*listen, "--listen")
     if http is not None:
         _require_bindable(*http, "--http")
-    rt = Runtime(opts, worker=True, snapshot_every=args.snapshot_every, snapshot_interval_s=args.snapshot_interval)
+    rt = Runtime(opts, worker=True, snapshot_every=args.snapshot_every, snapshot_interval_s=args.snapshot_interval,
+                 resume_gap=args.resume_gap)
     return asyncio.run(_worker(rt, listen, http, args.drain_timeout, args.verbose, args.advertise,
                                args.stall_after))
 
@@ -1075,6 +1078,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="snapshot a partition's state after this many records judged")
     w.add_argument("--snapshot-interval", type=float, default=300.0, metavar="SECONDS",
                    help="...or after this long, if anything was judged")
+    w.add_argument("--resume-gap", type=int, default=10_000, metavar="RECORDS",
+                   help="a partition given back to a local store this far behind its end restores its "
+                        "latest snapshot instead, if that is this far ahead of the store")
     w.set_defaults(fn=cmd_worker)
 
     sv = sub.add_parser("serve", help="HTTP: the TanStack durability route, SSE and REST for delivery logs")

@@ -41,6 +41,7 @@ from .kernel.validation import int_digits_problem
 from .processors.handlers import load_all as load_handlers
 from .processors.judge import Judge
 from .processors.lookups import Lookups
+from .processors.restores import RESUME_GAP
 from .processors.snapshotter import EVERY_RECORDS, INTERVAL_S, Snapshotter
 from .producers.rules_floor import write_floor_markers
 from .projections import incarnation
@@ -50,6 +51,7 @@ from .projections.fold import load_all as load_folds
 from .projections.follower import Follower
 from .projections.partition_stores import PartitionStores, Slot, claim_slot
 from .projections.snapshots import Origin, RestoreInfo, SnapshotWriter
+from .projections.snapshots import latest_position as latest_snapshot_position
 from .projections.snapshots import restore as restore_snapshot
 from .projections.store import Store
 from .remote import QueryClient
@@ -65,13 +67,14 @@ class Runtime:
     workers (`<ns>.judges`) and judges only the partitions the group gives it."""
 
     def __init__(self, opts: Options, *, worker: bool = False, snapshot_every: int = EVERY_RECORDS,
-                 snapshot_interval_s: float = INTERVAL_S) -> None:
+                 snapshot_interval_s: float = INTERVAL_S, resume_gap: int = RESUME_GAP) -> None:
         load_handlers()
         load_folds()
         self.opts = opts
         self.worker = worker
         self.snapshot_every = snapshot_every
         self.snapshot_interval_s = snapshot_interval_s
+        self.resume_gap = resume_gap
         self.snapshotter: Snapshotter | None = None
         self.topics = Topics(opts.namespace)
         self.codec: Codec = default_codec()
@@ -186,7 +189,8 @@ class Runtime:
         self.judge = Judge(
             self.opts.bootstrap_servers, self.topics.events, self.layout.events, self.stores,
             self.codec, self.client_id, kafka=kafka, group=group, lookups=self.lookups,
-            restore=restore, on_ownership=self._ownership_changed,
+            restore=restore, peek=self._peek if restore is not None else None, resume_gap=self.resume_gap,
+            on_ownership=self._ownership_changed,
         )
         self._vet_incarnation(self.judge, self.topics.events)
         self.judge.start()
@@ -246,6 +250,12 @@ class Runtime:
         return restore_snapshot(self.opts.bootstrap_servers, self.topics.snapshots, partition, store,
                                 self.client_id, self.opts.kafka, timeout=self.opts.request_timeout,
                                 origin=self.origin, cancel=cancel)
+
+    def _peek(self, partition: int, cancel: threading.Event) -> int | None:
+        """The position of a partition's latest snapshot (is it worth restoring over a kept store?)."""
+        return latest_snapshot_position(self.opts.bootstrap_servers, self.topics.snapshots, partition,
+                                        self.client_id, self.opts.kafka, timeout=self.opts.request_timeout,
+                                        origin=self.origin, cancel=cancel)
 
     def _ownership_changed(self, owned: list[int]) -> None:
         if self.deliveries is not None and self.layout is not None:

@@ -54,9 +54,9 @@ def rig(tmp_path):
     """make(fail=False, restore=None) -> (stores, restorer, restores); all released and closed after the test."""
     made: list[tuple[PartitionStores, Restorer, Restores]] = []
 
-    def make(fail: bool = False, restore: Callable | None = None):
+    def make(fail: bool = False, restore: Callable | None = None, peek: Callable | None = None, gap: int = 10):
         stores, restorer = PartitionStores(tmp_path, TOPIC), Restorer(fail=fail)
-        restores = Restores(stores, restore or restorer)
+        restores = Restores(stores, restore or restorer, peek, resume_gap=gap)
         made.append((stores, restorer, restores))
         return stores, restorer, restores
 
@@ -366,3 +366,94 @@ def test_a_snapshot_its_manifest_refuses_never_writes_its_position(tmp_path):
         assert vetted == [(11, [7])] and store.offset(TOPIC, 0) == 0
     finally:
         store.close()
+
+
+# -- a partition given back to a local store far behind its end (`floor`) -----------------
+KEPT = 3  # the position of the local store kept from an earlier ownership
+
+
+def _kept(stores: PartitionStores, p: int = 0) -> None:
+    store = stores.open(p)
+    store.apply({b"old": b"1"}, {(TOPIC, p): KEPT})
+    stores.close_partition(p)  # given up: closed, its directory kept
+
+
+def _snapshot_at(position: int, fail: bool = False, release: threading.Event | None = None) -> Callable:
+    """A restorer filling the store beside the kept one up to `position`."""
+
+    def restore(p, store, cancel):
+        while release is not None and not release.wait(0.01):
+            if cancel.is_set():
+                raise ThreadLogError(UNAVAILABLE, "restore cancelled")
+        store.apply({b"new": b"1"}, {(TOPIC, p): position})
+        if fail:
+            raise RuntimeError("decoded to 3 keys, its manifest says 5")
+        return snapshots.RestoreInfo(position, 1, 10, 2, 0.01, "snap")
+
+    return restore
+
+
+def _entries(stores: PartitionStores) -> list:
+    return list(stores.path.iterdir())
+
+
+def _no_restore(p, store, cancel):
+    raise AssertionError("restored though the kept store was resumed")
+
+
+@pytest.mark.parametrize("latest", [None, KEPT + 9])  # no snapshot; one less than the gap (10) ahead
+def test_a_kept_store_is_resumed_unless_a_snapshot_is_far_enough_ahead(rig, latest):
+    stores, _restorer, restores = rig(restore=_no_restore, peek=lambda p, cancel: latest)
+    _kept(stores)
+    restores.start(0, floor=KEPT)
+    assert _finished(restores) == [(0, None)]  # served, nothing restored
+    assert stores.offset(TOPIC, 0) == KEPT and stores.get(b"old") == b"1"
+
+
+def test_a_snapshot_far_ahead_of_a_kept_store_is_restored_in_its_place(rig):
+    """Tried (a probe's helper, 2026-12-05): the store a worker kept of a partition
+    it gave up was resumed whatever its age, and every record since judged again,
+    however recent the partition's snapshot."""
+    stores, _restorer, restores = rig(restore=_snapshot_at(KEPT + 10), peek=lambda p, cancel: KEPT + 10)
+    _kept(stores)
+    restores.start(0, floor=KEPT)
+    [(p, info)] = _finished(restores)
+    assert p == 0 and info is not None and info.position == KEPT + 10
+    assert stores.offset(TOPIC, 0) == KEPT + 10 and stores.get(b"new") == b"1" and stores.get(b"old") is None
+    assert not any(e.name.startswith(".") for e in _entries(stores))  # nothing left beside it
+
+
+@pytest.mark.parametrize("how", ["fails", "older", "unknown"])
+def test_a_kept_store_outlives_a_snapshot_restore_that_does_not_beat_it(rig, how):
+    """Restored beside it, the kept store stays whole until the snapshot is in:
+    a restore that fails (after writing), one that fell back to a snapshot older
+    than the store, or a snapshot position that could not be read, resume it."""
+    restore = _snapshot_at(KEPT + 10, fail=True) if how == "fails" else _snapshot_at(KEPT - 1)
+
+    def peek(p, cancel):
+        if how == "unknown":
+            raise ThreadLogError(UNAVAILABLE, "cannot read the offsets")
+        return KEPT + 10
+
+    stores, _restorer, restores = rig(restore=restore, peek=peek)
+    _kept(stores)
+    restores.start(0, floor=KEPT)
+    assert _finished(restores) == [(0, None)]
+    assert stores.offset(TOPIC, 0) == KEPT and stores.get(b"old") == b"1" and stores.get(b"new") is None
+    assert not any(e.name.startswith(".") for e in _entries(stores))
+
+
+def test_a_kept_store_outlives_a_revoke_mid_restore_and_is_compared_again_when_given_back(rig):
+    release = threading.Event()
+    stores, _restorer, restores = rig(restore=_snapshot_at(KEPT + 10, release=release),
+                                      peek=lambda p, cancel: KEPT + 10)
+    _kept(stores)
+    restores.start(0, floor=KEPT)
+    _until(lambda: any(e.name.startswith(".") for e in _entries(stores)))  # restoring beside it
+    restores.drop(0)
+    assert _finished(restores) == [] and not restores
+    assert stores.open(0).offset(TOPIC, 0) == KEPT  # the kept store, whole
+    stores.close_partition(0)
+    restores.start(0, floor=KEPT)  # given back: compared with the snapshot again
+    release.set()
+    assert [p for p, _ in _finished(restores)] == [0] and stores.offset(TOPIC, 0) == KEPT + 10
