@@ -202,6 +202,15 @@ def test_bad_flags_are_one_coded_line_and_exit_2(bootstrap, tmp_path, args, says
     assert proc.returncode == 2
 
 
+@pytest.mark.parametrize("args", [["namespaces", "list"], ["namespaces", "delete", "x", "--yes"], ["gc"]])
+def test_an_empty_bootstrap_is_refused_at_once(args):
+    """Tried (a review): `namespaces list --bootstrap ''` waited out its request
+    timeout, then failed UNAVAILABLE (`gc` and `open` refused it at once)."""
+    proc = cli(*args, "--bootstrap", "", "--request-timeout-ms", "20000")
+    assert "bootstrap_servers must be a non-empty string" in one_error_line(proc, "INVALID_ARGUMENT")
+    assert proc.returncode == 2
+
+
 def test_demo_keeps_a_state_dir_that_was_there_before_it(bootstrap, namespace, tmp_path):
     """State dirs are keyed by namespace alone: one already there under the demo's
     --namespace may be another cluster's namespace of that name (a review: the
@@ -434,6 +443,23 @@ def test_serve_and_worker_on_a_busy_port_fail_in_one_line_before_connecting():
             proc = cli(*args, "--bootstrap", "127.0.0.1:1", "--namespace", "busy")
             line = one_error_line(proc, "UNAVAILABLE")
             assert proc.returncode == 2 and f"cannot listen on 127.0.0.1:{port} ({flag})" in line, line
+
+
+@pytest.mark.parametrize("args, flag", [
+    (("serve", "--host", "{host}", "--port", "0"), "--host/--port"),
+    (("worker", "--listen", "{host}:0"), "--listen"),
+    (("worker", "--http", "{host}:0"), "--http"),
+])
+@pytest.mark.parametrize("host", ["192.0.2.1", "no-such-host.invalid"])  # not this machine's; no name
+def test_serve_and_worker_on_a_host_not_theirs_fail_in_one_line_and_create_nothing(bootstrap, namespace, args,
+                                                                                     flag, host):
+    """Tried (a review): port 0 skipped the check, so a host that is no address
+    of this machine (or no name) got uvicorn's traceback and exit 3 from `serve`,
+    and `INTERNAL` from a worker -- after it had created the namespace."""
+    proc = cli(*(a.format(host=host) for a in args), "--bootstrap", bootstrap, "--namespace", namespace)
+    line = one_error_line(proc, "UNAVAILABLE")
+    assert proc.returncode == 2 and f"cannot listen on {host}:0 ({flag})" in line, line
+    assert topics_of(bootstrap, namespace) == set()
 
 
 @pytest.mark.parametrize("name", ["..", ".", "my ns"])

@@ -252,6 +252,19 @@ async def test_serve_json_logs_access_lines_and_sigterm_exit_0(bootstrap, namesp
     assert any(ln["logger"].startswith("uvicorn") for ln in lines)  # -v: uvicorn's own lines, as JSON too
 
 
+async def test_a_worker_s_own_warning_is_a_json_line_under_log_format_json(bootstrap, namespace, tmp_path):
+    """Tried (a review): `--log-format json worker --listen 0.0.0.0:0` wrote its
+    "listening on every interface" warning as plain text among the JSON lines."""
+    worker = WorkerProcess(bootstrap, namespace, tmp_path / "w", "w", "--log-format", "json", "--listen", "0.0.0.0:0")
+    try:
+        await worker.start()
+    finally:
+        await worker.stop()
+    lines = [json.loads(ln) for ln in worker.stderr().splitlines() if ln.strip()]  # every line one JSON object
+    [warning] = [ln for ln in lines if "listening on every interface" in ln["message"]]
+    assert warning["level"] == "WARNING" and warning["logger"] == "threadlog.worker"
+
+
 def test_json_log_lines_carry_exception_text():
     from threadlog.logs import JsonFormatter
 

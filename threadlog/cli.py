@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from threadlog.kernel import addresses
+from threadlog.logs import say
 
 if TYPE_CHECKING:
     from threadlog.broker import NodeStatus
@@ -33,7 +34,12 @@ def _bootstrap_default() -> str:
 def _kafka_props(args: argparse.Namespace) -> dict[str, Any]:
     """librdkafka properties from --kafka-config, else THREADLOG_KAFKA_CONFIG (a path), else none."""
     from threadlog.kernel import kafka_config
+    from threadlog.kernel.errors import invalid_argument
 
+    if getattr(args, "bootstrap", None) == "":
+        # As Options refuses it. Why here: `namespaces` builds its admin client
+        # without Options, and waited out its whole timeout (a review).
+        raise invalid_argument("bootstrap_servers must be a non-empty string (--bootstrap, THREADLOG_BOOTSTRAP)")
     path = getattr(args, "kafka_config", None) or os.environ.get("THREADLOG_KAFKA_CONFIG")
     props = kafka_config.load_properties(path) if path else {}
     args.kafka_props = props  # main() scrubs these values out of any error it prints
@@ -208,13 +214,14 @@ def _require_port(port: int, flag: str, above: int = 0, zero_ok: bool = True) ->
 def _require_bindable(host: str, port: int, flag: str) -> None:
     """UNAVAILABLE, in one line, if `host:port` cannot be listened on. Checked before
     connecting: a busy port made uvicorn exit 3 with a traceback, and a worker
-    joined the consumer group (and took partitions from the others) first."""
+    joined the consumer group (and took partitions from the others) first. Port
+    0 too (any free port): its host may still be no address of this machine or
+    no name at all -- uvicorn's traceback and exit 3, or a worker failing
+    `INTERNAL` after it had created the namespace's topics (a review)."""
     import socket
 
     from threadlog.kernel.errors import unavailable
 
-    if port == 0:
-        return
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         family, _, _, _, address = infos[0]
@@ -303,7 +310,7 @@ async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None
                                                rt.opts.bootstrap_servers)
     if not await _start_or_stop(rt, stop):
         if failed:
-            print(f"threadlog worker: {failed[0]}", file=sys.stderr, flush=True)
+            say("threadlog.worker", logging.ERROR, f"threadlog worker: {failed[0]}")
             return 1
         # 130 for Ctrl-C, 143 for SIGTERM (128 + the signal, as the shell has it): stopped before it ran.
         return 128 + (signalled[0] if signalled else int(signal.SIGTERM))
@@ -334,9 +341,9 @@ async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None
         elif addresses.bare(addresses.split(address)[0]) in ("0.0.0.0", "::"):
             # Announced as is, a client on another host reads it as its own
             # loopback and never reaches this worker (NOT_OWNER, then UNAVAILABLE).
-            print(f"threadlog worker: warning: listening on every interface without --advertise: announcing "
-                  f"{address}, which only clients on this host can reach; say --advertise HOST",
-                  file=sys.stderr, flush=True)
+            say("threadlog.worker", logging.WARNING,
+                f"threadlog worker: warning: listening on every interface without --advertise: announcing "
+                f"{address}, which only clients on this host can reach; say --advertise HOST")
         judge = rt.judge
         announcer = Announcer(rt.opts.bootstrap_servers, rt.topics.members, rt.client_id, address,
                               kafka=rt.opts.kafka, partitions=lambda: sorted(judge.owned),
@@ -360,7 +367,7 @@ async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None
             await asyncio.wait_for(web_task, 10)
         await asyncio.to_thread(rt.stop)  # closes the judge's consumer: leaves the group
     if failed:
-        print(f"threadlog worker: {failed[0]}", file=sys.stderr, flush=True)
+        say("threadlog.worker", logging.ERROR, f"threadlog worker: {failed[0]}")
         return 1
     return 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 import traceback
 from typing import Any
@@ -37,8 +38,23 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False, default=str)
 
 
+_json = False  # `configure`d for JSON lines (`say`)
+
+
+def say(logger: str, level: int, text: str) -> None:
+    """A command's own line for the operator on stderr: `text` as it is, or under
+    `--log-format json` one JSON object like every other line (a review: a
+    worker's warning and its exit line were plain text among JSON lines)."""
+    if _json:
+        logging.getLogger(logger).log(level, text)
+    else:
+        print(text, file=sys.stderr, flush=True)
+
+
 def configure(verbose: bool, fmt: str = "text") -> None:
     """The root handler on stderr: INFO with -v, else WARNING; text or JSON lines."""
+    global _json
+    _json = fmt == "json"
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler], force=True)
