@@ -97,7 +97,13 @@ class Lookups:
                 self.in_flight += 1
                 batch.append(question)
         if batch:
-            self.query._run(self._ask(batch))
+            asking = self._ask(batch)
+            try:
+                self.query._run(asking)
+            except BaseException:  # never started (the client closed): not in flight
+                asking.close()
+                self._failed(batch)
+                raise
 
     async def _ask(self, questions: list[Question]) -> None:
         """`holders_many`, routed to the owners of the partitions asked about (a
@@ -121,6 +127,9 @@ class Lookups:
             log.exception("holders question failed")
             self._failed(questions)
             return
+        except asyncio.CancelledError:  # the client closing: not in flight any more either
+            self._failed(questions)
+            raise
         with self._lock:
             self.in_flight -= len(questions)
             for question, threads in zip(questions, answers, strict=True):

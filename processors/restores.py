@@ -19,7 +19,7 @@ before it saw the revoke is closed and kept on disk: a return resumes from it.
 Given back meanwhile, it is restored anew once the cancelled one has ended.
 
 A partition that comes back to a local store far behind its end (the judge
-asks: `Judge._local_floor`) is compared here with its latest snapshot: one at
+asks: `Judge._far_behind`) is compared here with its latest snapshot: one at
 least `resume_gap` records ahead of the store is restored *beside* it and takes
 its place only once whole; otherwise the store is resumed. Why (found by a
 probe's helper, 2026-12-05): a worker keeps the store of every partition it
@@ -218,7 +218,7 @@ class Restores:
                 log.warning("partition %d: the position of its latest snapshot is unknown (%s): resuming its "
                             "local store at %d", p, exc, floor)
         if at is None or at - floor < self.resume_gap:
-            return None if cancel.is_set() else (self.stores.local(p), None)
+            return self._kept(p, floor, cancel)
         store = None
         try:
             store = self.stores.beside(p)
@@ -235,7 +235,19 @@ class Restores:
                             "at %d", p, exc, floor, exc_info=not isinstance(exc, ThreadLogError))
         if store is not None:
             store.destroy()
-        return None if cancel.is_set() else (self.stores.local(p), None)
+        return self._kept(p, floor, cancel)
+
+    def _kept(self, p: int, floor: int, cancel: threading.Event) -> _Result:
+        """`p`'s kept local store (at `floor`), opened to be resumed; one that does
+        not open is restored from a snapshot as if none were kept. None: cancelled."""
+        if cancel.is_set():
+            return None
+        try:
+            return self.stores.local(p), None
+        except Exception as exc:
+            log.warning("partition %d: its local store at %d does not open (%s): restoring the partition anew",
+                        p, floor, exc)
+            return self._fill(p, cancel)
 
     def cancel(self) -> None:
         """The owner stops or halts: what runs ends at its next read, nothing new starts (any thread)."""

@@ -28,12 +28,13 @@ import heapq
 import json
 import os
 import threading
+import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from .incarnation import MARKER
-from .store import BESIDE, Store, discard, sweep
+from .store import BESIDE, DROPPED, Store, discard, sweep
 
 
 class Slot:
@@ -229,12 +230,23 @@ class PartitionStores:
 
     def swap_in(self, partition: int, store: Store) -> Store:
         """`store` (from `beside`, filled) in place of `partition`'s directory:
-        closed, moved, and returned opened there, not served until `adopt`."""
-        source = Path(store.path)
+        closed, moved, and returned opened there, not served until `adopt`. The
+        old directory is moved aside first and back if the move in fails (a
+        review: deleted first, a failed rename lost both); a crash in between
+        leaves no local store (restored again) and the old one to `sweep`."""
+        source, target = Path(store.path), self.dir_of(partition)
         store.close()
-        discard(self.dir_of(partition))
-        os.rename(source, self.dir_of(partition))  # a crash before this: no local store, restored again
-        return Store(self.dir_of(partition))
+        aside = self.path / f".{target.name}{DROPPED}{uuid.uuid4().hex}"
+        if target.exists():
+            os.rename(target, aside)
+        try:
+            os.rename(source, target)
+        except BaseException:
+            if aside.exists():
+                os.rename(aside, target)
+            raise
+        discard(aside)
+        return Store(target)
 
     def adopt(self, partition: int, store: Store) -> None:
         """Serve `store` (from `fresh`, filled) as `partition`'s."""

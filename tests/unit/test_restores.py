@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pytest
 from threadlog.processors import restores as restores_mod
 from threadlog.processors.restores import Restores
+from threadlog.projections import partition_stores as partition_stores_mod
 from threadlog.projections import snapshots
 from threadlog.projections.partition_stores import PartitionStores
 from threadlog.projections.store import Store, _offset_key
@@ -457,3 +458,41 @@ def test_a_kept_store_outlives_a_revoke_mid_restore_and_is_compared_again_when_g
     restores.start(0, floor=KEPT)  # given back: compared with the snapshot again
     release.set()
     assert [p for p, _ in _finished(restores)] == [0] and stores.offset(TOPIC, 0) == KEPT + 10
+
+
+def test_a_kept_store_outlives_a_failed_swap(rig, monkeypatch):
+    """Tried (a review): the restored store's move into place failed (a full
+    disk): the kept store had been deleted first, so neither was left and the
+    partition was judged again from offset 0. Now it is moved aside first and back."""
+    stores, _restorer, restores = rig(restore=_snapshot_at(KEPT + 10), peek=lambda p, cancel: KEPT + 10)
+    _kept(stores)
+    real = partition_stores_mod.os.rename
+
+    def full_disk(src, dst):
+        if str(src).endswith(".restoring") and str(dst).endswith("events-0"):  # the move into place only
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+
+    monkeypatch.setattr(partition_stores_mod.os, "rename", full_disk)
+    restores.start(0, floor=KEPT)
+    assert _finished(restores) == [(0, None)]
+    assert stores.offset(TOPIC, 0) == KEPT and stores.get(b"old") == b"1"
+    assert not any(e.name.startswith(".") for e in _entries(stores))
+
+
+def test_a_kept_store_that_does_not_open_is_restored_anew_not_folded_from_offset_0(rig, monkeypatch):
+    """Tried (a review): a reader's iterator kept the closed store's RocksDB lock,
+    the restore thread could not open it, and the partition was judged again
+    from offset 0. The judge no longer serves a store it may hand over (opened
+    unserved: `Judge._resumable`); one that still does not open is restored from
+    its snapshot as if no store were kept."""
+    stores, _restorer, restores = rig(restore=_snapshot_at(KEPT + 5), peek=lambda p, cancel: KEPT + 5)
+    _kept(stores)
+
+    def locked(p):
+        raise OSError("lock hold by current process")
+
+    monkeypatch.setattr(stores, "local", locked)
+    restores.start(0, floor=KEPT)  # the snapshot is not `gap` (10) ahead: the store would be resumed
+    [(p, info)] = _finished(restores)
+    assert p == 0 and info is not None and stores.offset(TOPIC, 0) == KEPT + 5 and stores.get(b"old") is None
