@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
+from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 from threadlog.projections.fold import EventMeta, apply_event, current_seq
 from threadlog.projections.follower import Follower
 from threadlog.projections.global_ids import CHECKPOINT
@@ -345,6 +345,16 @@ class Judge(Follower):
             "heartbeat.interval.ms": 1500,
         }
 
+    def _assignment(self) -> list[TopicPartition]:
+        # From offset 0, not OFFSET_BEGINNING, when nothing is judged yet. Why (a
+        # review): a log whose first records were deleted (`delete_records`) was
+        # judged from wherever it now starts -- other verdicts than every judge
+        # that saw the whole log, and reads served from them. Offset 0 gone is
+        # then a reset librdkafka refuses (`auto.offset.reset` error): the
+        # partition waits, unreadable, as for a stored position the log lost.
+        # `events` keeps every record; only a snapshot may stand for its head.
+        return [TopicPartition(self.topic, p, self._applied[p]) for p in sorted(self.owned)]
+
     def _begin(self) -> None:
         if self.group is None:
             super()._begin()
@@ -400,7 +410,7 @@ class Judge(Follower):
         (the ownership listeners are told, even of none)."""
         for tp in tps:
             pos = self.stores.offset(self.topic, tp.partition)
-            tp.offset = pos if pos > 0 else OFFSET_BEGINNING
+            tp.offset = pos  # offset 0 too: see `_assignment`
             self.ahead.reset(tp.partition, pos)
         consumer.incremental_assign(tps)
         # Silent since the last ownership is not silent now (`_watch`): a partition

@@ -18,7 +18,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 from threadlog.schemas import Codec, CodecError
 
 from threadlog.kernel import kafka_config
-from threadlog.kernel.errors import not_owner, unavailable
+from threadlog.kernel.errors import ThreadLogError, not_owner, unavailable
 from threadlog.kernel.stuck import Liveness
 from threadlog.kernel.topics import INCARNATION_HEADER
 
@@ -142,8 +142,35 @@ class Follower:
             if p not in self.owned:
                 raise not_owner(f"partition {p} of {self.topic} is not folded here")
             if self._applied[p] < t:
+                if p in self.unreadable:
+                    # Never reached: said now and why, not as a timeout (a review).
+                    raise self._unreadable(p)
                 return False
         return True
+
+    def _unreadable(self, p: int) -> ThreadLogError:
+        return unavailable(f"partition {p} of {self.topic} cannot be folded here: its position "
+                           f"{self._applied[p]} is no longer in the log (records deleted, or the topic "
+                           "deleted and created again)")
+
+    def _missed(self, targets: dict[int, int], timeout: float) -> ThreadLogError:
+        lost = sorted(set(targets) & self.unreadable)
+        if lost:
+            return self._unreadable(lost[0])
+        return unavailable(f"projection of {self.topic} did not reach {targets} in {timeout}s")
+
+    def _fail_waiters_of(self, p: int) -> None:
+        """`p` just turned out unreadable: the waits for it to move fail now, saying
+        why (they were registered before, and waited out their timeout)."""
+        with self._cond:
+            still = []
+            for targets, fut, loop in self._async_waiters:
+                if targets.get(p, 0) > self._applied.get(p, 0):
+                    loop.call_soon_threadsafe(_fail, fut, self._unreadable(p))
+                else:
+                    still.append((targets, fut, loop))
+            self._async_waiters = still
+            self._cond.notify_all()  # a blocking wait asks `_reached`, which now raises
 
     def _drop_waiters(self, partitions: set[int]) -> None:
         """Fail the waits on partitions no longer folded here (call holding `_cond`)."""
@@ -165,7 +192,7 @@ class Follower:
             while not self._reached(targets):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise unavailable(f"projection of {self.topic} did not reach {targets} in {timeout}s")
+                    raise self._missed(targets, timeout)
                 self._cond.wait(left)
 
     async def wait(self, targets: dict[int, int], timeout: float) -> None:
@@ -178,7 +205,7 @@ class Follower:
         try:
             await asyncio.wait_for(fut, timeout)
         except TimeoutError:
-            raise unavailable(f"projection of {self.topic} did not reach {targets} in {timeout}s") from None
+            raise self._missed(targets, timeout) from None
         finally:
             # A cancelled wait too (a worker's caller hung up): left registered, it
             # stayed until its target was reached -- never, for a far-off floor --
@@ -269,6 +296,7 @@ class Follower:
                     self.unreadable.add(msg.partition())
                     log.error("%s[%s]: the stored position is not in the log any more (%s): not folding it",
                               self.topic, msg.partition(), err)
+                    self._fail_waiters_of(msg.partition())
                 else:
                     log.warning("%s consumer error: %s", self.topic, err)
                 continue

@@ -19,7 +19,8 @@ import sys
 
 import pytest
 from checkpoint_helpers import MutableClock, checkpoint, refused, threads_on_distinct_partitions
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 from delivery_support import chunk, collect
 from replay_support import replayed_verdicts
 from support import namespace_of_an_earlier_version, raw_proposal, state_of, within
@@ -31,6 +32,7 @@ from threadlog.kernel.errors import (
     INVALID_MESSAGE,
     RUN_CLAIM_LOST,
     STALE_HEAD,
+    UNAVAILABLE,
     WRITER_CONFLICT,
     WRITER_LOST,
     ThreadLogError,
@@ -202,6 +204,30 @@ async def test_an_epoch_claim_never_granted_is_refused_and_never_read(tl, bootst
     await within(tl.delivery("r", epoch=101).close())
     got = [c for _, c in await within(collect(tl.delivery("r").read("-1")))]
     assert got == [chunk(0), chunk(1)]
+
+
+async def test_a_log_whose_first_records_were_deleted_is_not_judged_from_where_it_now_starts(open_client,
+                                                                                            bootstrap):
+    """Tried (a review): the first records of an events partition deleted
+    (`delete_records`, as an operator could), a fresh client judged that
+    partition from where the log now starts -- verdicts no judge of the whole
+    log reaches, and reads served from them -- while its reads of other
+    partitions timed out saying only "did not reach". Now the partition is
+    not judged at all and a read of it says why at once."""
+    first = await open_client(partitions=1)
+    await within(first.messages.save_thread("t", ["one"]))
+    await within(first.messages.save_thread("t", ["two"]))
+    topic = first.runtime.topics.events
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.delete_records([TopicPartition(topic, 0, 1)], request_timeout=30).values():
+        fut.result(timeout=30)
+    fresh = await open_client()
+    with pytest.raises(ThreadLogError) as refused_read:
+        await within(fresh.messages.load_thread("t"), 60)
+    assert refused_read.value.code == UNAVAILABLE
+    assert "partition 0 of" in refused_read.value.message and "no longer in the log" in refused_read.value.message
+    assert fresh.runtime.judge.applied(0) == 0  # nothing of the cut log judged
+    assert await within(first.messages.load_thread("t")) == ["two"]  # a judge that saw it all goes on
 
 
 async def test_decision_time_is_the_proposals_monotonic_and_bounded_by_the_broker():
