@@ -108,8 +108,9 @@ class Restores:
 
     def far_behind(self, position: int, end: int) -> bool:
         """Is a kept local store at `position` far enough behind the partition's
-        `end` that a snapshot may be worth restoring over it (`start` with a floor)?"""
-        return self.peek is not None and end - position >= self.resume_gap
+        `end` that a snapshot may be worth restoring over it (`start` with a
+        floor)? Asked only with a `peek` (`Judge._far_behind`)."""
+        return end - position >= self.resume_gap
 
     def start(self, partition: int, floor: int = 0) -> None:
         """Restore `partition` (assigned here) unless a restore of it still runs;

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 from threadlog.schemas import Codec, CodecError
@@ -153,31 +154,24 @@ class Follower:
                            f"{self._applied[p]} is no longer in the log (records deleted, or the topic "
                            "deleted and created again)")
 
-    def _missed(self, targets: dict[int, int], timeout: float) -> ThreadLogError:
-        lost = sorted(set(targets) & self.unreadable)
-        if lost:
-            return self._unreadable(lost[0])
-        return unavailable(f"projection of {self.topic} did not reach {targets} in {timeout}s")
-
     def _fail_waiters_of(self, p: int) -> None:
         """`p` just turned out unreadable: the waits for it to move fail now, saying
-        why (they were registered before, and waited out their timeout)."""
+        why (they were registered before, and waited out their timeout); a
+        blocking wait wakes and asks `_reached`, which now raises."""
         with self._cond:
-            still = []
-            for targets, fut, loop in self._async_waiters:
-                if targets.get(p, 0) > self._applied.get(p, 0):
-                    loop.call_soon_threadsafe(_fail, fut, self._unreadable(p))
-                else:
-                    still.append((targets, fut, loop))
-            self._async_waiters = still
-            self._cond.notify_all()  # a blocking wait asks `_reached`, which now raises
+            self._fail_waits(lambda targets: targets.get(p, 0) > self._applied.get(p, 0), self._unreadable(p))
 
     def _drop_waiters(self, partitions: set[int]) -> None:
         """Fail the waits on partitions no longer folded here (call holding `_cond`)."""
+        self._fail_waits(partitions.intersection, not_owner(f"partitions {sorted(partitions)} moved away"))
+
+    def _fail_waits(self, hit: Callable[[dict[int, int]], Any], error: ThreadLogError) -> None:
+        """Fail with `error` the async waits whose targets `hit` says, and wake the
+        blocking ones (call holding `_cond`)."""
         still = []
         for targets, fut, loop in self._async_waiters:
-            if partitions.intersection(targets):
-                loop.call_soon_threadsafe(_fail, fut, not_owner(f"partitions {sorted(partitions)} moved away"))
+            if hit(targets):
+                loop.call_soon_threadsafe(_fail, fut, error)
             else:
                 still.append((targets, fut, loop))
         self._async_waiters = still
@@ -192,7 +186,7 @@ class Follower:
             while not self._reached(targets):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise self._missed(targets, timeout)
+                    raise unavailable(f"projection of {self.topic} did not reach {targets} in {timeout}s")
                 self._cond.wait(left)
 
     async def wait(self, targets: dict[int, int], timeout: float) -> None:
@@ -205,7 +199,7 @@ class Follower:
         try:
             await asyncio.wait_for(fut, timeout)
         except TimeoutError:
-            raise self._missed(targets, timeout) from None
+            raise unavailable(f"projection of {self.topic} did not reach {targets} in {timeout}s") from None
         finally:
             # A cancelled wait too (a worker's caller hung up): left registered, it
             # stayed until its target was reached -- never, for a far-off floor --

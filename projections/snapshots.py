@@ -593,17 +593,15 @@ def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id:
     if not store.is_empty():
         raise invalid_argument(f"restore needs an empty store; {store.path} has keys")
     consumer = _consumer(bootstrap, client_id, kafka)
-    records = nbytes = 0
     try:
         # `timeout` bounds each request and each stall of reading, not the restore.
-        low, high = _watermarks(consumer, topic, partition, time.monotonic() + timeout, cancel)
-        if high <= low:
-            return None
-        usable = _from_origin(consumer, origin, partition, timeout, cancel)
         # 1. The latest manifest: the end of the log backwards, keeping what is read.
-        latest, tails, stop = _latest_manifest(consumer, topic, partition, low, high, timeout, cancel)
-        records += sum(tail.records for tail in tails)
-        nbytes += sum(tail.bytes for tail in tails)
+        found = _latest_manifest(consumer, topic, partition, timeout, origin, cancel)
+        if found is None:
+            return None
+        low, high, usable, latest, tails, stop = found
+        records = sum(tail.records for tail in tails)
+        nbytes = sum(tail.bytes for tail in tails)
         if latest is None:
             return None
         # 2. Its chunks before the tail read so far, from its first chunk on.
@@ -661,11 +659,19 @@ def restore(bootstrap: str, topic: str, partition: int, store: Store, client_id:
                        chosen["snapshotId"], positions)
 
 
-def _latest_manifest(consumer: Consumer, topic: str, partition: int, low: int, high: int, timeout: float,
-                     cancel: threading.Event | None) -> tuple[dict[str, Any] | None, list[_Segment], int]:
-    """(the partition's latest manifest or None, the segments read for it newest
-    first, the offset they start at): read from the end of the log backwards in
-    growing windows, so a recent snapshot costs a few records to find."""
+def _latest_manifest(consumer: Consumer, topic: str, partition: int, timeout: float, origin: Origin | None,
+                     cancel: threading.Event | None
+                     ) -> tuple[int, int, Callable[[dict[str, Any]], bool], dict[str, Any] | None, list[_Segment],
+                                int] | None:
+    """(the partition's low and high watermarks, which manifests are of `origin`'s
+    log, the latest manifest or None, the segments read for it newest first, the
+    offset they start at); None for an empty partition. Read from the end of
+    the log backwards in growing windows, so a recent snapshot costs a few
+    records to find."""
+    low, high = _watermarks(consumer, topic, partition, time.monotonic() + timeout, cancel)
+    if high <= low:
+        return None
+    usable = _from_origin(consumer, origin, partition, timeout, cancel)
     latest: dict[str, Any] | None = None
     tails: list[_Segment] = []
     stop, window = high, 1
@@ -676,7 +682,7 @@ def _latest_manifest(consumer: Consumer, topic: str, partition: int, low: int, h
         if tail.manifests:
             latest = tail.manifests[-1]
         stop, window = start, (TAIL_WINDOW if window == 1 else window * 16)
-    return latest, tails, stop
+    return low, high, usable, latest, tails, stop
 
 
 def latest_position(bootstrap: str, topic: str, partition: int, client_id: str,
@@ -689,11 +695,10 @@ def latest_position(bootstrap: str, topic: str, partition: int, client_id: str,
     caller when what it falls back to is older: processors/restores.py.)"""
     consumer = _consumer(bootstrap, client_id, kafka)
     try:
-        low, high = _watermarks(consumer, topic, partition, time.monotonic() + timeout, cancel)
-        if high <= low:
+        found = _latest_manifest(consumer, topic, partition, timeout, origin, cancel)
+        if found is None:
             return None
-        usable = _from_origin(consumer, origin, partition, timeout, cancel)
-        latest, _, _ = _latest_manifest(consumer, topic, partition, low, high, timeout, cancel)
+        _, _, usable, latest, _, _ = found
         position = None if latest is None or not usable(latest) else latest.get("position")
         return position if type(position) is int else None
     finally:
