@@ -525,15 +525,23 @@ def start(
     if acls and not sasl:
         raise BrokerFlagsError("--acls needs --sasl (the users ACLs name authenticate there)")
     if nodes == 1:
-        return _start_single(DEFAULT_PORT if port is None else port, data_dir, timeout, log, sasl, acls)
+        return _start_single(port, data_dir, timeout, log, sasl, acls)
     return _start_cluster(nodes, port, data_dir, timeout, log)
 
 
-def _start_single(port: int, data_dir: Path, timeout: float, log: Log, sasl: bool = False,
+def _start_single(port: int | None, data_dir: Path, timeout: float, log: Log, sasl: bool = False,
                   acls: bool = False) -> BrokerState:
     existing = _read_state(data_dir)
     if existing and _running(existing):
         if _answers(existing.bootstrap, timeout=10):
+            if port is not None and port != existing.port:
+                # Reused silently, `broker start --port P` printed another port's
+                # bootstrap as if it had started on P (a review); a cluster refuses
+                # the same way.
+                raise BrokerError(
+                    f"the broker of {data_dir} (pid {existing.pid}) runs at {existing.bootstrap}, not port {port};"
+                    " omit --port to reuse it, run `threadlog broker stop` first, or pick another --data-dir"
+                )
             if sasl and existing.sasl_port is None:
                 raise BrokerError(
                     f"the broker of {data_dir} (pid {existing.pid}) runs without --sasl;"
@@ -550,6 +558,8 @@ def _start_single(port: int, data_dir: Path, timeout: float, log: Log, sasl: boo
             f"a broker process (pid {existing.pid}) for {data_dir} runs but does not answer;"
             " run `threadlog broker stop` first"
         )
+    if port is None:
+        port = DEFAULT_PORT
     java = _require("java", "install a Java 17+ runtime (Debian: apt-get install openjdk-17-jre)")
     libs = resolve_jars(log=log)
     cport = port + 1

@@ -70,6 +70,7 @@ def rebuild(
     if slot_held(given):
         _in_use(given)
     _require_store_layout(store_path)
+    _require_namespace(store_path, namespace)
     load_all()
     load_handlers()
     topics = Topics(namespace)
@@ -86,6 +87,7 @@ def rebuild(
     try:
         # Again, held: what is deleted is what was checked.
         _require_store_layout(store_path)
+        _require_namespace(store_path, namespace)
         return _rebuild(bootstrap, store_path, progress, timeout, kafka, request_timeout, topics, admin,
                         layout.events)
     finally:
@@ -120,6 +122,18 @@ def _require_store_layout(path: Path) -> None:
         shown = ", ".join(strangers[:5]) + (", ..." if len(strangers) > 5 else "")
         raise invalid_argument(f"{path} is not a threadlog store (it holds {shown}); a rebuild deletes its store "
                                "first: give an empty directory or a store (a slot-N of the namespace)")
+
+
+def _require_namespace(path: Path, namespace: str) -> None:
+    """Refuse a `--store` folded from another namespace's topics (its marker says
+    which): the rebuild deleted that namespace's state and folded this one's
+    into its slot, where its own worker or client would find it emptied (a
+    review). A slot of this namespace's older incarnation (deleted and created
+    again) is rebuilt, as it should be."""
+    others = incarnation.namespaces_of(path) - {namespace}
+    if others:
+        raise invalid_argument(f"store {path} holds the state of namespace {', '.join(map(repr, sorted(others)))}, "
+                               f"not {namespace!r}: rebuild it with that --namespace, or give another --store")
 
 
 def _require_whole_log(bootstrap: str, topic: str, partitions: int, kafka: kafka_config.Props | None,

@@ -62,6 +62,19 @@ def _unknown_topic(exc: Exception) -> bool:
     return isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
 
 
+def namespaces_of(slot: Path) -> set[str]:
+    """The namespaces whose topics `slot`'s marker names (empty: no marker, or one
+    unreadable). A topic is `<namespace>.<kind>` and a namespace may hold dots,
+    so the namespace is what precedes the last dot."""
+    try:
+        recorded = json.loads((slot / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(recorded, dict):
+        return set()
+    return {str(name).rpartition(".")[0] for name in recorded}
+
+
 def settle(slot: Path, ids: dict[str, str]) -> None:
     """Make `slot` hold state of these topic ids only: empty it if its marker names
     others, then record `ids`. Call before opening any of its stores."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -202,6 +203,69 @@ def test_bad_flags_are_one_coded_line_and_exit_2(bootstrap, tmp_path, args, says
     assert proc.returncode == 2
 
 
+@pytest.mark.parametrize("args, says", [
+    (["namespaces", "list", "ns1"], "namespaces list takes no namespace, --yes or --partial; got a namespace ('ns1')"),
+    (["namespaces", "list", "--yes"], "got --yes"),
+])
+def test_namespaces_list_refuses_what_only_delete_takes(args, says):
+    """Tried (a review): `namespaces list ns1` listed every namespace, ignoring
+    its argument, which reads as "ns1 exists". Refused before connecting."""
+    proc = cli(*args, "--bootstrap", "127.0.0.1:1")
+    assert says in one_error_line(proc, "INVALID_ARGUMENT")
+    assert proc.returncode == 2
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+@pytest.mark.parametrize("args, says", [
+    (["worker", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["broker", "begin"], "argument action: invalid choice: 'begin'"),
+    (["reclaim"], "the following arguments are required: --ttl-ms"),
+    (["--log-format", "xml", "gc"], "argument --log-format: invalid choice: 'xml'"),
+])
+def test_usage_errors_are_one_coded_line_json_under_json(log_format, args, says):
+    """Tried (a review): argparse's usage and `error:` lines were printed as text
+    under --log-format json too (unparseable for a JSON log reader), with no
+    stable code. Now INVALID_ARGUMENT, exit 2, as every other user error; JSON
+    under --log-format json wherever the flag stands."""
+    flags = ["--log-format", "json"] if log_format == "json" else []
+    proc = cli(*args[:1], *flags, *args[1:]) if args[0] != "--log-format" else cli(*flags, *args)
+    assert proc.returncode == 2, proc
+    if log_format == "json":
+        lines = [json.loads(ln) for ln in proc.stderr.splitlines()]  # every line one JSON object
+        assert len(lines) == 1, proc.stderr
+        assert lines[0]["level"] == "ERROR" and lines[0]["message"].startswith("threadlog: INVALID_ARGUMENT: ")
+        assert says in lines[0]["message"], lines
+    else:
+        last = proc.stderr.splitlines()[-1]
+        assert proc.stderr.startswith("usage: threadlog"), proc.stderr  # what was meant, above the line
+        assert last.startswith("threadlog: INVALID_ARGUMENT: ") and says in last, proc.stderr
+
+
+def test_broker_start_on_another_port_than_the_running_one_is_refused(bootstrap, tmp_path):
+    """Tried (a review): `broker start --port P` where the data dir's broker runs
+    on port Q printed Q's bootstrap without a word, as if it had started on P.
+    Stand-in for that broker: a process whose command line is the broker's of
+    this data dir, with the test broker's port in its state file (`_answers`)."""
+    port = int(bootstrap.split(",")[0].rpartition(":")[2])
+    props = tmp_path / "server.properties"
+    props.write_text("# the broker's\n")
+    stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "kafka.Kafka", str(props)])
+    try:
+        (tmp_path / "broker.json").write_text(json.dumps(
+            {"pid": stand_in.pid, "port": port, "controller_port": port + 1, "data_dir": str(tmp_path)}))
+        other = cli("broker", "start", "--port", str(port + 7), "--data-dir", str(tmp_path))
+        assert other.returncode == 1, other
+        assert f"runs at 127.0.0.1:{port}, not port {port + 7}" in other.stderr, other.stderr
+        assert other.stdout == ""  # no bootstrap for a script's `tail -n 1` to take
+        for same in (["--port", str(port)], []):  # its own port, or none: reused, as before
+            proc = cli("broker", "start", *same, "--data-dir", str(tmp_path))
+            assert (proc.returncode, proc.stdout.splitlines()[-1]) == (0, f"127.0.0.1:{port}"), proc
+        assert stand_in.poll() is None  # only looked at
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+
+
 @pytest.mark.parametrize("args", [["namespaces", "list"], ["namespaces", "delete", "x", "--yes"], ["gc"]])
 def test_an_empty_bootstrap_is_refused_at_once(args):
     """Tried (a review): `namespaces list --bootstrap ''` waited out its request
@@ -373,6 +437,13 @@ async def test_rebuild_refuses_a_path_that_is_not_a_store_or_a_log_cut_short(boo
             assert "not a threadlog store" in one_error_line(proc, "INVALID_ARGUMENT")
         assert (victim / "important.txt").read_text() == "not a store"
         assert await within(tl.messages.load_thread("t")) == [{"role": "user", "content": "kept twice"}]
+    # Tried (a review): the slot of this namespace rebuilt under another
+    # namespace's name was emptied and filled with that one's state.
+    before = sorted(p.name for p in slot.iterdir())
+    proc = cli("rebuild", "--bootstrap", bootstrap, "--namespace", f"{namespace}-other", "--store", str(slot))
+    line = one_error_line(proc, "INVALID_ARGUMENT")
+    assert f"holds the state of namespace {namespace!r}, not {namespace + '-other'!r}" in line, line
+    assert sorted(p.name for p in slot.iterdir()) == before
     admin = AdminClient({"bootstrap.servers": bootstrap})
     topic = f"{namespace}.events"
     for fut in admin.delete_records([TopicPartition(topic, 0, 1)], request_timeout=30).values():

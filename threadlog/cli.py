@@ -18,7 +18,7 @@ import traceback
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from threadlog.kernel import addresses
 from threadlog.logs import say
@@ -262,6 +262,20 @@ async def _start_server(server: Any) -> tuple[asyncio.Future, str, int]:
     return task, host, port
 
 
+class OwnedLine:
+    """A worker's `worker owns partitions [...]` line on stdout, printed when what
+    it owns changes: a rebalance that gives back the same partitions (revoked,
+    then assigned again) printed the same line again, read as a move (a review)."""
+
+    def __init__(self) -> None:
+        self._said: list[int] | None = None
+
+    def __call__(self, owned: list[int]) -> None:
+        if owned != self._said:
+            self._said = list(owned)
+            print(f"worker owns partitions {owned}", flush=True)
+
+
 async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None = None, drain_s: float = 10.0,
                   verbose: bool = False, advertise: str | None = None, stall_after: float = 30.0) -> int:
     """Judge the namespace, serve its state to thin clients, announce it in `<ns>.members`.
@@ -286,13 +300,15 @@ async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None
     readiness = Readiness(rt, timeout=min(5.0, rt.opts.request_timeout), stall_after=stall_after)
     announcer: Announcer | None = None
 
+    say_owned = OwnedLine()
+
     def owned_now(owned: list[int]) -> None:  # on the judge's thread
         # Registered before the judge starts: the first assignment can come
         # before `rt.start` returns, and stdout must say what this worker owns.
         # Until the announcer exists, its start() announces what is owned then.
         if announcer is not None:
             announcer.announce_now()
-        print(f"worker owns partitions {owned}", flush=True)
+        say_owned(owned)
 
     rt.ownership_listeners.append(owned_now)
     failed: list[str] = []
@@ -479,7 +495,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     bootstrap = args.bootstrap or os.environ.get("THREADLOG_BOOTSTRAP")
     if not bootstrap:
         _require_port(args.port, "--port", above=1, zero_ok=False)
-        st = broker.start(port=args.port, log=lambda m: print(m, file=sys.stderr))
+        # A broker already running in the default data dir is reused, on its own
+        # port (printed below); start() refuses to reuse one for another --port.
+        st = broker.status() or broker.start(port=args.port, log=lambda m: print(m, file=sys.stderr))
         bootstrap = st.bootstrap
         print(f"local Kafka {broker.KAFKA_VERSION} (KRaft) at {bootstrap}")
     namespace = args.namespace or f"demo-{uuid.uuid4().hex[:8]}"
@@ -623,6 +641,12 @@ def cmd_namespaces(args: argparse.Namespace) -> int:
     from threadlog.config import NAMESPACE
     from threadlog.kernel.errors import invalid_argument, namespace_not_found
 
+    if args.action == "list" and (args.namespace is not None or args.yes or args.partial):
+        # Refused, not ignored: `namespaces list ns1` printed every namespace, read
+        # as "ns1 exists" whether it did or not (a review).
+        given = f"a namespace ({args.namespace!r})" if args.namespace is not None else \
+            " and ".join(f for f, on in (("--yes", args.yes), ("--partial", args.partial)) if on)
+        raise invalid_argument(f"namespaces list takes no namespace, --yes or --partial; got {given}")
     kafka = _kafka_props(args)
     timeout = _request_timeout_s(args)
     found = _namespaces(args.bootstrap, kafka, timeout)
@@ -1013,8 +1037,42 @@ class _Help(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors (an unknown flag, a bad choice, a missing argument) end as every
+    other user error does: `threadlog: INVALID_ARGUMENT: ...`, exit 2, one JSON
+    object under `--log-format json` (a review: argparse printed its usage and
+    `error:` line in text whatever the format, which a JSON log reader cannot
+    parse). Without JSON the usage stays above the line: it says what was meant."""
+
+    def error(self, message: str) -> NoReturn:
+        from threadlog.kernel.errors import INVALID_ARGUMENT
+
+        line = f"threadlog: {INVALID_ARGUMENT}: {self.prog}: {' '.join(message.split())}"
+        if _usage_json:
+            from threadlog import logs
+
+            logs.configure(False, "json")
+            logging.getLogger("threadlog.cli").error("%s", line)
+        else:
+            self.print_usage(sys.stderr)
+            print(line, file=sys.stderr)
+        raise SystemExit(2)
+
+
+_usage_json = False  # main(): --log-format json is in its argv
+
+
+def _json_asked(argv: list[str]) -> bool:
+    """`--log-format json` anywhere in argv (before parsing could say so: the
+    error may be in any flag, this one's included, before or after the command)."""
+    for i, arg in enumerate(argv):
+        if arg == "--log-format=json" or (arg == "--log-format" and argv[i + 1:i + 2] == ["json"]):
+            return True
+    return False
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="threadlog", description=__doc__, formatter_class=_Help)
+    ap = _Parser(prog="threadlog", description=__doc__, formatter_class=_Help)
     ap.add_argument("-v", "--verbose", action="store_true", help="log more; print tracebacks of errors")
     ap.add_argument("--log-format", choices=["text", "json"], default="text",
                     help="stderr log lines: text, or one JSON object per line (ts, level, logger, message, "
@@ -1026,7 +1084,7 @@ def build_parser() -> argparse.ArgumentParser:
     def add_parser(name: str, **kwargs: Any) -> argparse.ArgumentParser:
         return sub_parser(name, formatter_class=_Help, **kwargs)
 
-    sub.add_parser = add_parser  # type: ignore[method-assign]
+    sub.add_parser = add_parser  # type: ignore[method-assign,assignment]
 
     b = sub.add_parser("broker", help="local Kafka (KRaft) from Maven Central, no Docker")
     b.add_argument("action", choices=["start", "stop", "status"], help="start, stop or describe the local broker")
@@ -1222,6 +1280,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global _usage_json
+    _usage_json = _json_asked(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     from threadlog import logs
 
