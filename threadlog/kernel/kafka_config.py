@@ -194,12 +194,21 @@ def check(kafka: Any) -> dict[str, Any]:
         return {}
     if not isinstance(kafka, Mapping):
         raise invalid_argument(f"kafka must be a mapping of librdkafka properties, got {type(kafka).__name__}")
-    out: dict[str, Any] = {}
-    for key, value in kafka.items():
+    for key in kafka:
         if not isinstance(key, str) or not key:
             raise invalid_argument(f"kafka property names must be non-empty strings, got {key!r}")
-        if key in FORBIDDEN:
-            raise invalid_argument(f"kafka property {key!r} cannot be overridden: {FORBIDDEN[key]}")
+    # Every forbidden property at once, in the order given (a file's line order),
+    # before any other complaint: naming only the first (an operator review:
+    # `enable.idempotence=false` and `acks=1` named only the first) had an operator
+    # fix and retry once per property. Names and reasons only: never a value.
+    refused = [key for key in kafka if key in FORBIDDEN]
+    if len(refused) == 1:
+        raise invalid_argument(f"kafka property {refused[0]!r} cannot be overridden: {FORBIDDEN[refused[0]]}")
+    if refused:
+        raise invalid_argument(f"kafka properties {_listed(refused)} cannot be overridden: "
+                               + "; ".join(f"{key!r}: {FORBIDDEN[key]}" for key in refused))
+    out: dict[str, Any] = {}
+    for key, value in kafka.items():
         # Callbacks (stats_cb, error_cb, oauth_cb, logger...) are librdkafka's
         # callable properties; everything else is a scalar.
         if not (callable(value) or isinstance(value, (str, int, float, bool))):
@@ -237,27 +246,89 @@ def error_code(exc: BaseException) -> int | None:
 
 
 def error_text(exc: BaseException) -> str:
-    """librdkafka's own words for `exc`, without the KafkaError{code=...} wrapping."""
+    """librdkafka's own words for `exc`, without the KafkaError{code=...} wrapping, on one line.
+
+    One line: every caller puts them in a one-line message, and librdkafka ends
+    some with a newline (`... outside allowed range 0..900000\\n`)."""
     err = exc.args[0] if exc.args else None
-    return err.str() if isinstance(err, KafkaError) else str(exc)
+    text = err.str() if isinstance(err, KafkaError) else str(exc)
+    return " ".join(text.split())
+
+
+def _listed(keys: list[str]) -> str:
+    return ", ".join(repr(key) for key in keys)
 
 
 def _explain(exc: KafkaException, kafka: Mapping[str, Any]) -> str:
     text = error_text(exc)
-    named = [k for k in kafka if f'"{k}"' in text]
-    name = named[0] if named else _culprit(kafka)
-    prefix = f"kafka property {name!r} refused by librdkafka" if name else "kafka properties refused by librdkafka"
+    names = _culprits(text, kafka)
+    if len(names) == 1:
+        prefix = f"kafka property {names[0]!r} refused by librdkafka"
+    elif names:
+        prefix = f"kafka properties {_listed(names)} refused by librdkafka"
+    else:
+        prefix = "kafka properties refused by librdkafka"
     return scrub(f"{prefix}: {text}", kafka)
 
 
-def _culprit(kafka: Mapping[str, Any]) -> str | None:
-    """The property librdkafka refuses on its own (its message may name an alias:
-    linger.ms is reported as queue.buffering.max.ms)."""
-    for key, value in kafka.items():
-        try:
-            Producer({"client.id": "threadlog.validate", "logger": _validate_log, key: value})
-        except (KafkaException, TypeError, ValueError):
-            return key
+def _culprits(text: str, kafka: Mapping[str, Any]) -> list[str]:
+    """The user's properties librdkafka's refusal `text` is about, in the order given.
+
+    librdkafka's own words decide, and the first of these rules that names any:
+    1. the properties it names (`Invalid value ... for configuration property
+       "ssl.endpoint.identification.algorithm"`, `ssl.ca.location failed: ...`);
+    2. the properties whose value it quotes (`Unsupported SASL mechanism: BOGUS`:
+       `sasl.mechanism`, or its alias `sasl.mechanisms`, as the user spelled it);
+    3. the properties that alone reproduce the very refusal: librdkafka may name
+       an alias (`linger.ms` is reported as `queue.buffering.max.ms`) and quote
+       no value.
+    Why not a probe of each property alone first, as before: librdkafka checks
+    a client as a whole too (SASL, TLS, fetch sizes), so a property that is fine
+    may fail alone for another reason -- `security.protocol=SASL_PLAINTEXT`
+    alone lacks credentials -- and it was blamed for `sasl.mechanism=BOGUS`
+    (an operator review). None: the refusal is about no property given (one
+    that is missing, say), and librdkafka's words say which.
+    """
+    named = [key for key in kafka if _names(text, key)]
+    if named:
+        return named
+    # Never by a secret's value: the text shows it scrubbed, and blaming its key
+    # would tell that the secret is a word librdkafka wrote.
+    quoted = [key for key, value in kafka.items()
+              if isinstance(value, str) and not is_secret(key) and any(c.isalpha() for c in value)
+              and _mentions(text, value)]
+    if quoted:
+        return quoted
+    return [key for key, value in kafka.items() if _alone_refused(key, value) == _unprefixed(text)]
+
+
+def _mentions(text: str, word: str) -> bool:
+    """Whether `word` is in `text` as a whole: not part of a longer name, value or path."""
+    return re.search(rf"(?<![\w./-]){re.escape(word)}(?![\w/-]|\.\w)", text) is not None
+
+
+def _names(text: str, key: str) -> bool:
+    # A dotted name is unmistakable anywhere; an undotted one (`debug`, `retries`)
+    # may be an English word, so it counts only quoted as librdkafka quotes names.
+    return _mentions(text, key) if "." in key else f'"{key}"' in text or f"`{key}`" in text
+
+
+# librdkafka's checks of a client as a whole say which client they were building.
+_CLIENT_PREFIX = re.compile(r"^Failed to create \w+: ")
+
+
+def _unprefixed(text: str) -> str:
+    return _CLIENT_PREFIX.sub("", text)
+
+
+def _alone_refused(key: str, value: Any) -> str | None:
+    """librdkafka's refusal of a producer configured with `key` alone (None: accepted)."""
+    try:
+        Producer({"client.id": "threadlog.validate", "logger": _validate_log, key: value})
+    except KafkaException as exc:
+        return _unprefixed(error_text(exc))
+    except (TypeError, ValueError):
+        return None  # confluent-kafka's own refusal, never the librdkafka one being explained
     return None
 
 
