@@ -187,6 +187,7 @@ def test_demo_interrupted_during_its_open_removes_what_it_created(bootstrap, nam
     (["worker", "--drain-timeout", "-1"], "--drain-timeout must be >= 0"),
     (["worker", "--stall-after", "nan"], "--stall-after must be a finite number of seconds > 0"),
     (["serve", "--stall-after", "0"], "--stall-after must be a finite number of seconds > 0"),
+    (["serve", "--path", "/metrics", "--port", "0"], "--path: path '/metrics' is taken by the server's own route"),
     (["replay", "r", "--records", "--follow"], "cannot --follow"),
     (["namespaces", "list", "--request-timeout-ms", "-5"], "request_timeout_ms must be a positive int"),
     (["namespaces", "list", "--request-timeout-ms", "0"], "request_timeout_ms must be a positive int"),

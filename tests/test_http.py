@@ -136,6 +136,41 @@ async def test_unknown_runs_and_bad_offsets_answer_with_a_run_error_event(open_c
             assert [(e.id, e.data["type"], e.data["code"]) for e in events] == [(None, "RUN_ERROR", code)], path
 
 
+async def test_a_now_join_of_an_unknown_run_ends_run_not_found_and_a_known_one_waits(open_client, client):
+    """Tried (a review): `?runId=typo&offset=now` answered keepalives for good (a
+    from-start join of it ends RUN_NOT_FOUND), holding a --max-streams slot. Now,
+    once first_chunk_wait_ms passed with nothing, a run with no run record and no
+    delivery record ends RUN_NOT_FOUND; one created but silent waits on."""
+    tl = await open_client(first_chunk_wait_ms=300)
+    await within(tl.runs.create_or_resume(run_id="r-silent", thread_id="t", started_at=1))
+    async with serving(tl) as base:
+        for path in ("/api/chat?runId=r-typo&offset=now", "/runs/r-typo/stream?offset=now"):
+            _, events = await read_stream(client, base + path, seconds=15)
+            assert [(e.id, e.data["type"], e.data.get("code")) for e in events] == \
+                [(None, "RUN_ERROR", "RUN_NOT_FOUND")], path
+        silent = asyncio.ensure_future(read_stream(client, f"{base}/api/chat?runId=r-silent&offset=now", seconds=30))
+        with pytest.raises(asyncio.TimeoutError):  # a wrong end would come after 300 ms: five times that
+            await asyncio.wait_for(asyncio.shield(silent), 1.5)
+        offs = await within(tl.delivery("r-silent").append([chunk(0), FINISHED]))
+        await within(tl.delivery("r-silent").close())
+        _, events = await within(silent)
+        assert [(e.id, e.data["type"]) for e in events] == [(offs[0], "TEXT_MESSAGE_CONTENT"),
+                                                           (offs[1], "RUN_FINISHED")]
+
+
+def test_a_durability_path_a_built_in_route_takes_is_refused():
+    """Tried (a review): `serve --path /metrics` said it served the chat route
+    there, and every join and hydration got Prometheus text."""
+    from threadlog.http.app import create_app, shadowing
+
+    for path in ("/metrics", "/healthz", "/readyz", "/runs/r/stream", "/threads/t"):
+        assert "is taken by the server's own route" in (shadowing(path) or ""), path
+        with pytest.raises(ValueError, match="is taken by the server's own route"):
+            create_app(bootstrap_servers="127.0.0.1:1", path=path)
+    for path in ("/api/chat", "/threads", "/runs/r", "/metrics/x"):
+        assert shadowing(path) is None, path
+
+
 async def test_bad_query_parameters_are_a_400_json(tl, client):
     async with serving(tl) as base:
         for params in ({}, {"runId": ""}, {"threadId": ""}, {"threadId": "t", "runId": "r"}, {"offset": "-1"}):

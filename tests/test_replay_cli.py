@@ -6,6 +6,7 @@ import asyncio
 import json
 import sys
 
+import pytest
 from delivery_support import ClaimWriter, chunk
 from support import within
 
@@ -85,3 +86,32 @@ async def test_replay_of_an_unknown_run_says_so_and_a_known_empty_one_does_not(b
     await within(tl.runs.create_or_resume(run_id="run-quiet", thread_id="t-quiet", started_at=1))
     code, lines, err = await replay(bootstrap, namespace, state, "run-quiet")
     assert (code, lines) == (0, []), err
+
+
+async def test_replay_follow_outwaits_a_late_first_chunk_and_ends_an_unknown_run(bootstrap, namespace, tl, tmp_path):
+    """Tried (a review): `replay RUN --follow` of a running run with no chunk yet
+    gave up RUN_NOT_FOUND after first_chunk_wait_ms (5 s), though `--follow` waits
+    until the log closes; `--follow --after now` of a mistyped run waited for good.
+    Now it waits on while the run runs, and an unknown run is RUN_NOT_FOUND."""
+    await within(tl.runs.create_or_resume(run_id="run-late", thread_id="t-late", started_at=1))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "threadlog", "replay", "run-late", "--follow", "--bootstrap", bootstrap,
+        "--namespace", namespace, "--state-dir", str(tmp_path / "cli"),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        # Past the 5 s the old replay gave up after (asked, not slept: it has printed nothing and still runs).
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(proc.wait()), 7)
+        offs = await within(tl.delivery("run-late").append([chunk(0)]))
+        assert json.loads(await within(proc.stdout.readline(), 30)) == {"offset": offs[0], "chunk": chunk(0)}
+        await within(tl.delivery("run-late").close())
+        assert await within(proc.wait(), 30) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    for after in ("-1", "now"):
+        code, lines, err = await replay(bootstrap, namespace, str(tmp_path / "cli"), "run-typo", "--follow",
+                                        "--after", after)
+        assert code == 2 and lines == [], err
+        assert err.strip().splitlines()[-1].startswith("threadlog: RUN_NOT_FOUND: run 'run-typo' is unknown"), err

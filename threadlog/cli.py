@@ -723,6 +723,13 @@ async def _serve(args: argparse.Namespace) -> None:
 
         # Starlette asserts it when routing (an INTERNAL after connecting): said here, up front.
         raise invalid_argument(f"--path must start with '/', got {args.path!r}")
+    from threadlog.http.app import shadowing
+
+    taken = shadowing(args.path)
+    if taken is not None:
+        from threadlog.kernel.errors import invalid_argument
+
+        raise invalid_argument(f"--path: {taken}")
     _require_bindable(args.host, args.port, "--host/--port")
     # Opened here rather than in the app's lifespan: a failed open is then the
     # command's one error line (uvicorn would log a traceback), and serving a
@@ -791,7 +798,7 @@ async def _replay(args: argparse.Namespace) -> int:
     import json
 
     import threadlog
-    from threadlog.kernel.errors import invalid_argument
+    from threadlog.kernel.errors import RUN_NOT_FOUND, ThreadLogError, invalid_argument
 
     if args.records and args.follow:
         # `records` is what is stored now; following it is not built: refused, not ignored.
@@ -808,12 +815,31 @@ async def _replay(args: argparse.Namespace) -> int:
                 print(json.dumps(row, ensure_ascii=False), flush=True)
                 printed = True
         else:
-            async for offset, chunk in log.read(args.after, follow=args.follow):
-                print(json.dumps({"offset": offset, "chunk": chunk}, ensure_ascii=False), flush=True)
-                printed = True
+            try:
+                async for offset, chunk in _chunks(tl, log, args.after, args.follow):
+                    print(json.dumps({"offset": offset, "chunk": chunk}, ensure_ascii=False), flush=True)
+                    printed = True
+            except ThreadLogError as exc:
+                if exc.code == RUN_NOT_FOUND:
+                    await _require_run(tl, log)  # the unknown run's own words, if it is unknown
+                raise
         if not printed:
             await _require_run(tl, log)
     return 0
+
+
+def _chunks(tl: Any, log: Any, after: str, follow: bool) -> Any:
+    """What `replay` prints. Following, as an SSE join does (threadlog/delivery/joins.py):
+    from the start it waits on while the run runs (a first chunk later than
+    first_chunk_wait_ms ended it RUN_NOT_FOUND, a review), and at "now" an
+    unknown run is RUN_NOT_FOUND once that wait is over (it waited for good)."""
+    from threadlog.delivery import joins
+
+    if follow and after == "-1":
+        return joins.from_start(log, lambda: joins.is_running(tl, log.run_id))
+    if follow and after == "now":
+        return joins.from_now(log, lambda: joins.is_known(tl, log.run_id), log.first_chunk_wait)
+    return log.read(after, follow=follow)
 
 
 async def _require_run(tl: Any, log: Any) -> None:
@@ -823,9 +849,10 @@ async def _require_run(tl: Any, log: Any) -> None:
     only the first is an error. Unknown means no run record and no delivery record
     at all (a delivery log can be written without a run record, so both are asked).
     """
+    from threadlog.delivery.joins import is_known
     from threadlog.kernel.errors import RUN_NOT_FOUND, ThreadLogError
 
-    if await tl.runs.get(log.run_id) is None and not await log.records("-1"):
+    if not await is_known(tl, log.run_id):
         raise ThreadLogError(RUN_NOT_FOUND, f"run {log.run_id!r} is unknown in this namespace: "
                                             "no run record and no delivery record")
 

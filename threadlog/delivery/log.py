@@ -57,6 +57,11 @@ class DeliveryLog:
         return self._session.closed or (svc is not None and svc.closing.is_set())
 
     @property
+    def first_chunk_wait(self) -> float:
+        """Seconds a from-start read waits for a run's first chunk or close (`first_chunk_wait_ms`)."""
+        return self._session.opts.first_chunk_wait_ms / 1000.0
+
+    @property
     def _svc(self) -> DeliveryService:
         self._session.check_open()
         svc = self._session.delivery

@@ -28,10 +28,11 @@ from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
 
 from ..client import ThreadLog
 from ..client import open as open_threadlog
+from ..delivery.joins import is_known, is_running
 from ..kernel.errors import INTERNAL, INVALID_ARGUMENT, ThreadLogError
 from ..metrics import STALL_AFTER_S, AccessLog, Readiness, attach, attached, ops_routes
 from .guard import (
@@ -124,6 +125,24 @@ def _resume_offset(request: Request, query: dict[str, str]) -> str:
     if last:
         return last
     return query.get("offset") or "-1"
+
+
+def shadowing(path: str) -> str | None:
+    """Why the durability route cannot be at `path`, or None: another route of
+    `create_app`'s answers there too. Tried (a review): `serve --path /metrics`
+    printed that it served the chat route at /metrics, where every join and
+    hydration got Prometheus text. Asked of the routes themselves, so a route
+    added later is covered too."""
+    def no_client() -> ThreadLog:
+        raise AssertionError("never called: the routes are only matched")
+
+    scope = {"type": "http", "path": path, "method": "GET"}
+    others = [*whole_path(ops_routes(lambda: None, lambda: None)), *routes(no_client, path)[1:]]
+    for route in others:
+        if route.matches(scope)[0] == Match.FULL:
+            return (f"path {path!r} is taken by the server's own route {route.path!r}; "
+                    "pick another for the durability route")
+    return None
 
 
 def routes(get_tl: Callable[[], ThreadLog], path: str = "/api/chat", *,
@@ -231,7 +250,8 @@ def routes(get_tl: Callable[[], ThreadLog], path: str = "/api/chat", *,
         # From here on every outcome is an event stream: errors are RUN_ERROR events.
         after = _resume_offset(request, query)
         cursor = StreamCursor(run_id, after)
-        return EventStreamResponse(stream_run(tl.delivery(run_id), after, cursor, lambda: _running(tl, run_id)),
+        return EventStreamResponse(stream_run(tl.delivery(run_id), after, cursor, lambda: is_running(tl, run_id),
+                                              lambda: is_known(tl, run_id)),
                                    attached(tl), streams, cursor=cursor, limits=limits)
 
     return whole_path([
@@ -242,12 +262,6 @@ def routes(get_tl: Callable[[], ThreadLog], path: str = "/api/chat", *,
         Route(f"/runs/{{run_id:{ID_CONVERTOR}}}/stream", run_stream, methods=["GET"]),
         Route(f"/threads/{{thread_id:{ID_CONVERTOR}}}", thread, methods=["GET"]),
     ])
-
-
-async def _running(tl: ThreadLog, run_id: str) -> bool:
-    """Has `run_id` a run record that is `running`?"""
-    run = await tl.runs.get(run_id)
-    return run is not None and run["status"] == "running"
 
 
 def _denied_json(denied: Denied) -> JSONResponse:
@@ -325,6 +339,9 @@ def create_app(
 
     ops = whole_path(ops_routes(lambda: holder.get("metrics"), lambda: holder.get("ready")))
     streams = StreamSlots(limits.max_streams)
+    taken = shadowing(path)
+    if taken is not None:
+        raise ValueError(taken)
     app = Starlette(routes=[*ops, *routes(get_tl, path, authorize=authorize, limits=limits, streams=streams)],
                     lifespan=lifespan,
                     exception_handlers={HTTPException: _json_error, Exception: _json_error})

@@ -30,7 +30,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..delivery import DeliveryLog
-from ..kernel.errors import INTERNAL, RUN_NOT_FOUND, UNAVAILABLE, ThreadLogError, unavailable
+from ..delivery.joins import from_now, from_start, settle
+from ..kernel.errors import INTERNAL, UNAVAILABLE, ThreadLogError, unavailable
 from ..metrics import Metrics
 from .guard import TOO_MANY_STREAMS, Limits, StreamSlots
 
@@ -44,8 +45,6 @@ FINAL_SEND_S = 1.0  # longest wait to end a response whose client reads nothing
 # known to be running: well under @tanstack/ai-client's 2 s rejoin deadline
 # (REJOIN_CONNECT_DEADLINE_MS, time to its first chunk), with room for the ask.
 EARLY_S = 0.5
-# Least time between a from-start join's reads of a running run with no chunk yet (`_from_start`).
-ROUND_S = 1.0
 WAITING = "threadlog.waiting"
 HEADERS = {
     "Cache-Control": "no-store",
@@ -125,58 +124,6 @@ class StreamCursor:
         return self.ended(unavailable("this server is shutting down: join the run again on another"))
 
 
-async def _from_start(log: DeliveryLog,
-                      running: Callable[[], Awaitable[bool]]) -> AsyncIterator[tuple[str | None, dict]]:
-    """A from-start join's chunks (`_announced`), read from "-1" again for as long
-    as the run has none and is known to be running.
-
-    Why: `read("-1")` gives up after first_chunk_wait_ms (SPEC 11, RUN_NOT_FOUND),
-    and the RUN_ERROR a stream makes of it is terminal to @tanstack/ai-client: a
-    run whose driver wrote its first chunk later (a slow model, a queue) was
-    ended for a client that had just been told it was waiting (a review). A run
-    not known to be running still gets RUN_NOT_FOUND, as before. A run left
-    `running` by a driver that died holds the stream as a live join of it does,
-    until the run is reclaimed or the client goes; its rounds are at least
-    ROUND_S apart, whatever first_chunk_wait_ms is (1 ms made them a busy loop of
-    questions).
-    """
-    announce = True
-    loop = asyncio.get_running_loop()
-    while True:
-        began = loop.time()
-        reader = log.read("-1")
-        chunks = _announced(reader, running) if announce else reader
-        produced = False
-        try:
-            async for offset, chunk in chunks:
-                announce = False  # WAITING once per stream, whatever comes first
-                produced = produced or offset is not None
-                yield offset, chunk
-            return
-        except ThreadLogError as exc:
-            if produced or exc.code != RUN_NOT_FOUND or not await _still_running(running):
-                raise
-        finally:
-            if chunks is not reader:
-                await chunks.aclose()  # type: ignore[attr-defined]  # first: it may be reading
-            aclose = getattr(reader, "aclose", None)
-            if aclose is not None:
-                await aclose()
-        if announce:  # gave up sooner than EARLY_S (a short first_chunk_wait_ms): it is running
-            announce = False
-            yield None, {}
-        # Pacing, not synchronization: the next read starts from the beginning,
-        # so a first chunk written meanwhile is met as soon as it starts.
-        await asyncio.sleep(max(0.0, began + ROUND_S - loop.time()))
-
-
-async def _still_running(running: Callable[[], Awaitable[bool]]) -> bool:
-    try:
-        return await running() is True
-    except Exception:  # a failed ask is taken as "not known", as `_announced` takes it
-        return False
-
-
 async def _announced(reader: AsyncIterator[tuple[str, dict]],
                      running: Callable[[], Awaitable[bool]]) -> AsyncIterator[tuple[str | None, dict]]:
     """`reader`'s chunks, preceded by a WAITING pseudo-chunk (offset None) when
@@ -199,17 +146,7 @@ async def _announced(reader: AsyncIterator[tuple[str, dict]],
             return
         yield item
     finally:
-        for task in (first, asking):
-            if task is None:
-                continue
-            if not task.done():
-                task.cancel()
-                # Over before the reader is closed (not while it runs), even when we
-                # are cancelled ourselves (a shutdown, a disconnect): shielded.
-                with anyio.CancelScope(shield=True):
-                    await asyncio.wait({task})
-            if not task.cancelled():
-                task.exception()  # seen: an ask that failed is not logged as never retrieved
+        await settle(first, asking)  # over before the reader is closed, not while it runs
     async for offset, chunk in reader:
         yield offset, chunk
 
@@ -219,7 +156,8 @@ def _said_yes(task: asyncio.Future[Any]) -> bool:
 
 
 async def stream_run(log: DeliveryLog, after: str, cursor: StreamCursor | None = None,
-                     running: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[bytes]:
+                     running: Callable[[], Awaitable[bool]] | None = None,
+                     known: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[bytes]:
     """The SSE events of one connection: chunks strictly after `after` until the log closes.
 
     Keepalives are not in here: `EventStreamResponse` sends them from a timer
@@ -227,12 +165,16 @@ async def stream_run(log: DeliveryLog, after: str, cursor: StreamCursor | None =
     task per chunk, no `asyncio.wait` -- on the latency path every loop
     iteration saved counts (see README, "SSE latency"). `running()`: is the run
     known to be running (a from-start join then hears WAITING if its first
-    chunk is late)."""
+    chunk is late, and waits on); `known()`: has it any record at all (a "now"
+    join of a run with none gets RUN_NOT_FOUND once the first chunk's wait is
+    over: `joins.from_now`)."""
     cursor = cursor or StreamCursor(log.run_id, after)
     reader: AsyncIterator[tuple[str, dict]] | None = None
     chunks: AsyncIterator[tuple[str | None, dict]]
     if after == "-1" and running is not None:
-        chunks = _from_start(log, running)  # its readers are its own
+        chunks = from_start(log, running, lambda reader: _announced(reader, running))  # its readers are its own
+    elif after == "now" and known is not None:
+        chunks = from_now(log, known, log.first_chunk_wait)
     else:
         chunks = reader = log.read(after)
     last: Any = None
