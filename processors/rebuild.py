@@ -77,21 +77,24 @@ def rebuild(
     trap = kafka_config.ErrorTrap((kafka or {}).get("error_cb"))
     admin = AdminClient(kafka_config.base(bootstrap, f"{namespace}.rebuild.admin", kafka, trap))
     try:
-        layout = require_topics(admin, topics, request_timeout)
-    except ThreadLogError as exc:
-        raise trap.explain(exc, admin, kafka) from None
-    _require_whole_log(bootstrap, topics.events, layout.events, kafka, request_timeout)
-    slot = hold_slot(given)
-    if slot is None:  # taken since it was asked
-        _in_use(given)
-    try:
-        # Again, held: what is deleted is what was checked.
-        _require_store_layout(store_path)
-        _require_namespace(store_path, namespace)
-        return _rebuild(bootstrap, store_path, progress, timeout, kafka, request_timeout, topics, admin,
-                        layout.events)
+        try:
+            layout = require_topics(admin, topics, request_timeout)
+        except ThreadLogError as exc:
+            raise trap.explain(exc, admin, kafka) from None
+        _require_whole_log(bootstrap, topics.events, layout.events, kafka, request_timeout)
+        slot = hold_slot(given)
+        if slot is None:  # taken since it was asked
+            _in_use(given)
+        try:
+            # Again, held: what is deleted is what was checked.
+            _require_store_layout(store_path)
+            _require_namespace(store_path, namespace)
+            return _rebuild(bootstrap, store_path, progress, timeout, kafka, request_timeout, topics, admin,
+                            layout.events)
+        finally:
+            slot.release()
     finally:
-        slot.release()
+        kafka_config.dispose(admin)
 
 
 def _in_use(store_path: str | Path) -> NoReturn:

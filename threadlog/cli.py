@@ -585,12 +585,14 @@ def _namespaces(bootstrap: str, kafka: dict[str, Any], timeout: float) -> dict[s
     from threadlog.kernel.errors import unavailable
 
     admin, trap = _admin(bootstrap, kafka, "threadlog.cli.admin")
-    kafka_config.reach(admin, trap, timeout, kafka)  # wrong credentials: fails at once, naming them
     try:
+        kafka_config.reach(admin, trap, timeout, kafka)  # wrong credentials: fails at once, naming them
         md = admin.list_topics(timeout=timeout)
     except KafkaException as exc:
         raise trap.explain(unavailable(f"cluster metadata unavailable: {kafka_config.error_text(exc)}"),
                            admin, kafka) from None
+    finally:
+        kafka_config.dispose(admin)
     found: dict[str, set[str]] = {}
     for name in md.topics:
         ns, _, kind = name.rpartition(".")
@@ -602,13 +604,22 @@ def _namespaces(bootstrap: str, kafka: dict[str, Any], timeout: float) -> dict[s
 def _delete_namespace(bootstrap: str, namespace: str, kafka: dict[str, Any], timeout: float,
                       kinds: set[str] | None = None) -> list[str]:
     """Delete the namespace's topics (only those of `kinds`, if given); returns the ones deleted."""
-    from confluent_kafka import KafkaError, KafkaException
-
-    from threadlog.kernel.errors import unavailable
+    from threadlog.kernel import kafka_config
     from threadlog.kernel.topics import Topics
 
     names = [t for t in Topics(namespace).all() if kinds is None or t.rpartition(".")[2] in kinds]
     admin, trap = _admin(bootstrap, kafka, "threadlog.cli.admin")
+    try:
+        return _delete_topics(admin, trap, names, kafka, timeout)
+    finally:
+        kafka_config.dispose(admin)
+
+
+def _delete_topics(admin: Any, trap: Any, names: list[str], kafka: dict[str, Any], timeout: float) -> list[str]:
+    from confluent_kafka import KafkaError, KafkaException
+
+    from threadlog.kernel.errors import unavailable
+
     futures = admin.delete_topics(names, operation_timeout=timeout, request_timeout=timeout)
     deleted = []
     for name, fut in futures.items():

@@ -296,5 +296,7 @@ class Runtime:
             self.index_store.close()
         if self.ends is not None:
             self.ends.close()
+        if self.admin is not None:
+            kafka_config.dispose(self.admin)  # now, not at gc: see there
         if self.slot is not None:
             self.slot.release()

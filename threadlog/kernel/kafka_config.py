@@ -239,6 +239,22 @@ def validate(bootstrap: str, kafka: Mapping[str, Any]) -> None:
         del client
 
 
+def dispose(admin: Any) -> None:
+    """Destroy an AdminClient now, on a thread of its own (it has no close():
+    leaving its context destroys the handle; later calls raise RuntimeError).
+
+    Now, not when it is collected: after a failed start the error's traceback
+    holds it in a reference cycle, so its librdkafka threads lived until gc ran
+    and a process retrying `open()` gathered them (an operator review). On a
+    thread of its own: destroying waits for its broker threads, and one may be
+    in a `getaddrinfo` of a host that does not resolve, which nothing
+    interrupts -- up to the resolver's 5 s timeout, which the error (or a CLI's
+    exit) waited for. The thread is a daemon: a process that exits meanwhile
+    takes the client's threads with it."""
+    threading.Thread(target=admin.__exit__, args=(None, None, None), name="threadlog.dispose",
+                     daemon=True).start()
+
+
 def error_code(exc: BaseException) -> int | None:
     """The librdkafka error code a KafkaException carries (None: none)."""
     err = exc.args[0] if exc.args else None

@@ -1,0 +1,67 @@
+"""A failed open leaves no librdkafka threads behind (no broker: port 1 refuses, `.invalid` never resolves).
+
+Found by an operator review: each `threadlog.open(...)` that failed with
+UNAVAILABLE left the admin client it had built alive -- its traceback held the
+client in a reference cycle -- so its librdkafka threads (native, not in
+`threading`) lived until the garbage collector ran, and a process retrying
+open() in a loop gathered them.
+
+Each case runs in a process of its own, with the garbage collector disabled:
+what must be shown is that nothing waits for it. The threads are counted in
+/proc/self/task (every thread of the process, librdkafka's included).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+RETRY = """
+import asyncio, gc, logging, os, sys, time
+import threadlog
+
+gc.disable()
+# Silenced as the CLI silences it: the logger's repeat filter starts a timer
+# thread (gone after its 30 s window) per client that logged a repeated line,
+# which would hide what is counted here.
+logging.getLogger("threadlog.rdkafka").setLevel(logging.CRITICAL + 1)
+
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+async def main(bootstrap, attempts, state_dir):
+    baseline = threads()
+    for attempt in range(attempts):
+        try:
+            await threadlog.open(bootstrap, "never", state_dir=state_dir, request_timeout_ms=500)
+        except threadlog.ThreadLogError as exc:
+            code = exc.code
+        else:
+            raise AssertionError("opened an unreachable cluster")
+        # The open's own thread ends just after handing over its error: a bounded wait.
+        deadline = time.monotonic() + 10
+        while threads() != baseline and time.monotonic() < deadline:
+            time.sleep(0.02)
+        print(attempt, code, threads() - baseline, flush=True)
+        if threads() != baseline:
+            return
+
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3]))
+"""
+
+
+@pytest.mark.parametrize(("bootstrap", "attempts"), [("127.0.0.1:1", 5), ("nosuchhost.invalid:9092", 2)],
+                         ids=["refused", "unresolvable"])
+def test_a_failed_open_leaves_no_kafka_threads(bootstrap, attempts, tmp_path):
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(RETRY), bootstrap, str(attempts), str(tmp_path)],
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr[-2000:]
+    # Per attempt: its number, its error code, and the threads left over the baseline.
+    assert done.stdout.splitlines() == [f"{n} UNAVAILABLE 0" for n in range(attempts)], \
+        done.stdout + done.stderr[-2000:]
