@@ -119,3 +119,32 @@ def test_repeats_still_counted_when_the_process_exits_within_the_window():
     lines = out.stdout.splitlines()
     assert out.returncode == 0 and len(lines) == 2, out
     assert lines[1].startswith("FAIL [c] failed: Connection refused (after 3ms in state CONNECT) (2 more"), out
+
+
+def test_many_clients_repeating_at_once_cost_one_thread_and_are_each_counted():
+    """Tried (a review): each window with a dropped line started a timer thread
+    of its own, alive for the whole window (30 s), so a process retrying open()
+    against a cluster that is down gathered one more thread per client."""
+    name = "threadlog.rdkafka.repeats-many"
+    log = logging.getLogger(name)
+    lines = Lines()
+    repeats = kafka_config._RepeatFilter(window=0.5)
+    log.addFilter(repeats)
+    log.addHandler(lines)
+    log.propagate = False
+    before = threading.active_count()
+    try:
+        for client in range(20):
+            for ms in (1, 2, 3):
+                log.error("FAIL [c%s] failed: Connection refused (after %sms in state CONNECT)", client, ms)
+        assert threading.active_count() <= before + 1  # one thread says every window's count
+        deadline = time.monotonic() + 10
+        while len(lines.lines) < 40 and time.monotonic() < deadline:
+            lines.said.clear()
+            lines.said.wait(1)
+        counted = [line for line in lines.lines if "(after 3ms in state CONNECT) (2 more like it" in line]
+        assert sorted(int(re.search(r"\[c(\d+)\]", line).group(1)) for line in counted) == list(range(20)), \
+            lines.lines
+    finally:
+        log.removeHandler(lines)
+        log.removeFilter(repeats)

@@ -10,6 +10,8 @@ the settings threadlog needs for correctness (which `check()` refuses).
 from __future__ import annotations
 
 import atexit
+import heapq
+import itertools
 import logging
 import re
 import threading
@@ -70,6 +72,13 @@ class _RepeatFilter(logging.Filter):
         self._lock = threading.Lock()
         # kind -> [window start, lines dropped, the last line dropped]
         self._kinds: dict[str, list[Any]] = {}
+        # Windows with drops, by when they end, said by one thread for them all:
+        # a timer thread per window was one more thread for 30 s per client that
+        # logged a repeat, so a process retrying open() gathered them (a review).
+        self._due: list[tuple[float, int, str, list[Any]]] = []
+        self._order = itertools.count()
+        self._woken = threading.Condition(self._lock)
+        self._sayer: threading.Thread | None = None
 
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, self._SUMMARY, False):
@@ -82,9 +91,12 @@ class _RepeatFilter(logging.Filter):
                 entry[1] += 1
                 entry[2] = record
                 if entry[1] == 1:  # the window's first drop: make sure the count is said
-                    timer = threading.Timer(entry[0] + self.window - now, self._summarize, (kind, entry))
-                    timer.daemon = True
-                    timer.start()
+                    heapq.heappush(self._due, (entry[0] + self.window, next(self._order), kind, entry))
+                    if self._sayer is None:
+                        self._sayer = threading.Thread(target=self._say_due, name="threadlog.rdkafka-repeats",
+                                                       daemon=True)
+                        self._sayer.start()
+                    self._woken.notify()
                 return False
             if len(self._kinds) >= self._MAX_KINDS:
                 self._kinds.clear()
@@ -99,6 +111,15 @@ class _RepeatFilter(logging.Filter):
         with self._lock:
             pending = [(kind, entry) for kind, entry in self._kinds.items() if entry[1]]
         for kind, entry in pending:
+            self._summarize(kind, entry)
+
+    def _say_due(self) -> None:
+        """The sayer thread: each window with drops summarized when it ends."""
+        while True:
+            with self._woken:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    self._woken.wait(self._due[0][0] - time.monotonic() if self._due else None)
+                _, _, kind, entry = heapq.heappop(self._due)
             self._summarize(kind, entry)
 
     def _summarize(self, kind: str, entry: list[Any]) -> None:
