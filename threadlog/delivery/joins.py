@@ -98,16 +98,12 @@ async def from_now(log: DeliveryLog, known: Ask, wait_s: float) -> AsyncIterator
     for a broker that did not answer one question."""
     reader = log.read("now")
     first: asyncio.Future[Any] = asyncio.ensure_future(reader.__anext__())
-    asking: asyncio.Future[Any] | None = None
+    asking: list[asyncio.Future[Any]] = []
     try:
-        done, _ = await asyncio.wait({first}, timeout=wait_s)
-        if not done:
-            asking = asyncio.ensure_future(known())
-            await asyncio.wait({first, asking}, return_when=asyncio.FIRST_COMPLETED)
-            if not first.done() and asking.done() and not asking.cancelled() \
-                    and asking.exception() is None and asking.result() is False:
-                raise ThreadLogError(RUN_NOT_FOUND, f"run {log.run_id!r} is unknown: no run record and no "
-                                                    f"delivery record, and nothing came within {wait_s}s")
+        await ask_if_late(first, wait_s, known, asking)
+        if not first.done() and answer(asking) is False:
+            raise ThreadLogError(RUN_NOT_FOUND, f"run {log.run_id!r} is unknown: no run record and no "
+                                                f"delivery record, and nothing came within {wait_s}s")
         try:
             item = await first
         except StopAsyncIteration:
@@ -116,8 +112,27 @@ async def from_now(log: DeliveryLog, known: Ask, wait_s: float) -> AsyncIterator
         async for item in reader:
             yield item
     finally:
-        await settle(first, asking)
+        await settle(first, *asking)
         await reader.aclose()  # type: ignore[attr-defined]  # an async generator: its consumer goes back
+
+
+async def ask_if_late(first: asyncio.Future[Any], wait_s: float, ask: Ask, asking: list[asyncio.Future[Any]]) -> None:
+    """Wait up to `wait_s` for `first` (a reader's first item); if it has not come,
+    ask `ask()` (in a task put in `asking`, for the caller to `settle`) and wait
+    for whichever ends first."""
+    done, _ = await asyncio.wait({first}, timeout=wait_s)
+    if not done:
+        asking.append(asyncio.ensure_future(ask()))
+        await asyncio.wait({first, asking[0]}, return_when=asyncio.FIRST_COMPLETED)
+
+
+def answer(asking: list[asyncio.Future[Any]]) -> Any:
+    """What the ask of `ask_if_late` answered; None if not asked, not answered
+    yet, or failed (a failed ask is no answer)."""
+    if not asking:
+        return None
+    task = asking[0]
+    return task.result() if task.done() and not task.cancelled() and task.exception() is None else None
 
 
 async def settle(*tasks: asyncio.Future[Any] | None) -> None:

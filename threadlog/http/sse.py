@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..delivery import DeliveryLog
-from ..delivery.joins import from_now, from_start, settle
+from ..delivery.joins import answer, ask_if_late, from_now, from_start, settle
 from ..kernel.errors import INTERNAL, UNAVAILABLE, ThreadLogError, unavailable
 from ..metrics import Metrics
 from .guard import TOO_MANY_STREAMS, Limits, StreamSlots
@@ -130,29 +130,22 @@ async def _announced(reader: AsyncIterator[tuple[str, dict]],
     none came within EARLY_S and `running()` says the run is running. Only the
     first chunk is awaited in a task of its own; the rest as `stream_run` does."""
     first: asyncio.Future[Any] = asyncio.ensure_future(reader.__anext__())
-    asking: asyncio.Future[Any] | None = None
+    asking: list[asyncio.Future[Any]] = []
     try:
-        done, _ = await asyncio.wait({first}, timeout=EARLY_S)
-        if not done:
-            asking = asyncio.ensure_future(running())
-            await asyncio.wait({first, asking}, return_when=asyncio.FIRST_COMPLETED)
-            # Never for an unknown run: ChatClient's deadline is what drops a stale
-            # pointer. A failed ask is taken as "not known".
-            if not first.done() and _said_yes(asking):
-                yield None, {}
+        await ask_if_late(first, EARLY_S, running, asking)
+        # Never for an unknown run: ChatClient's deadline is what drops a stale
+        # pointer. A failed ask is taken as "not known".
+        if not first.done() and answer(asking) is True:
+            yield None, {}
         try:
             item = await first
         except StopAsyncIteration:
             return
         yield item
     finally:
-        await settle(first, asking)  # over before the reader is closed, not while it runs
+        await settle(first, *asking)  # over before the reader is closed, not while it runs
     async for offset, chunk in reader:
         yield offset, chunk
-
-
-def _said_yes(task: asyncio.Future[Any]) -> bool:
-    return task.done() and not task.cancelled() and task.exception() is None and task.result() is True
 
 
 async def stream_run(log: DeliveryLog, after: str, cursor: StreamCursor | None = None,
