@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 from confluent_kafka import Producer
 
@@ -23,6 +25,22 @@ class Lines(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(record.getMessage())
         self.said.set()
+
+
+@contextlib.contextmanager
+def filtered(name: str, window: float) -> Iterator[tuple[logging.Logger, Lines]]:
+    """A logger of its own behind a repeat filter of its own, its lines caught."""
+    log = logging.getLogger(name)
+    lines = Lines()
+    repeats = kafka_config._RepeatFilter(window=window)
+    log.addFilter(repeats)
+    log.addHandler(lines)
+    log.propagate = False
+    try:
+        yield log, lines
+    finally:
+        log.removeHandler(lines)
+        log.removeFilter(repeats)
 
 
 def own_refusals(lines: Lines) -> list[str]:
@@ -80,14 +98,7 @@ def test_repeats_that_stop_are_still_counted_when_the_window_ends():
     # Tried: a broker down for 10 s, then back. The reconnect failures stopped,
     # no line of their kind came after the window, and the log showed one
     # failure where there had been dozens.
-    name = "threadlog.rdkafka.repeats-test"
-    log = logging.getLogger(name)
-    lines = Lines()
-    repeats = kafka_config._RepeatFilter(window=0.3)
-    log.addFilter(repeats)
-    log.addHandler(lines)
-    log.propagate = False
-    try:
+    with filtered("threadlog.rdkafka.repeats-test", window=0.3) as (log, lines):
         log.error("FAIL [c] failed: Connection refused (after %sms in state CONNECT)", 1)
         lines.said.clear()  # before the repeats: a slow machine may reach the window's end meanwhile
         for ms in (2, 3):
@@ -96,10 +107,6 @@ def test_repeats_that_stop_are_still_counted_when_the_window_ends():
         assert lines.lines[1].startswith("FAIL [c] failed: Connection refused (after 3ms in state CONNECT) (2 more")
         log.error("FAIL [c] failed: Connection refused (after %sms in state CONNECT)", 4)
         assert lines.lines[2] == "FAIL [c] failed: Connection refused (after 4ms in state CONNECT)"  # a new window
-    finally:
-        log.removeHandler(lines)
-        log.removeFilter(repeats)
-
 
 
 def test_repeats_still_counted_when_the_process_exits_within_the_window():
@@ -125,15 +132,8 @@ def test_many_clients_repeating_at_once_cost_one_thread_and_are_each_counted():
     """Tried (a review): each window with a dropped line started a timer thread
     of its own, alive for the whole window (30 s), so a process retrying open()
     against a cluster that is down gathered one more thread per client."""
-    name = "threadlog.rdkafka.repeats-many"
-    log = logging.getLogger(name)
-    lines = Lines()
-    repeats = kafka_config._RepeatFilter(window=0.5)
-    log.addFilter(repeats)
-    log.addHandler(lines)
-    log.propagate = False
     before = threading.active_count()
-    try:
+    with filtered("threadlog.rdkafka.repeats-many", window=0.5) as (log, lines):
         for client in range(20):
             for ms in (1, 2, 3):
                 log.error("FAIL [c%s] failed: Connection refused (after %sms in state CONNECT)", client, ms)
@@ -145,6 +145,3 @@ def test_many_clients_repeating_at_once_cost_one_thread_and_are_each_counted():
         counted = [line for line in lines.lines if "(after 3ms in state CONNECT) (2 more like it" in line]
         assert sorted(int(re.search(r"\[c(\d+)\]", line).group(1)) for line in counted) == list(range(20)), \
             lines.lines
-    finally:
-        log.removeHandler(lines)
-        log.removeFilter(repeats)
