@@ -856,6 +856,8 @@ _QUERY_ARGS: dict[str, _Spec] = {
     "agents.items": {"session": _need(STR), "limit": _need(_or_null(NAT))},
     "checkpoints.get": {"checkpoint_id": _need(STR)},
     "interrupts.of_run": {"run_id": _need(STR)},
+    "langgraph.history": {"thread": _need(STR), "ns": _need(STR), "checkpoint_id": _need(_or_null(STR)),
+                          "channels": _need(_list(STR)), "inclusive": _need(BOOL)},
     "langgraph.tuple": {"thread": _need(STR), "ns": _need(STR), "checkpoint_id": _need(_or_null(STR))},
     "runs.quiet": {"cutoff": _need(NUMBER)},
 }

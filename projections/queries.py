@@ -27,6 +27,7 @@ QUERIES: dict[str, Callable[..., Any]] = {
     "agents.items": agent_sessions.read_items,
     "checkpoints.get": checkpoints.find_record,
     "interrupts.of_run": interrupts.records_of_run,
+    "langgraph.history": langgraph.read_history,
     "langgraph.tuple": langgraph.read_tuple,
     "runs.quiet": runs.quiet_records,
 }

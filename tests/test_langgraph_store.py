@@ -15,7 +15,7 @@ from typing import Annotated, TypedDict
 
 import pytest
 from langgraph.channels.delta import DeltaChannel
-from langgraph.checkpoint.base import ERROR, WRITES_IDX_MAP
+from langgraph.checkpoint.base import ERROR, WRITES_IDX_MAP, BaseCheckpointSaver
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
@@ -948,3 +948,58 @@ async def test_a_blocking_saver_used_after_os_fork_fails_at_once_in_the_child(bo
 
     read, write, elapsed, closed = await asyncio.to_thread(use)
     assert (read, write) == (UNAVAILABLE, UNAVAILABLE) and elapsed < 1.0 and closed
+
+
+class Seeded(TypedDict):  # a snapshot every 4 steps: walks end at a seed, not at the root
+    items: Annotated[list, DeltaChannel(_extend, snapshot_frequency=4)]
+
+
+async def test_delta_channel_history_is_one_query_and_what_langgraphs_walk_reads(open_client, monkeypatch):
+    """Tried (a review): a DeltaChannel graph's every step asked `get_tuple` once per
+    ancestor since the last snapshot (LangGraph's default walk): through a thin
+    client 91 requests at turn 30, 0.24-0.36 s a step. Now one `langgraph.history`
+    query at the thread's owner; the history is the default walk's, on a thin and
+    an embedded saver, also when answers are cut short (`next`), and the graph's
+    state is InMemorySaver's."""
+    thin = AsyncThreadLogSaver(await open_client(processors="external"))
+    full = AsyncThreadLogSaver(await open_client())
+    memory = InMemorySaver()
+    graph = StateGraph(Seeded)
+    graph.add_node("n", lambda s: {"items": [len(s.get("items") or [])]})
+    graph.add_edge(START, "n")
+    graph.add_edge("n", END)
+    cfg = {"configurable": {"thread_id": "t-delta-history"}}
+    for saver in (thin, memory):
+        compiled = graph.compile(checkpointer=saver)
+        for i in range(11):
+            await within(compiled.ainvoke({"items": [f"in{i}"]}, cfg))
+    expected = (await graph.compile(checkpointer=memory).aget_state(cfg)).values
+    assert (await graph.compile(checkpointer=thin).aget_state(cfg)).values == expected
+    assert len(expected["items"]) == 22
+    sent: list[str] = []
+    real_call = remote.QueryClient.call
+
+    async def call(self, op, args, partitions=None, timeout=None):
+        sent.append(op if op != "query" else args["name"])
+        return await real_call(self, op, args, partitions, timeout)
+
+    monkeypatch.setattr(remote.QueryClient, "call", call)
+    history = [t.config async for t in thin.alist(cfg)]
+    for target in (cfg, history[3], history[-2]):  # the newest, one in between, the first's child
+        sent.clear()
+        got = await within(thin.aget_delta_channel_history(config=target, channels=["items"]))
+        assert sent == ["langgraph.history"], sent
+        walked = await within(BaseCheckpointSaver.aget_delta_channel_history(thin, config=target,
+                                                                              channels=["items"]))
+        assert got == walked and len(sent) > 2, sent  # the default walk: a request per ancestor
+        assert await within(full.aget_delta_channel_history(config=target, channels=["items"])) == walked
+        monkeypatch.setattr(state, "TUPLE_CHUNK_BYTES", 1)  # one ancestor an answer (embedded: run here)
+        assert await within(full.aget_delta_channel_history(config=target, channels=["items"])) == walked
+        monkeypatch.setattr(state, "TUPLE_CHUNK_BYTES", 8 * 1024 * 1024)
+    newest = await within(BaseCheckpointSaver.aget_delta_channel_history(thin, config=cfg, channels=["items"]))
+    # The blocking form, from a thread other than the saver's loop (as LangGraph's sync graphs call it).
+    assert await within(asyncio.to_thread(thin.get_delta_channel_history, config=cfg, channels=["items"])) == newest
+    assert await within(thin.aget_delta_channel_history(config=cfg, channels=[])) == {}
+    none = await within(thin.aget_delta_channel_history(config={"configurable": {"thread_id": "t-none"}},
+                                                        channels=["items"]))
+    assert none == {"items": {"writes": []}}

@@ -383,6 +383,59 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
             pending_writes=pending,
         )
 
+    async def aget_delta_channel_history(self, *, config: RunnableConfig,
+                                         channels: Sequence[str]) -> Mapping[str, Any]:
+        """LangGraph's walk of the parent chain for `DeltaChannel` values: per
+        channel the writes of the ancestors, oldest first, and the seed (the
+        value stored at the nearest ancestor holding one), by the rules of
+        `BaseCheckpointSaver.get_delta_channel_history` -- whose default asks
+        `get_tuple` once per ancestor: through a thin client a request each,
+        0.24-0.36 s a step at 30 turns of a DeltaChannel thread (a review). Here
+        the thread's owner reads the ancestors in one query (`langgraph.history`)
+        per TUPLE_CHUNK_BYTES of values."""
+        if not channels:
+            return {}
+        thread, ns = _thread_id(config), _ns(config)
+        collected: dict[str, list[tuple[str, str, Any]]] = {ch: [] for ch in channels}
+        seeds: dict[str, Any] = {}
+        remaining = set(channels)
+        cid, inclusive, barrier = get_checkpoint_id(config) or None, False, True
+        while remaining:
+            (got,) = await self.tl.session.query("langgraph.history", (thread,), {
+                "thread": thread, "ns": ns, "checkpoint_id": cid, "channels": sorted(remaining),
+                "inclusive": inclusive}, barrier)
+            barrier = False
+            for raw in got["tuples"]:
+                tup = await self._ancestor(thread, ns, raw)
+                if tup is None:  # deleted since: the chain ends there, as LangGraph's walk ends
+                    got["next"] = None
+                    break
+                for write in reversed(tup.pending_writes or []):
+                    if write[1] in remaining:
+                        collected[write[1]].append(write)
+                for ch in [ch for ch in remaining if ch in tup.checkpoint["channel_values"]]:
+                    seeds[ch] = tup.checkpoint["channel_values"][ch]
+                    remaining.discard(ch)
+                if not remaining:
+                    break
+            if got["next"] is None:
+                break
+            cid, inclusive = got["next"], True
+        history: dict[str, Any] = {}
+        for ch in channels:
+            history[ch] = {"writes": list(reversed(collected[ch]))}
+            if ch in seeds:
+                history[ch]["seed"] = seeds[ch]
+        return history
+
+    async def _ancestor(self, thread: str, ns: str, raw: dict) -> CheckpointTuple | None:
+        """An ancestor's tuple from the history query's answer; read again alone
+        if a value changed under the query (None: it is gone)."""
+        try:
+            return await self._assemble(thread, ns, raw, None)
+        except _Torn:
+            return await self._tuple(thread, ns, raw["id"], None, barrier=False)
+
     def _sync(self, coro: Coroutine[Any, Any, T], *, write: bool = False) -> T:
         """Run one of the async methods from another thread (LangGraph's sync API).
 
@@ -732,6 +785,9 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return self._sync(self.aget_tuple(config))
 
+    def get_delta_channel_history(self, *, config: RunnableConfig, channels: Sequence[str]) -> Mapping[str, Any]:
+        return self._sync(self.aget_delta_channel_history(config=config, channels=channels))
+
     def list(
         self,
         config: RunnableConfig | None,
@@ -905,6 +961,9 @@ class ThreadLogSaver(BaseCheckpointSaver[str]):
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return self._call(self._inner_saver().aget_tuple(config))
 
+    def get_delta_channel_history(self, *, config: RunnableConfig, channels: Sequence[str]) -> Mapping[str, Any]:
+        return self._call(self._inner_saver().aget_delta_channel_history(config=config, channels=channels))
+
     def list(
         self,
         config: RunnableConfig | None,
@@ -946,6 +1005,10 @@ class ThreadLogSaver(BaseCheckpointSaver[str]):
     # -- the async API, run on the saver's loop ------------------------------------------------------
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return await self._acall(self._inner_saver().aget_tuple(config))
+
+    async def aget_delta_channel_history(self, *, config: RunnableConfig,
+                                         channels: Sequence[str]) -> Mapping[str, Any]:
+        return await self._acall(self._inner_saver().aget_delta_channel_history(config=config, channels=channels))
 
     async def alist(
         self,
