@@ -56,6 +56,12 @@ def write_floor_markers(bootstrap: str, topic: str, partitions: int, codec: Code
         producer.produce(topic, value, key.encode("utf-8"), partition=p,
                          on_delivery=lambda err, _msg: failures.append(str(err)) if err is not None else None)
     left = producer.flush(timeout)
+    if left:
+        # Dropped here, not when collected: the error's traceback holds this frame,
+        # and with it the producer and its librdkafka threads, until gc runs.
+        producer.purge()
+        producer.flush(0)
+    del producer
     if left or failures:
         raise unavailable(f"the rules floor markers of {topic} were not written: "
                           f"{failures[0] if failures else f'{left} not acknowledged in {timeout:g}s'}")
