@@ -291,6 +291,38 @@ def test_a_failing_command_in_json_mode_is_one_json_line_with_the_traceback_unde
         assert ("Traceback" in last.get("exception", "")) == bool(verbose)
 
 
+async def test_a_joining_worker_is_not_ready_before_the_group_gives_it_its_share(bootstrap, namespace, tmp_path):
+    """Tried (a review): a restarted worker answered 200 `"owned": []` right after
+    it joined -- cooperative-sticky gives a joining member nothing at first and
+    its share a rebalance later -- so a rolling restart gated on /readyz
+    stopped the next worker while this one owned nothing. Ready now only once
+    the group is Stable and balanced: here with two of the four partitions."""
+    workers = [WorkerProcess(bootstrap, namespace, tmp_path / f"w{i}", f"w{i}", "--http", "127.0.0.1:0")
+               for i in range(2)]
+    try:
+        await workers[0].start()
+        async with httpx.AsyncClient(timeout=10) as http:
+            await within(readyz_until_owned(http, workers[:1], [[0, 1, 2, 3]]), 60)
+            await workers[1].start()
+            answers: list[tuple[int, dict]] = []
+
+            async def until_ready() -> dict:
+                while True:
+                    r = await http.get(f"{metrics_url(workers[1])}/readyz")
+                    answers.append((r.status_code, r.json()))
+                    if r.status_code == 200:
+                        return r.json()
+                    await asyncio.sleep(0.05)  # polling: the rebalance announces itself to no test
+
+            ready = await within(until_ready(), 60)
+            assert len(ready["owned"]) == 2, answers
+            waiting = [a.get("reason", "") for code, a in answers if code == 503]
+            assert all("group" in why or "caught up" in why or "restoring" in why for why in waiting), waiting
+    finally:
+        for w in workers:
+            await w.stop()
+
+
 async def test_a_worker_owning_no_partition_is_ready_and_a_thin_serve_is_ready(bootstrap, namespace, tmp_path,
                                                                               open_client):
     # One partition, two workers: the group gives one of them nothing; both are ready.

@@ -16,8 +16,9 @@ written, restores).
 
 Readiness (`Readiness`): embedded -- the judge caught up with the end offsets
 read at startup; worker -- a member of the group, and every owned partition
-caught up with the end offsets read when it was assigned (owning none is ready:
-with more workers than partitions some own none); thin -- a read barrier
+caught up with the end offsets read when it was assigned, once the group has
+settled (Stable, partitions balanced: `Readiness._unsettled`; owning none is
+then ready: with more workers than partitions some own none); thin -- a read barrier
 through the workers passes. A worker is not ready while an owned partition
 stalls -- it has records to judge and its judged position has not moved for
 `stall_after` seconds (`Readiness._stalled` says why); embedded, a stall is
@@ -35,6 +36,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
+from confluent_kafka import ConsumerGroupState
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -343,6 +345,37 @@ class Readiness:
                 stalled[str(p)] = {"applied": at, "end": end, "stalled_s": round(now - held[1], 1)}
         return stalled
 
+    async def _unsettled(self) -> str | None:
+        """Why this worker's group has not settled its assignment yet, or None
+        (settled, or not known: an unanswered question gates nothing, as an
+        unknown end flags nothing).
+
+        Why: cooperative-sticky gives a joining member nothing at first (the
+        partitions it will get are revoked from their owners first, then
+        assigned in a second rebalance a second or two later). Owning nothing
+        is ready, so a restarted worker answered 200 before it had anything to
+        restore or catch up with, and a rolling restart gated on /readyz
+        stopped the next worker meanwhile (a review). Settled: the group is
+        Stable and its members' counts of partitions differ by at most one, as
+        the assignor leaves them (with more workers than partitions, some own
+        none: still settled). One DescribeConsumerGroups request per check."""
+        judge = self.rt.judge
+        group, admin = getattr(judge, "group", None), getattr(self.rt, "admin", None)
+        if group is None or admin is None:
+            return None
+        try:
+            desc = await asyncio.wait_for(asyncio.to_thread(_describe_group, admin, group, self.timeout),
+                                          self.timeout + 1)
+        except Exception as exc:
+            log.warning("readiness: group %s not described, its assignment not checked: %s", group, exc)
+            return None
+        if desc.state != ConsumerGroupState.STABLE:
+            return f"group {group} is rebalancing ({desc.state.name.lower()})"
+        counts = sorted(sum(tp.topic == judge.topic for tp in m.assignment.topic_partitions) for m in desc.members)
+        if counts and counts[-1] - counts[0] > 1:
+            return f"group {group} has not balanced its partitions yet (members own {counts})"
+        return None
+
     def in_group(self) -> bool:
         # Not Consumer.memberid(): it blocks while the judge's thread polls.
         judge = self.rt.judge
@@ -382,7 +415,8 @@ class Readiness:
         # A new assignment is not caught up while its snapshot is still being read.
         restoring = list(getattr(judge, "restoring", ()))
         unserved = dict(getattr(judge, "unserved", {}))  # restored, failing to be served: retried
-        ready = member and not behind and not gating and not restoring
+        unsettled = await self._unsettled() if member and rt.worker else None
+        ready = member and not unsettled and not behind and not gating and not restoring
         detail: dict[str, Any] = {"role": "worker" if rt.worker else "embedded", "owned": owned}
         if restoring:
             detail["restoring"] = restoring
@@ -392,6 +426,8 @@ class Readiness:
                 f"progress for {self.stall_after:g}s or more")
         if not member:
             detail["reason"] = "not a member of the group yet"
+        elif unsettled:
+            detail["reason"] = unsettled
         elif gating:
             detail["reason"] = said
             if behind:
@@ -409,6 +445,11 @@ class Readiness:
             if not gating:
                 detail["warning"] = said
         return ready, detail
+
+
+def _describe_group(admin: Any, group: str, timeout: float) -> Any:
+    """The group's description (blocking: call off the loop)."""
+    return admin.describe_consumer_groups([group], request_timeout=timeout)[group].result(timeout=timeout)
 
 
 # -- HTTP ------------------------------------------------------------------------------
