@@ -8,10 +8,15 @@ without a reverse scan (a `View` scans forward only). Positions are never
 reset, so an item key is never reused by a clear (a reader straddling a clear
 cannot mix old and new items at one position).
 
-`META` carries `rev`, bumped by every change: a reader outside the judge reads
-`META`, then items, then `META` again, and retries if `rev` moved (the judge
-applies batches from another thread; a read of several keys is not one
-snapshot).
+`META` carries `rev`, bumped by every change, and `cut`, bumped by every pop
+and clear: a reader outside the judge reads `META`, then items, then `META`
+again (the judge applies batches from another thread; a read of several keys
+is not one snapshot). The items read are one state of the session -- the one
+the first `META` describes -- if nothing was removed in between (`same_items`):
+an add writes only positions at or past `next`, and only a pop or a clear
+takes an item away (a pop's position is then written again by the next add).
+Judged by `rev` alone, a session with a busy writer failed its readers
+(UNAVAILABLE after every retry: a review).
 
 Items are stored as the JSON text they arrived as: they round-trip exactly.
 Every key starts with its tag and the session id, so the folds of the
@@ -29,10 +34,10 @@ from ..view import View
 
 # The NUL after "oa" keeps these tags from prefixing (or being prefixed by) any
 # other domain's tag.
-META = b"oa\x00m"  # (session) -> {"first", "next", "rev"}
+META = b"oa\x00m"  # (session) -> {"first", "next", "rev", "cut"} (no "cut": folded by an older version)
 ITEM = b"oa\x00i"  # (session, position) -> item JSON text
 
-EMPTY: dict[str, int] = {"first": 0, "next": 0, "rev": 0}
+EMPTY: dict[str, int] = {"first": 0, "next": 0, "rev": 0, "cut": 0}
 
 
 def meta_key(session: str) -> bytes:
@@ -57,8 +62,18 @@ def decode_meta(raw: bytes | None) -> dict[str, int]:
     return dict(EMPTY) if raw is None else orjson.loads(raw)
 
 
-def _put_meta(view: View, session: str, first: int, nxt: int, rev: int) -> None:
-    view.put_json(meta_key(session), {"first": first, "next": nxt, "rev": rev})
+def same_items(before: dict[str, int], after: dict[str, int]) -> bool:
+    """Are the items `before` describes still there, unchanged, in `after`? (See the
+    module's docstring.) Without `cut` (a state an older version folded) only an
+    unchanged `rev` says so."""
+    if after["rev"] == before["rev"]:
+        return True
+    cut = before.get("cut")
+    return cut is not None and after.get("cut") == cut and after["first"] == before["first"]
+
+
+def _put_meta(view: View, session: str, first: int, nxt: int, rev: int, cut: int) -> None:
+    view.put_json(meta_key(session), {"first": first, "next": nxt, "rev": rev, "cut": cut})
 
 
 @folds("threadlog.evt.AgentSessionItemsAdded")
@@ -72,7 +87,7 @@ def items_added(view: View, meta: EventMeta, ev: dict) -> None:
         view.put(item_key(session, position), text.encode("utf-8"))
         position += 1
     # The judge appends at `next` (ev["first"] == m["next"]): `first` stays.
-    _put_meta(view, session, m["first"], position, m["rev"] + 1)
+    _put_meta(view, session, m["first"], position, m["rev"] + 1, m.get("cut", 0))
 
 
 @folds("threadlog.evt.AgentSessionItemPopped")
@@ -80,7 +95,7 @@ def item_popped(view: View, meta: EventMeta, ev: dict) -> None:
     session = ev["sessionId"]
     m = read_meta(view, session)
     view.delete(item_key(session, ev["position"]))
-    _put_meta(view, session, m["first"], ev["position"], m["rev"] + 1)
+    _put_meta(view, session, m["first"], ev["position"], m["rev"] + 1, m.get("cut", 0) + 1)
 
 
 @folds("threadlog.evt.AgentSessionCleared")
@@ -90,7 +105,7 @@ def session_cleared(view: View, meta: EventMeta, ev: dict) -> None:
     for k, _ in list(view.scan(item_prefix(session))):
         view.delete(k)
     # Positions go on from `next`: a cleared position is never reused.
-    _put_meta(view, session, m["next"], m["next"], m["rev"] + 1)
+    _put_meta(view, session, m["next"], m["next"], m["rev"] + 1, m.get("cut", 0) + 1)
 
 
 # A query's answer is one line of JSON: larger item lists are read key by key.
@@ -107,7 +122,8 @@ def read_items(store: StateReader, session: str, limit: int | None) -> list[str]
     Why at the owner: a reader of the keys through a thin client makes a round
     trip per 64 items and checks `rev` after them all; a session written to
     meanwhile made it read again, and a review's busy session failed 5 reads of
-    12 (UNAVAILABLE after 16 tries). Here each try takes microseconds."""
+    12 (UNAVAILABLE after 16 tries). Here each try is a few point lookups, and
+    adds meanwhile do not spoil it (`same_items`)."""
     for _ in range(ITEMS_QUERY_READS):
         meta = decode_meta(store.get(meta_key(session)))
         first = meta["first"] if limit is None else max(meta["first"], meta["next"] - limit)
@@ -122,6 +138,6 @@ def read_items(store: StateReader, session: str, limit: int | None) -> list[str]
                 return None
             texts.append(raw.decode("utf-8"))
         else:
-            if decode_meta(store.get(meta_key(session)))["rev"] == meta["rev"]:
+            if same_items(meta, decode_meta(store.get(meta_key(session)))):
                 return texts
     return None

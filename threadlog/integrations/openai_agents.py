@@ -143,11 +143,11 @@ class ThreadLogSession(SessionABC):
             # then the positions again, read after every item was.
             texts = await session.read_many(
                 [state.item_key(self.session_id, pos) for pos in range(first, meta["next"])], on, barrier=False)
-            again = await session.read(state.meta_key(self.session_id), on, barrier=False)
-            # Unchanged revision: the items read belong to one state of the session.
-            if state.decode_meta(again)["rev"] == meta["rev"] and None not in texts:
+            again = state.decode_meta(await session.read(state.meta_key(self.session_id), on, barrier=False))
+            # Nothing removed meanwhile: the items read belong to one state of the session.
+            if state.same_items(meta, again) and None not in texts:
                 return [loads(t) for t in texts if t is not None]
-            meta = state.decode_meta(again)
+            meta = again
         raise unavailable(f"session {self.session_id!r} kept changing during {READ_ATTEMPTS} reads")
 
     # -- writes ---------------------------------------------------------------------------
