@@ -194,6 +194,17 @@ async def test_concurrent_adds_are_atomic(open_client):
         assert len({x["batch"] for x in chunk}) == 1
 
 
+async def test_every_call_of_a_closed_client_is_unavailable_an_empty_add_too(open_client):
+    """Tried (a review): `add_items([])` after the client closed returned as if it
+    had written nothing, where every other call raises UNAVAILABLE."""
+    s = ThreadLogSession("closed", await open_client())
+    await within(s.tl.close())
+    for call in (s.add_items([]), s.add_items([msg(0)]), s.get_items(), s.pop_item(), s.clear_session()):
+        with pytest.raises(ThreadLogError) as err:
+            await within(call)
+        assert err.value.code == "UNAVAILABLE"
+
+
 async def test_bad_input_is_refused_and_changes_nothing(tl):
     for bad in ("", None, 7, "lone \ud800 surrogate"):
         with pytest.raises(ThreadLogError) as err:

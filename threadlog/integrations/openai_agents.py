@@ -156,6 +156,9 @@ class ThreadLogSession(SessionABC):
         if not isinstance(items, (list, tuple)):
             raise invalid_argument(f"items must be a list, got {type(items).__name__}")
         if not items:
+            # Nothing to write, but a closed client says so as every other call does
+            # (as SQLiteSession raises for a closed session before its own shortcut).
+            self.tl.session.check_open()
             return
         # Every item is checked before anything is sent: a bad item refuses the whole call.
         texts = [require_json(item, f"items[{i}]", INVALID_ARGUMENT) for i, item in enumerate(items)]
