@@ -285,6 +285,7 @@ class Judge(Follower):
                  resume_gap: int = RESUME_GAP, on_ownership: Callable[[list[int]], None] | None = None) -> None:
         self.stores = stores
         self.group = group
+        self.member_id: str | None = None  # in `group`, as of the last assignment (`_assigned`)
         self.lookups = lookups
         self.restore = restore
         # Partitions taken over without local state, restored off this thread (processors/restores.py).
@@ -371,6 +372,9 @@ class Judge(Follower):
         the worker leave its group, and stopped all judging meanwhile."""
         if consumer is not self._consumer:
             return  # a retired consumer's (`_watch`): its partitions were given up when it was
+        # Read here, on the thread that polls: memberid() blocks while another polls.
+        # Readiness finds this worker in the group's description by it.
+        self.member_id = consumer.memberid()
         ready = []
         ends = _Ends(consumer, self.topic, [tp.partition for tp in tps])
         for tp in tps:

@@ -56,6 +56,8 @@ def write_floor_markers(bootstrap: str, topic: str, partitions: int, codec: Code
         producer.produce(topic, value, key.encode("utf-8"), partition=p,
                          on_delivery=lambda err, _msg: failures.append(str(err)) if err is not None else None)
     left = producer.flush(timeout)
+    # Said before the purge below, whose own reports (_PURGE_QUEUE) land in `failures` too.
+    why = failures[0] if failures else f"{left} not acknowledged in {timeout:g}s"
     if left:
         # Dropped here, not when collected: the error's traceback holds this frame,
         # and with it the producer and its librdkafka threads, until gc runs.
@@ -63,5 +65,4 @@ def write_floor_markers(bootstrap: str, topic: str, partitions: int, codec: Code
         producer.flush(0)
     del producer
     if left or failures:
-        raise unavailable(f"the rules floor markers of {topic} were not written: "
-                          f"{failures[0] if failures else f'{left} not acknowledged in {timeout:g}s'}")
+        raise unavailable(f"the rules floor markers of {topic} were not written: {why}")

@@ -27,6 +27,8 @@ from pathlib import Path
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient
 
+from threadlog.kernel.kafka_config import SharedAdmin
+
 log = logging.getLogger("threadlog.state")
 
 MARKER = "topics.json"
@@ -119,7 +121,7 @@ class Watch:
     (`Runtime`), a worker exits, and the next start empties the slot (`settle`).
     """
 
-    def __init__(self, admin: AdminClient, ids: dict[str, str], on_change: Callable[[str], None],
+    def __init__(self, admin: SharedAdmin, ids: dict[str, str], on_change: Callable[[str], None],
                  every_s: float | None = None) -> None:
         self.admin = admin
         self.ids = ids
@@ -142,7 +144,8 @@ class Watch:
     def check(self) -> str | None:
         """Why the state no longer matches the topics (None: it does, or unknown now)."""
         try:
-            now = _describe(self.admin, list(self.ids), 10.0)
+            with self.admin.use() as admin:  # closed: unknown now, as unreachable
+                now = _describe(admin, list(self.ids), 10.0)
         except Exception:
             # Unreachable, or deleted and not created again (yet: its consumers have
             # nothing to read meanwhile): asked again next round.

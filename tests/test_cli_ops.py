@@ -261,6 +261,10 @@ def test_broker_start_on_another_port_than_the_running_one_is_refused(bootstrap,
         for same in (["--port", str(port)], []):  # its own port, or none: reused, as before
             proc = cli("broker", "start", *same, "--data-dir", str(tmp_path))
             assert (proc.returncode, proc.stdout.splitlines()[-1]) == (0, f"127.0.0.1:{port}"), proc
+        # The demo's broker is the default data dir's: the same rule for its --port.
+        demo = cli("demo", "--port", str(port + 7), env={"THREADLOG_BOOTSTRAP": "",
+                                                        "THREADLOG_BROKER_DIR": str(tmp_path)})
+        assert demo.returncode == 1 and f"runs at 127.0.0.1:{port}, not port {port + 7}" in demo.stderr, demo
         assert stand_in.poll() is None  # only looked at
     finally:
         stand_in.kill()

@@ -23,6 +23,7 @@ from langgraph.graph import END, START, StateGraph
 from support import in_forked_child, until, within
 from threadlog.projections.folds import langgraph as state
 from threadlog.projections.keys import key
+from threadlog.projections.queries import QUERIES
 
 from threadlog import ThreadLogError, remote
 from threadlog.integrations.langgraph import AsyncThreadLogSaver, ThreadLogSaver
@@ -984,7 +985,15 @@ async def test_delta_channel_history_is_one_query_and_what_langgraphs_walk_reads
         return await real_call(self, op, args, partitions, timeout)
 
     monkeypatch.setattr(remote.QueryClient, "call", call)
+    answers: list[dict] = []  # the embedded client's history answers, as its own store gave them
+
+    def answered(store, **args):
+        answers.append(state.read_history(store, **args))
+        return answers[-1]
+
+    monkeypatch.setitem(QUERIES, "langgraph.history", answered)
     history = [t.config async for t in thin.alist(cfg)]
+    cuts = 0  # the most answers a walk took beyond its first
     for target in (cfg, history[3], history[-2]):  # the newest, one in between, the first's child
         sent.clear()
         got = await within(thin.aget_delta_channel_history(config=target, channels=["items"]))
@@ -994,8 +1003,14 @@ async def test_delta_channel_history_is_one_query_and_what_langgraphs_walk_reads
         assert got == walked and len(sent) > 2, sent  # the default walk: a request per ancestor
         assert await within(full.aget_delta_channel_history(config=target, channels=["items"])) == walked
         monkeypatch.setattr(state, "TUPLE_CHUNK_BYTES", 1)  # one ancestor an answer (embedded: run here)
+        answers.clear()
         assert await within(full.aget_delta_channel_history(config=target, channels=["items"])) == walked
+        # Cut after each ancestor, and gone on from each `next` to the walk's end.
+        assert [len(a["tuples"]) for a in answers] == [1] * len(answers), answers
+        assert all(a["next"] for a in answers[:-1]) and answers[-1]["next"] is None, answers
+        cuts = max(cuts, len(answers) - 1)
         monkeypatch.setattr(state, "TUPLE_CHUNK_BYTES", 8 * 1024 * 1024)
+    assert cuts >= 2  # some walk went on from `next` more than once
     newest = await within(BaseCheckpointSaver.aget_delta_channel_history(thin, config=cfg, channels=["items"]))
     # The blocking form, from a thread other than the saver's loop (as LangGraph's sync graphs call it).
     assert await within(asyncio.to_thread(thin.get_delta_channel_history, config=cfg, channels=["items"])) == newest

@@ -95,13 +95,14 @@ async def test_replay_follow_outwaits_a_late_first_chunk_and_ends_an_unknown_run
     Now it waits on while the run runs, and an unknown run is RUN_NOT_FOUND."""
     await within(tl.runs.create_or_resume(run_id="run-late", thread_id="t-late", started_at=1))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "threadlog", "replay", "run-late", "--follow", "--bootstrap", bootstrap,
-        "--namespace", namespace, "--state-dir", str(tmp_path / "cli"),
+        sys.executable, "-m", "threadlog", "replay", "run-late", "--follow", "--first-chunk-wait-ms", "200",
+        "--bootstrap", bootstrap, "--namespace", namespace, "--state-dir", str(tmp_path / "cli"),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
-        # Past the 5 s the old replay gave up after (asked, not slept: it has printed nothing and still runs).
+        # Many times the 200 ms the old replay gave up after, its start included (asked,
+        # not slept: it has printed nothing and still runs).
         with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(proc.wait()), 7)
+            await asyncio.wait_for(asyncio.shield(proc.wait()), 8)
         offs = await within(tl.delivery("run-late").append([chunk(0)]))
         assert json.loads(await within(proc.stdout.readline(), 30)) == {"offset": offs[0], "chunk": chunk(0)}
         await within(tl.delivery("run-late").close())
@@ -112,6 +113,6 @@ async def test_replay_follow_outwaits_a_late_first_chunk_and_ends_an_unknown_run
             await proc.wait()
     for after in ("-1", "now"):
         code, lines, err = await replay(bootstrap, namespace, str(tmp_path / "cli"), "run-typo", "--follow",
-                                        "--after", after)
+                                        "--after", after, "--first-chunk-wait-ms", "200")
         assert code == 2 and lines == [], err
         assert err.strip().splitlines()[-1].startswith("threadlog: RUN_NOT_FOUND: run 'run-typo' is unknown"), err

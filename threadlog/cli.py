@@ -494,10 +494,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # without either does the demo start (or reuse) the local broker.
     bootstrap = args.bootstrap or os.environ.get("THREADLOG_BOOTSTRAP")
     if not bootstrap:
-        _require_port(args.port, "--port", above=1, zero_ok=False)
-        # A broker already running in the default data dir is reused, on its own
-        # port (printed below); start() refuses to reuse one for another --port.
-        st = broker.status() or broker.start(port=args.port, log=lambda m: print(m, file=sys.stderr))
+        if args.port is not None:
+            _require_port(args.port, "--port", above=1, zero_ok=False)
+        # A broker already running in the default data dir is reused on its own
+        # port (printed below) -- unless --port names another: start() refuses
+        # that, as `broker start --port` does (a review).
+        running = broker.status() if args.port is None else None
+        try:
+            st = running or broker.start(port=args.port, log=lambda m: print(m, file=sys.stderr))
+        except broker.BrokerError as exc:  # as `broker start` says it: exit 1, its own line
+            say("threadlog.cli", logging.ERROR, f"threadlog demo: broker start failed: {exc}")
+            return 1
         bootstrap = st.bootstrap
         print(f"local Kafka {broker.KAFKA_VERSION} (KRaft) at {bootstrap}")
     namespace = args.namespace or f"demo-{uuid.uuid4().hex[:8]}"
@@ -818,7 +825,8 @@ async def _replay(args: argparse.Namespace) -> int:
     # Embedded: replay must work with no worker running (it is a debugging tool).
     async with threadlog.open(args.bootstrap, namespace=args.namespace, processors="embedded",
                               state_dir=args.state_dir, request_timeout_ms=args.request_timeout_ms,
-                              kafka=_kafka_props(args), create_topics=False) as tl:
+                              first_chunk_wait_ms=args.first_chunk_wait_ms, kafka=_kafka_props(args),
+                              create_topics=False) as tl:
         log = tl.delivery(args.run_id)
         printed = False
         if args.records:
@@ -1226,6 +1234,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="chunk offset to start strictly after (default: from the start); with --records, the "
                          "records from the one holding that chunk on (it may hold later chunks)")
     rp.add_argument("--follow", action="store_true", help="keep waiting for chunks until the log is closed")
+    rp.add_argument("--first-chunk-wait-ms", type=int, default=5000,
+                    help="how long a read from the start waits for a run's first chunk; following, a run that "
+                         "is running is then read again, an unknown one is RUN_NOT_FOUND")
     rp.add_argument("--records", action="store_true",
                     help="print every record stored now instead: claims, dropped chunks and why, upserts, the "
                          "close (not with --follow)")
@@ -1279,7 +1290,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "or reused, unless --bootstrap or THREADLOG_BOOTSTRAP names one)")
     _connects(d, bootstrap=None)
     d.add_argument("--keep", action="store_true", help="keep the demo's namespace (topics, local state)")
-    d.add_argument("--port", type=int, default=9092, help="port of the broker it starts (without --bootstrap)")
+    d.add_argument("--port", type=int, default=None,
+                   help="port of the broker it starts (without --bootstrap; default 9092): a broker already "
+                        "running in the default data dir on another port is then refused, not reused")
     d.add_argument("--namespace", default=None, help="namespace to use (default: a new demo-<random>)")
     d.add_argument("--state-dir", default=None, help=STATE_DIR_HELP)
     d.set_defaults(fn=cmd_demo)

@@ -17,8 +17,8 @@ written, restores).
 Readiness (`Readiness`): embedded -- the judge caught up with the end offsets
 read at startup; worker -- a member of the group, and every owned partition
 caught up with the end offsets read when it was assigned, once the group has
-settled (Stable, partitions balanced: `Readiness._unsettled`; owning none is
-then ready: with more workers than partitions some own none); thin -- a read barrier
+given it its share (`Readiness._unsettled`; owning none is then ready: with
+more workers than partitions some own none); thin -- a read barrier
 through the workers passes. A worker is not ready while an owned partition
 stalls -- it has records to judge and its judged position has not moved for
 `stall_after` seconds (`Readiness._stalled` says why); embedded, a stall is
@@ -28,6 +28,7 @@ reported in the answer but does not make the process unready (see `check`).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import math
@@ -36,7 +37,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
-from confluent_kafka import ConsumerGroupState
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -245,6 +245,10 @@ class Readiness:
         self._changes = 0  # ownership changes seen on the loop: a target read across one is dropped
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task] = set()
+        # The group's last description (`_unsettled`): when, and what.
+        self._described: tuple[float, Any] | None = None
+        self._describing: asyncio.Future | None = None
+        self._describer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="readiness-describe")
         self.rt.ownership_listeners.append(self._owned_changed)
 
     def start(self) -> None:
@@ -346,34 +350,47 @@ class Readiness:
         return stalled
 
     async def _unsettled(self) -> str | None:
-        """Why this worker's group has not settled its assignment yet, or None
-        (settled, or not known: an unanswered question gates nothing, as an
-        unknown end flags nothing).
+        """Why the group has not given this worker its share yet, or None (it has,
+        or it is not known: an unanswered question gates nothing, as an unknown
+        end flags nothing).
 
         Why: cooperative-sticky gives a joining member nothing at first (the
         partitions it will get are revoked from their owners first, then
         assigned in a second rebalance a second or two later). Owning nothing
         is ready, so a restarted worker answered 200 before it had anything to
         restore or catch up with, and a rolling restart gated on /readyz
-        stopped the next worker meanwhile (a review). Settled: the group is
-        Stable and its members' counts of partitions differ by at most one, as
-        the assignor leaves them (with more workers than partitions, some own
-        none: still settled). One DescribeConsumerGroups request per check."""
+        stopped the next worker meanwhile (a review). Its share: as the assignor
+        leaves a group, this member owns at least the most any member owns,
+        less one (with more workers than partitions some own none: still their
+        share). A member the group's description does not list (joining, or
+        expelled) has none. Only the member short of its share waits: the
+        others stay ready through the rebalance. One DescribeConsumerGroups
+        request a second at most, on a thread of its own (a describe outliving
+        its timeout must not take the loop's default threads)."""
         judge = self.rt.judge
-        group, admin = getattr(judge, "group", None), getattr(self.rt, "admin", None)
-        if group is None or admin is None:
+        group, admin = getattr(judge, "group", None), getattr(self.rt, "shared_admin", None)
+        member = getattr(judge, "member_id", None)
+        if group is None or admin is None or not member:
             return None
-        try:
-            desc = await asyncio.wait_for(asyncio.to_thread(_describe_group, admin, group, self.timeout),
-                                          self.timeout + 1)
-        except Exception as exc:
-            log.warning("readiness: group %s not described, its assignment not checked: %s", group, exc)
-            return None
-        if desc.state != ConsumerGroupState.STABLE:
-            return f"group {group} is rebalancing ({desc.state.name.lower()})"
-        counts = sorted(sum(tp.topic == judge.topic for tp in m.assignment.topic_partitions) for m in desc.members)
-        if counts and counts[-1] - counts[0] > 1:
-            return f"group {group} has not balanced its partitions yet (members own {counts})"
+        now = time.monotonic()
+        if self._described is None or now - self._described[0] >= DESCRIBE_EVERY_S:
+            if self._describing is None or self._describing.done():
+                self._describing = asyncio.get_running_loop().run_in_executor(
+                    self._describer, _describe_group, admin, group, self.timeout)
+            try:
+                desc = await asyncio.wait_for(asyncio.shield(self._describing), self.timeout + 1)
+            except Exception as exc:
+                log.warning("readiness: group %s not described, this worker's share not checked: %s", group, exc)
+                return None
+            self._described = (time.monotonic(), desc)
+        desc = self._described[1]
+        counts = {m.member_id: sum(tp.topic == judge.topic for tp in m.assignment.topic_partitions)
+                  for m in desc.members}
+        if member not in counts:
+            return f"group {group} does not list this worker yet ({desc.state.name.lower()})"
+        if counts[member] < max(counts.values()) - 1:
+            return (f"group {group} has not given this worker its share yet (it owns {counts[member]}, "
+                    f"another {max(counts.values())})")
         return None
 
     def in_group(self) -> bool:
@@ -447,9 +464,13 @@ class Readiness:
         return ready, detail
 
 
-def _describe_group(admin: Any, group: str, timeout: float) -> Any:
+DESCRIBE_EVERY_S = 1.0  # a readiness check reuses a group description this recent
+
+
+def _describe_group(shared: Any, group: str, timeout: float) -> Any:
     """The group's description (blocking: call off the loop)."""
-    return admin.describe_consumer_groups([group], request_timeout=timeout)[group].result(timeout=timeout)
+    with shared.use() as admin:
+        return admin.describe_consumer_groups([group], request_timeout=timeout)[group].result(timeout=timeout)
 
 
 # -- HTTP ------------------------------------------------------------------------------

@@ -80,6 +80,7 @@ class Runtime:
         self.codec: Codec = default_codec()
         self.client_id = f"{opts.namespace}.{uuid.uuid4().hex[:12]}"
         self.admin: AdminClient | None = None
+        self.shared_admin: kafka_config.SharedAdmin | None = None  # `admin`, for other threads (watch, readiness)
         self.ends: LatestOffsets | None = None  # end offsets for `seen` and read barriers
         self.layout: TopicLayout | None = None
         self.slot: Slot | None = None
@@ -118,6 +119,7 @@ class Runtime:
         trap = kafka_config.ErrorTrap(kafka.get("error_cb"))
         self.admin = AdminClient(kafka_config.base(self.opts.bootstrap_servers, f"{self.client_id}.admin",
                                                    kafka, trap))
+        self.shared_admin = kafka_config.SharedAdmin(self.admin)
         # Fails within about a second on wrong credentials, not after request_timeout;
         # its errors already name librdkafka's cause.
         kafka_config.reach(self.admin, trap, self.opts.request_timeout, kafka)
@@ -208,8 +210,8 @@ class Runtime:
     def _watch(self, ids: dict[str, str] | None) -> None:
         """Stop (`_incarnation_changed`) if the namespace's topics are replaced under us."""
         if ids is not None:
-            assert self.admin is not None
-            self.watch = incarnation.Watch(self.admin, ids, self._incarnation_changed)
+            assert self.shared_admin is not None
+            self.watch = incarnation.Watch(self.shared_admin, ids, self._incarnation_changed)
             self.watch.start()
 
     def _vet_incarnation(self, follower: Follower, topic: str) -> None:
@@ -296,7 +298,9 @@ class Runtime:
             self.index_store.close()
         if self.ends is not None:
             self.ends.close()
-        if self.admin is not None:
-            kafka_config.dispose(self.admin)  # now, not at gc: see there
+        if self.shared_admin is not None:
+            self.shared_admin.close()  # destroyed now, not at gc (kafka_config.dispose), once no thread asks it
+        elif self.admin is not None:
+            kafka_config.dispose(self.admin)
         if self.slot is not None:
             self.slot.release()

@@ -256,8 +256,9 @@ def read_history(store: StateReader, thread: str, ns: str, checkpoint_id: str | 
     (its seed): {"tuples": [...], "next": the id to go on from (inclusive), or
     None}. LangGraph's own walk asks `get_tuple` once per ancestor -- through a
     thin client a request each, hundreds per step of a long DeltaChannel thread
-    (a review). An answer stops at TUPLE_CHUNK_BYTES of chunks; `next` says
-    where the rest starts. An ancestor deleted meanwhile ends the walk, as the
+    (a review). An answer stops once it carries TUPLE_CHUNK_BYTES (records,
+    refs, writes and chunks; one tuple at least); `next` says where the rest
+    starts. An ancestor deleted meanwhile ends the walk, as the
     parent chain ends there for LangGraph's walk too."""
     cid = checkpoint_id
     if cid is None:
@@ -278,7 +279,11 @@ def read_history(store: StateReader, thread: str, ns: str, checkpoint_id: str | 
         if got is None:
             break
         tuples.append(got)
-        budget -= sum(len(raw or b"") for _, raw in got["chunks"])
+        # Every byte it carries: values up to 512 KiB live in the record and refs
+        # themselves, not in chunks (counting chunks only, a review's answer
+        # carried 84 MB of ancestors and was refused ANSWER_TOO_LARGE).
+        budget -= (len(got["rec"]) + sum(len(raw or b"") for _, raw in got["blobs"])
+                   + sum(len(raw) for _, raw in got["writes"]) + sum(len(raw or b"") for _, raw in got["chunks"]))
         # Seeded as the reader decides it (a stored value that is not "empty").
         remaining -= {ch for ch, raw in got["blobs"] if raw is not None and json.loads(raw)["type"] != "empty"}
         cid = json.loads(got["rec"])["parent"]

@@ -10,6 +10,7 @@ the settings threadlog needs for correctness (which `check()` refuses).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import heapq
 import itertools
 import logging
@@ -274,6 +275,48 @@ def dispose(admin: Any) -> None:
     takes the client's threads with it."""
     threading.Thread(target=admin.__exit__, args=(None, None, None), name="threadlog.dispose",
                      daemon=True).start()
+
+
+class SharedAdmin:
+    """An AdminClient that threads other than its owner's ask (the incarnation
+    watch, readiness checks), destroyed once the last of them is done with it.
+
+    Why: destroying the handle while another thread's call runs on it is
+    undefined behaviour in confluent-kafka (its destroy releases the GIL before
+    the handle is cleared), and a read barrier's watch question or a readiness
+    check given up by its caller's timeout still runs on its thread (a review)."""
+
+    def __init__(self, admin: Any) -> None:
+        self._admin = admin
+        self._lock = threading.Lock()
+        self._users = 0
+        self._closed = False
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[Any]:
+        """The client, for one call; UNAVAILABLE once closed."""
+        with self._lock:
+            if self._closed:
+                raise ThreadLogError(UNAVAILABLE, "this client is closed")
+            self._users += 1
+        try:
+            yield self._admin
+        finally:
+            with self._lock:
+                self._users -= 1
+                last = self._closed and self._users == 0
+            if last:
+                dispose(self._admin)
+
+    def close(self) -> None:
+        """No new users; destroyed now if none is in a call, else by the last one."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            idle = self._users == 0
+        if idle:
+            dispose(self._admin)
 
 
 def error_code(exc: BaseException) -> int | None:
