@@ -226,6 +226,26 @@ async def test_sigterm_answers_the_worker_request_in_flight_then_exits_0(bootstr
         finally:
             writer.close()
         assert reply["id"] == 1 and reply["ok"] is True and reply["result"]["ok"] is True, reply
+        # Tried (a review): /readyz was refused (its listener closed) while the worker
+        # still left its group, seconds before exiting; a balancer saw no 503. Now it
+        # answers 503 until the group is left, the last thing before the exit.
+        answers: list[int] = []
+
+        def left() -> bool:
+            return any("worker stopped: left the group" in line for line in worker.lines)
+
+        async def poll() -> None:
+            async with httpx.AsyncClient(timeout=10) as http:
+                while not left() and worker.proc.returncode is None:
+                    try:
+                        answers.append((await http.get(f"{base}/readyz")).status_code)
+                    except httpx.TransportError:
+                        if not left():  # not the line arriving while this poll went out
+                            answers.append(-1)  # refused while the group was still being left
+                    await asyncio.sleep(0.02)  # polling: the shutdown announces itself to no test
+
+        await within(poll(), 60)
+        assert answers and set(answers) == {503}, answers
         assert await worker.wait_exit(30) == 0
     finally:
         await worker.stop()

@@ -378,10 +378,16 @@ async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None
         if left:
             logging.getLogger("threadlog.worker").warning("%d request(s) unanswered after %ss", left, drain_s)
         await server.close()
-        if web is not None and web_task is not None:
-            web.should_exit = True
-            await asyncio.wait_for(web_task, 10)
-        await asyncio.to_thread(rt.stop)  # closes the judge's consumer: leaves the group
+        try:
+            await asyncio.to_thread(rt.stop)  # closes the judge's consumer: leaves the group
+            print("worker stopped: left the group", flush=True)
+        finally:
+            # Last: /readyz answers 503 "draining" for as long as the process runs.
+            # Closed before rt.stop (seconds: leaving the group, closing stores), a
+            # balancer saw refused connections there, not the 503 (a review).
+            if web is not None and web_task is not None:
+                web.should_exit = True
+                await asyncio.wait_for(web_task, 10)
     if failed:
         say("threadlog.worker", logging.ERROR, f"threadlog worker: {failed[0]}")
         return 1
