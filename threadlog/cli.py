@@ -502,12 +502,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if not bootstrap:
         if args.port is not None:
             _require_port(args.port, "--port", above=1, zero_ok=False)
-        # A broker already running in the default data dir is reused on its own
-        # port (printed below) -- unless --port names another: start() refuses
-        # that, as `broker start --port` does (a review).
-        running = broker.status() if args.port is None else None
+        # start() reuses a broker already running in the default data dir, on its
+        # own port (printed below) -- unless --port names another, which it
+        # refuses as for `broker start --port` (a review).
         try:
-            st = running or broker.start(port=args.port, log=lambda m: print(m, file=sys.stderr))
+            st = broker.start(port=args.port, log=lambda m: print(m, file=sys.stderr))
         except broker.BrokerError as exc:  # as `broker start` says it: exit 1, its own line
             say("threadlog.cli", logging.ERROR, f"threadlog demo: broker start failed: {exc}")
             return 1
@@ -863,7 +862,7 @@ def _chunks(tl: Any, log: Any, after: str, follow: bool) -> Any:
     if follow and after == "-1":
         return joins.from_start(log, lambda: joins.is_running(tl, log.run_id))
     if follow and after == "now":
-        return joins.from_now(log, lambda: joins.is_known(tl, log.run_id), log.first_chunk_wait)
+        return joins.from_now(log, lambda: joins.is_known(tl, log.run_id))
     return log.read(after, follow=follow)
 
 

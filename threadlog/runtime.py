@@ -298,9 +298,7 @@ class Runtime:
             self.index_store.close()
         if self.ends is not None:
             self.ends.close()
-        if self.shared_admin is not None:
+        if self.shared_admin is not None:  # made with `admin`, at once
             self.shared_admin.close()  # destroyed now, not at gc (kafka_config.dispose), once no thread asks it
-        elif self.admin is not None:
-            kafka_config.dispose(self.admin)
         if self.slot is not None:
             self.slot.release()

@@ -91,11 +91,12 @@ async def from_start(log: DeliveryLog, running: Ask, announced: Wrap | None = No
         await asyncio.sleep(max(0.0, began + ROUND_S - loop.time()))
 
 
-async def from_now(log: DeliveryLog, known: Ask, wait_s: float) -> AsyncIterator[tuple[str, dict]]:
+async def from_now(log: DeliveryLog, known: Ask) -> AsyncIterator[tuple[str, dict]]:
     """The run's chunks after "now"; RUN_NOT_FOUND if none came (nor a close)
-    within `wait_s` and `known()` says the run has no run record and no delivery
-    record. A failed ask keeps the reader waiting: a healthy join must not end
-    for a broker that did not answer one question."""
+    within first_chunk_wait_ms and `known()` says the run has no run record and
+    no delivery record. A failed ask keeps the reader waiting: a healthy join
+    must not end for a broker that did not answer one question."""
+    wait_s = log.first_chunk_wait
     reader = log.read("now")
     first: asyncio.Future[Any] = asyncio.ensure_future(reader.__anext__())
     asking: list[asyncio.Future[Any]] = []

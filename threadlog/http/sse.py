@@ -167,7 +167,7 @@ async def stream_run(log: DeliveryLog, after: str, cursor: StreamCursor | None =
     if after == "-1" and running is not None:
         chunks = from_start(log, running, lambda reader: _announced(reader, running))  # its readers are its own
     elif after == "now" and known is not None:
-        chunks = from_now(log, known, log.first_chunk_wait)
+        chunks = from_now(log, known)
     else:
         chunks = reader = log.read(after)
     last: Any = None
