@@ -66,7 +66,7 @@ NO_CHECKPOINT_MARKS = frozenset("threadlog.cmd." + name for name in (
     "DeleteBlob", "AbandonBlobVersion", "ForkCheckpoint", "AcquireCheckpointWriter", "RenewCheckpointWriter",
     "RaiseRulesFloor",
     "ReleaseCheckpointWriter", "LangGraphStageChunk", "LangGraphPut", "LangGraphPutWrites",
-    "LangGraphDeleteThread", "LangGraphPrune", "LangGraphDeleteRuns", "LangGraphCopyThread",
+    "LangGraphDeleteThread", "LangGraphPrune", "LangGraphDeleteRuns", "LangGraphCopyThread", "LangGraphCopyStaged",
 ))
 
 

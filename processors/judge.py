@@ -100,7 +100,11 @@ Others = Callable[[int, str, str, int], "list[str] | None"]
 #    a client of this version.
 # 9: a keep_latest LangGraphPrune (v2, `calls`) removes whole the namespaces of the
 #    finished subgraph calls its proposer names (processors/handlers/langgraph.py).
-RULES = 9
+# 10: a LangGraph copy too large for one command is staged and committed by a
+#    LangGraphCopyStaged (processors/handlers/langgraph.py `copy_staged`); only
+#    such copies name rules 10, every other proposal of a client of this version
+#    names what it named before.
+RULES = 10
 # The first rules that raise a partition's floor. Logs written before it were
 # judged by the rules each proposal named: a floor from older versions would
 # make their rebuild reach other verdicts than their clients were told.

@@ -508,29 +508,96 @@ async def test_a_value_replaced_while_its_chunks_are_read_is_never_read_mixed(op
     assert value == new  # read again after the replacement, whole (before: 64 KiB of "1", then "2"s)
 
 
-async def test_a_copy_too_large_for_one_command_is_refused_before_anything_is_staged(open_client, monkeypatch):
+@pytest.mark.parametrize("processors", ["embedded", "external"])
+async def test_a_copy_too_large_for_one_command_is_staged_whole_and_committed_atomically(open_client, monkeypatch,
+                                                                                          processors):
     """Tried (a review): copy_thread of a thread of 4 000 checkpoints x 60 channels.
     Staging bounds a command's value bytes, not its ids, versions and refs, which
-    grow with the thread: the 25 MB command was refused only after its large
-    values were staged onto the target, where they stayed. Here at a smaller
-    scale (the proposal limit patched to 64 KiB): refused first, nothing staged."""
+    grow with the thread: the 25 MB command could not be sent (then: refused
+    INVALID_ARGUMENT, no copy). Here at a smaller scale (the proposal limit patched
+    to 64 KiB): the command is staged too and committed by one LangGraphCopyStaged;
+    the copy equals the source and no staged chunk is left on the target."""
     from threadlog.producers import proposals
 
     from threadlog.integrations import langgraph as integration
 
     monkeypatch.setattr(proposals, "MAX_PROPOSAL_BYTES", 64 * 1024)
     monkeypatch.setattr(integration, "MAX_PROPOSAL_BYTES", 64 * 1024, raising=False)
-    tl = await open_client()
+    tl = await open_client(processors=processors)
     saver = AsyncThreadLogSaver(tl, **SMALL)
     stored = await put(saver, "t-src", {"big": os.urandom(100 * 1024)})  # staged when copied
     for n in range(250):
         stored = await put(saver, "t-src", {"n": n}, parent=stored)
+    await within(saver.aput_writes(stored, [("w", os.urandom(80 * 1024))], "task"))
+    sent: list[str] = []
+    real_send = tl.send
+
+    async def counting(type_name, key_, payload, *args, **kwargs):
+        sent.append(type_name)
+        return await real_send(type_name, key_, payload, *args, **kwargs)
+
+    monkeypatch.setattr(tl, "send", counting)
+    await within(saver.acopy_thread("t-src", "t-dst"), 120)
+    assert sent.count("threadlog.cmd.LangGraphCopyStaged") == 1 and "threadlog.cmd.LangGraphCopyThread" not in sent
+    src = [t async for t in saver.alist(generate_config("t-src"))]
+    dst = [t async for t in saver.alist(generate_config("t-dst"))]
+    assert len(dst) == 251
+    assert [t.checkpoint for t in dst] == [t.checkpoint for t in src]
+    assert [t.pending_writes for t in dst] == [t.pending_writes for t in src]
+    replica = tl if processors == "embedded" else await open_client()  # a store to look into
+    await replica.read_barrier(None)
+    assert list(replica.runtime.store.scan(key(state.STAGE, "t-dst"))) == []  # the staged command was consumed
+    await within(saver.adelete_thread("t-dst"))
+    await replica.read_barrier(None)
+    assert thread_keys(replica, "t-dst") == []
+
+
+async def test_a_staged_copy_is_judged_as_its_command_and_consumed_once(open_client):
+    """Tried, as a forger would: a LangGraphCopyStaged whose staged bytes are not a
+    LangGraphCopyThread, one whose command names another target or source, one
+    naming fewer bytes than staged, and one committing an upload already consumed.
+    Each is INVALID_ARGUMENT and the target stays empty."""
+    from threadlog.schemas import default_codec
+
+    tl = await open_client()
+    saver = AsyncThreadLogSaver(tl, **SMALL)
+    codec = default_codec()
+
+    async def stage(thread: str, data: bytes) -> dict:
+        upload = uuid.uuid4().hex
+        await within(tl.send("threadlog.cmd.LangGraphStageChunk", thread,
+                             {"threadId": thread, "uploadId": upload, "index": 0, "data": data}))
+        return {"uploadId": upload, "chunks": 1, "size": len(data)}
+
+    def copy_of(target: str, source: str) -> bytes:
+        cp = {"checkpointNs": "", "checkpointId": "c1", "parentCheckpointId": None, "runId": None,
+              "channelVersions": {}, "body": {"type": "json", "data": b"{}", "staged": None},
+              "metadata": {"type": "json", "data": b"{}", "staged": None}}
+        return codec.encode("threadlog.cmd.LangGraphCopyThread", {
+            "threadId": target, "sourceThreadId": source, "checkpoints": [cp], "blobs": [], "writes": []})
+
+    async def commit(ref: dict, source: str = "s") -> None:
+        await within(tl.send("threadlog.cmd.LangGraphCopyStaged", "t",
+                             {"threadId": "t", "sourceThreadId": source, "command": ref}))
+
+    cases = {
+        "not a copy command": await stage("t", codec.encode("threadlog.cmd.LangGraphDeleteThread", {"threadId": "t"})),
+        "not Avro": await stage("t", b"garbage"),
+        "another target": await stage("t", copy_of("u", "s")),
+        "another source": await stage("t", copy_of("t", "elsewhere")),
+    }
+    short = await stage("t", copy_of("t", "s"))
+    cases["a size that is not the staged one"] = {**short, "size": short["size"] - 1}
+    for why, ref in cases.items():
+        with pytest.raises(ThreadLogError) as err:
+            await commit(ref)
+        assert err.value.code == INVALID_ARGUMENT, why
+    assert [t async for t in saver.alist(generate_config("t"))] == []
+    await commit(short)  # the same upload, named rightly: it commits
+    assert [t.config["configurable"]["checkpoint_id"] async for t in saver.alist(generate_config("t"))] == ["c1"]
     with pytest.raises(ThreadLogError) as err:
-        await within(saver.acopy_thread("t-src", "t-dst"), 60)
-    assert err.value.code == "INVALID_ARGUMENT" and "too large to copy" in err.value.message
-    await tl.read_barrier(None)
-    assert thread_keys(tl, "t-dst") == []
-    assert list(tl.runtime.store.scan(key(state.STAGE, "t-dst"))) == []
+        await commit(short)  # consumed: its chunks are gone
+    assert err.value.code == INVALID_ARGUMENT and "was not staged" in err.value.message
 
 
 def stall_answers(tl, monkeypatch) -> queue.Queue:

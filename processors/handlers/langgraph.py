@@ -22,6 +22,7 @@ from collections import defaultdict
 
 from threadlog.projections.folds import langgraph as state
 from threadlog.projections.keys import key
+from threadlog.schemas import CodecError, default_codec
 
 from threadlog.kernel.errors import invalid_argument
 from threadlog.kernel.validation import is_int, is_text, require_id
@@ -306,13 +307,49 @@ def delete_runs(ctx: Context, cmd: dict) -> Decision:
 
 
 # -- copy ------------------------------------------------------------------------------------------
+# Rules 10: a copy whose one command does not fit in a record is staged, encoded,
+# as chunks on the target and committed by a LangGraphCopyStaged.
+COPY_STAGED = 10
+
+
 @handles("threadlog.cmd.LangGraphCopyThread")
 def copy_thread(ctx: Context, cmd: dict) -> Decision:
     thread = _thread(ctx, cmd)
+    return _copy(ctx, thread, cmd, _Values(ctx, thread))
+
+
+@handles("threadlog.cmd.LangGraphCopyStaged", rules=COPY_STAGED, new=True)
+def copy_staged(ctx: Context, cmd: dict) -> Decision:
+    """Commit a copy whose LangGraphCopyThread was staged: judged as that command
+    would be, in this one record, so the copy stays atomic whatever its size.
+
+    Why staged: staging bounds the value bytes a command carries, not the rest --
+    ids, channel versions, one ref per value -- which grows with the thread (4 000
+    checkpoints of 60 channels made a 25 MB command). The staged command is
+    consumed when accepted: its chunks go, so it commits at most once (a refused
+    commit, like a refused put, changes nothing and leaves them)."""
+    thread = _thread(ctx, cmd)
+    values = _Values(ctx, thread)
+    ref = cmd["command"]
+    values.check_staged(ref, "the staged copy command")  # also: no value may name its upload
+    data = b"".join(ctx.view.get(state.stage_key(thread, ref["uploadId"], i)) or b""
+                    for i in range(ref["chunks"]))
+    try:
+        _, inner = default_codec().decode(data, expect="threadlog.cmd.LangGraphCopyThread")
+    except CodecError as exc:
+        raise invalid_argument(f"the staged copy command is not a LangGraphCopyThread: {exc.message}") from None
+    if inner["threadId"] != thread or inner["sourceThreadId"] != cmd["sourceThreadId"]:
+        raise invalid_argument("the staged copy command names other threads than its commit: "
+                               f"{inner['sourceThreadId']!r} -> {inner['threadId']!r}")
+    decision = _copy(ctx, thread, inner, values)
+    decision.events.append(("threadlog.evt.LangGraphUploadsDiscarded", {"threadId": thread, "uploads": [ref]}))
+    return decision
+
+
+def _copy(ctx: Context, thread: str, cmd: dict, values: _Values) -> Decision:
     source = require_id(cmd["sourceThreadId"], "source thread_id")
     if source == thread:
         raise invalid_argument(f"cannot copy thread {thread!r} onto itself")
-    values = _Values(ctx, thread)
     for cp in cmd["checkpoints"]:
         _check_checkpoint(values, cp)
     for blob in cmd["blobs"]:

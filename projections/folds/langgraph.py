@@ -419,3 +419,9 @@ def thread_copied(view: View, meta: EventMeta, ev: dict) -> None:
         _put_blob(view, thread, blob)
     for w in ev["writes"]:
         _put_write(view, thread, w)
+
+
+@folds("threadlog.evt.LangGraphUploadsDiscarded")
+def uploads_discarded(view: View, meta: EventMeta, ev: dict) -> None:
+    for staged in ev["uploads"]:
+        discard_upload(view, ev["threadId"], staged)

@@ -36,7 +36,9 @@ Cross-thread operations are client-driven, so every handler reads only its
 own thread's state: `copy_thread` reads the source after a read barrier and
 sends everything (ids kept, merged into the target) in ONE command to the
 target's partition -- a snapshot of the source as of that barrier; writes to
-the source racing the copy may or may not be in it. `prune` and
+the source racing the copy may or may not be in it. A source whose command
+would not fit in a record has that command staged too, and committed by one
+small LangGraphCopyStaged. `prune` and
 `delete_for_runs` send one command per thread (each atomic for its thread).
 
 The sync `ThreadLogSaver` owns a client on a background event loop thread
@@ -680,21 +682,28 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         command = {"threadId": target, "sourceThreadId": source,
                    "checkpoints": checkpoints, "blobs": blobs, "writes": writes}
         staged, inline = self._plan(values)
-        self._require_copy_fits(command, values, len(staged), inline)
+        fits = self._copy_fits(command, values, len(staged), inline)
         if staged:
             await self._stage(target, staged)
-        await self.tl.send("threadlog.cmd.LangGraphCopyThread", target, command)
+        if fits:
+            await self.tl.send("threadlog.cmd.LangGraphCopyThread", target, command)
+            return
+        # Too large for one record even with its large values staged: the command
+        # itself is staged on the target and committed by one small record (rules 10),
+        # so the copy stays one atomic verdict whatever the source's size.
+        encoded = {"data": default_codec().encode("threadlog.cmd.LangGraphCopyThread", command)}
+        await self._stage(target, [encoded])
+        await self.tl.send("threadlog.cmd.LangGraphCopyStaged", target,
+                           {"threadId": target, "sourceThreadId": source, "command": encoded["staged"]})
 
-    def _require_copy_fits(self, command: dict, values: list[dict], staged: int, inline: int) -> None:
-        """INVALID_ARGUMENT, before anything is staged, for a copy whose one command
-        cannot fit in a Kafka record with `staged` of its values staged and `inline`
-        value bytes left in it (`_plan`).
+    def _copy_fits(self, command: dict, values: list[dict], staged: int, inline: int) -> bool:
+        """Does a copy's one command fit in a Kafka record with `staged` of its values
+        staged and `inline` value bytes left in it (`_plan`)?
 
-        Why: staging bounds the value bytes a command carries, not the rest --
+        Why ask: staging bounds the value bytes a command carries, not the rest --
         ids, channel versions, one ref per value -- which grows with the thread.
-        A thread of 4 000 checkpoints of 60 channels made a 25 MB command
-        (found by a review): refused only after its large values were staged,
-        which were then left on the target, never read, until it is deleted."""
+        A thread of 4 000 checkpoints of 60 channels made a 25 MB command (found
+        by a review); such a copy is staged whole (`acopy_thread`)."""
         saved = [v["data"] for v in values]
         for v in values:
             v["data"] = b""
@@ -703,12 +712,7 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         finally:
             for v, data in zip(values, saved, strict=True):
                 v["data"] = data
-        size = frame + inline + _STAGED_REF_BYTES * staged
-        if size > MAX_PROPOSAL_BYTES:
-            raise invalid_argument(
-                f"thread {command['sourceThreadId']!r} is too large to copy in one command ({len(values)} values; "
-                f"about {size} bytes with its values staged, the limit is {MAX_PROPOSAL_BYTES}): nothing was "
-                "copied or staged")
+        return frame + inline + _STAGED_REF_BYTES * staged <= MAX_PROPOSAL_BYTES
 
     async def _read_thread(self, thread: str) -> tuple[list[dict], list[dict], list[dict]]:
         """Everything of a thread as wire records, values as the serde wrote them (never re-serialized)."""
