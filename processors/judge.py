@@ -103,7 +103,9 @@ Others = Callable[[int, str, str, int], "list[str] | None"]
 # 10: a LangGraph copy too large for one command is staged and committed by a
 #    LangGraphCopyStaged (processors/handlers/langgraph.py `copy_staged`); only
 #    such copies name rules 10, every other proposal of a client of this version
-#    names what it named before.
+#    names what it named before. And a thread holding a blob a GC sweep has fenced
+#    may go on naming it (processors/handlers/blob_gc.py `require_unfenced`): from
+#    a partition's floor of 10 on (a namespace created by a client of this version).
 RULES = 10
 # The first rules that raise a partition's floor. Logs written before it were
 # judged by the rules each proposal named: a floor from older versions would

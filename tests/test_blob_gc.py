@@ -201,6 +201,40 @@ async def test_a_replaced_version_whose_tombstones_were_partly_written_is_reclai
     assert (await within(tl.blobs.gc(grace_ms=0))).abandoned_found == 0
 
 
+async def test_a_thread_holding_a_fenced_blob_may_go_on_naming_it_and_the_sweep_keeps_it(open_client):
+    """Tried: a thread names blob B after a sweep listed B as unreferenced and before
+    its fence (here: the fence raised by hand after the first append). Its next
+    checkpoint naming B was refused BLOB_BEING_COLLECTED for as long as the fence
+    stood, though the collect was bound to keep B. From rules 10 a thread holding B
+    passes the fence; a thread that does not is still refused, and the collect
+    keeps B as referenced."""
+    tl = await open_client()
+    n = tl.runtime.layout.events
+    key = file_key("a")
+    await within(tl.blobs.put(key, b"a"))
+    holder, newcomer = threads_on_distinct_partitions(tl, 2, prefix="hold")
+    leases = {t: await within(tl.checkpoints.acquire_writer(t)) for t in (holder, newcomer)}
+    await within(tl.checkpoints.append(checkpoint=cp_with("h-1", holder, None, [key]),
+                                       expected_head_id=None, writer=leases[holder]))
+    rec = await within(tl.blobs.head(key))
+    sweep = "s-hold"
+    await claim_and_fence(tl, key, sweep, rec["etag"])
+    await within(tl.checkpoints.append(checkpoint=cp_with("h-2", holder, "h-1", [key]),
+                                       expected_head_id="h-1", writer=leases[holder]))
+    await refused(tl.checkpoints.append(checkpoint=cp_with("n-1", newcomer, None, [key]),
+                                        expected_head_id=None, writer=leases[newcomer]), "BLOB_BEING_COLLECTED")
+    assert await within(tl.checkpoints.get_head(newcomer)) is None
+    assert await within(tl.send("threadlog.cmd.CollectBlob", blob_state.partition_key(key),
+                                {"key": key, "sweepId": sweep, "version": rec["etag"]})) == {
+        "deleted": False, "reason": "referenced"}
+    # A holder that let go of B (both its checkpoints deleted) holds it no more: refused again.
+    await within(tl.checkpoints.delete_head(thread_id=holder, checkpoint_id="h-2", writer=leases[holder]))
+    await within(tl.checkpoints.delete_head(thread_id=holder, checkpoint_id="h-1", writer=leases[holder]))
+    await refused(tl.checkpoints.append(checkpoint=cp_with("h-3", holder, None, [key]),
+                                        expected_head_id=None, writer=leases[holder]), "BLOB_BEING_COLLECTED")
+    assert n > 1
+
+
 async def test_a_fence_refuses_new_references_and_a_later_sweep_recovers_it(open_client):
     tl = await open_client()
     n = tl.runtime.layout.events
@@ -657,9 +691,12 @@ async def test_a_blob_an_artifact_names_is_kept_until_the_artifact_goes(tl):
     assert await within(tl.send("threadlog.cmd.CollectBlob", blob_state.partition_key(art_key),
                                 {"key": art_key, "sweepId": sweep, "version": rec["etag"]})) == {
         "deleted": False, "reason": "referenced"}
-    # While that sweep's fence stands, a new artifact naming the blob is refused, as a checkpoint is.
-    await refused(tl.artifacts.save({**base, "artifactId": "a4", "blobKey": art_key}), "BLOB_BEING_COLLECTED")
+    # While that sweep's fence stands, an artifact naming the blob on a thread that does not
+    # hold it is refused, as a checkpoint is; t-art holds it (a1, a3), so it may name it again.
+    await refused(tl.artifacts.save({**base, "threadId": "t-new", "artifactId": "a4", "blobKey": art_key}),
+                  "BLOB_BEING_COLLECTED")
     assert await within(tl.artifacts.get("a4")) is None
+    await within(tl.artifacts.save({**base, "artifactId": "a5", "blobKey": art_key}))
     for q in range(n):
         await within(tl.send("threadlog.cmd.FenceBlobsForGc", gc.fence_key(sweep, q, n),
                              {"sweepId": sweep, "keys": [art_key], "held": False, "collected": {}}))

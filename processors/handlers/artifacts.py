@@ -99,7 +99,7 @@ def save(ctx: Context, cmd: dict) -> Decision:
     # sweep is collecting is refused as a checkpoint naming it is.
     holds = ctx.rules >= 4
     if holds and "blobKey" in record:
-        require_unfenced(ctx, [record["blobKey"]])
+        require_unfenced(ctx, [record["blobKey"]], thread_id)
     event = {**{k: None for k in state.OPTIONAL}, **record}
     spares = ctx.rules >= SPARES_UNSEEN
     releases = [FollowUp(t, "threadlog.cmd.ReleaseArtifactCopy",

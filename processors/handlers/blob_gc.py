@@ -60,13 +60,27 @@ def _sweep_id(cmd: dict) -> str:
     return s
 
 
-def require_unfenced(ctx: Context, blob_keys: list[str]) -> None:
-    """Refuse a checkpoint of this partition that references a blob a sweep has fenced here.
+# Rules 10: a thread that already holds a fenced blob may go on naming it.
+HOLDERS_PASS_FENCES = 10
+
+
+def require_unfenced(ctx: Context, blob_keys: list[str], thread: str) -> None:
+    """Refuse a checkpoint of this partition that newly references a blob a sweep has fenced here.
 
     Own partition as of now only: that is what makes the rule log-ordered
     with the fence (see the module doc). In a store holding every partition
     (an embedded client), fences of other partitions are filtered out so the
     verdict is the same as a worker's.
+
+    From rules 10, `thread` passes a fence on a blob it holds (a checkpoint or
+    an artifact of it references the blob, as of now). Why that is safe: from
+    the fence on, no thread of this partition can start holding the blob, so a
+    thread holding it past the fence has held it without a break since before
+    the fence -- in particular at the collect's position here, which lies past
+    the fence: the collect sees that hold and keeps the blob. Before, such a
+    thread's next checkpoint was refused for as long as the sweep ran, though
+    the sweep was bound to keep the blob (a thread that named it between the
+    sweep's listing and its fence).
     """
     def own(fence: str) -> bool:
         return ctx.partitions <= 0 or partition_for(fence, ctx.partitions) == ctx.partition
@@ -80,7 +94,8 @@ def require_unfenced(ctx: Context, blob_keys: list[str]) -> None:
     # Likewise a collect marker: without any, no blob needs asking (the same answer as asking each).
     marked = bool(blob_keys) and gc.any_marker(ctx.view)
     for blob in blob_keys:
-        if fencing and holders_as_of(ctx.view, gid.BLOB_GC_FENCE, blob, None, own):
+        if fencing and holders_as_of(ctx.view, gid.BLOB_GC_FENCE, blob, None, own) \
+                and not (ctx.rules >= HOLDERS_PASS_FENCES and _holds(ctx, thread, blob)):
             raise ThreadLogError(BLOB_BEING_COLLECTED,
                                  f"blob {blob!r} is being garbage-collected (unreferenced and older than the grace "
                                  "window): put it again, then retry")
@@ -90,6 +105,12 @@ def require_unfenced(ctx: Context, blob_keys: list[str]) -> None:
         if collected is not None and not _exists_after(ctx, blob, collected):
             raise ThreadLogError(BLOB_BEING_COLLECTED,
                                  f"blob {blob!r} was garbage-collected: put it again, then retry")
+
+
+def _holds(ctx: Context, thread: str, blob: str) -> bool:
+    """Does `thread` (of this partition) hold `blob` as of now: by a checkpoint or an artifact?
+    Both are what a collect counts as references."""
+    return any(thread in holders_as_of(ctx.view, kind, blob, None) for kind in (gid.BLOB_REF, gid.ARTIFACT_BLOB))
 
 
 def _before_lowering(ctx: Context, blob: str, collected: int) -> bool:

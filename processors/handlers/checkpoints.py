@@ -181,7 +181,7 @@ def append(ctx: Context, cmd: dict) -> Decision:
         raise ThreadLogError(PARENT_MISMATCH, f"checkpoint {cp['id']!r} has parent {cp['parentCheckpointId']!r}, "
                                               f"not the expected head {expected!r}")
     # 8. no blob it names is being garbage-collected here (blob_gc.py)
-    require_unfenced(ctx, blob_keys(cp))
+    require_unfenced(ctx, blob_keys(cp), thread)
     # The record as it arrived is what was validated; it travels on unchanged.
     ev = {"checkpoint": cmd["checkpoint"], "fence": writer["fence"]}
     return Decision(events=[("threadlog.evt.CheckpointAppended", ev)], result=cp["id"])
@@ -272,7 +272,7 @@ def fork_destination_step(ctx: Context, cmd: dict) -> Decision:
         "artifacts": source["artifacts"],
     }
     check_checkpoint_body(root)  # the copy is re-validated: step 2 may be forged
-    require_unfenced(ctx, blob_keys(root))
+    require_unfenced(ctx, blob_keys(root), destination)
     ev = {"checkpoint": to_wire(root), "sourceThreadId": source["threadId"],
           "sourceCheckpointId": source["id"], "fence": writer["fence"]}
     return Decision(events=[("threadlog.evt.CheckpointForked", ev)], result=root)
