@@ -101,11 +101,12 @@ Others = Callable[[int, str, str, int], "list[str] | None"]
 # 9: a keep_latest LangGraphPrune (v2, `calls`) removes whole the namespaces of the
 #    finished subgraph calls its proposer names (processors/handlers/langgraph.py).
 # 10: a LangGraph copy too large for one command is staged and committed by a
-#    LangGraphCopyStaged (processors/handlers/langgraph.py `copy_staged`); only
-#    such copies name rules 10, every other proposal of a client of this version
-#    names what it named before. And a thread holding a blob a GC sweep has fenced
-#    may go on naming it (processors/handlers/blob_gc.py `require_unfenced`): from
-#    a partition's floor of 10 on (a namespace created by a client of this version).
+#    LangGraphCopyStaged (processors/handlers/langgraph.py `copy_staged`). And a
+#    thread holding a blob a GC sweep has fenced may go on naming it
+#    (processors/handlers/blob_gc.py `require_unfenced`), on a partition judging by
+#    rules 10: its floor (the marker of a namespace created by a client of this
+#    version) or any proposal naming 10 judged there before (rules never go back).
+#    Of a client's proposals only those two name 10; the rest name what they did.
 RULES = 10
 # The first rules that raise a partition's floor. Logs written before it were
 # judged by the rules each proposal named: a floor from older versions would

@@ -537,6 +537,11 @@ async def test_a_copy_too_large_for_one_command_is_staged_whole_and_committed_at
         return await real_send(type_name, key_, payload, *args, **kwargs)
 
     monkeypatch.setattr(tl, "send", counting)
+    with monkeypatch.context() as capped:  # over what a judge decodes whole: refused, nothing staged
+        capped.setattr(state, "MAX_STAGED_COPY_BYTES", 64 * 1024)
+        with pytest.raises(ThreadLogError) as err:
+            await within(saver.acopy_thread("t-src", "t-dst"), 60)
+    assert err.value.code == INVALID_ARGUMENT and "too large to copy" in err.value.message and sent == []
     await within(saver.acopy_thread("t-src", "t-dst"), 120)
     assert sent.count("threadlog.cmd.LangGraphCopyStaged") == 1 and "threadlog.cmd.LangGraphCopyThread" not in sent
     src = [t async for t in saver.alist(generate_config("t-src"))]
@@ -553,10 +558,12 @@ async def test_a_copy_too_large_for_one_command_is_staged_whole_and_committed_at
 
 
 async def test_a_staged_copy_is_judged_as_its_command_and_consumed_once(open_client):
-    """Tried, as a forger would: a LangGraphCopyStaged whose staged bytes are not a
-    LangGraphCopyThread, one whose command names another target or source, one
-    naming fewer bytes than staged, and one committing an upload already consumed.
-    Each is INVALID_ARGUMENT and the target stays empty."""
+    """Tried, as a forger would. A LangGraphCopyStaged whose upload does not check out
+    (a size other than staged, over the cap, chunks missing) is refused INVALID_ARGUMENT
+    and reads nothing more. One whose upload checks out but holds no fitting copy
+    command (another command, not Avro, other threads) consumes the upload, copies
+    nothing and says why: a review sent one small commit five times and every judge
+    decoded the 11.6 MB command five times. The target stays empty throughout."""
     from threadlog.schemas import default_codec
 
     tl = await open_client()
@@ -576,27 +583,39 @@ async def test_a_staged_copy_is_judged_as_its_command_and_consumed_once(open_cli
         return codec.encode("threadlog.cmd.LangGraphCopyThread", {
             "threadId": target, "sourceThreadId": source, "checkpoints": [cp], "blobs": [], "writes": []})
 
-    async def commit(ref: dict, source: str = "s") -> None:
-        await within(tl.send("threadlog.cmd.LangGraphCopyStaged", "t",
-                             {"threadId": "t", "sourceThreadId": source, "command": ref}))
+    async def commit(ref: dict, source: str = "s"):
+        return await within(tl.send("threadlog.cmd.LangGraphCopyStaged", "t",
+                                    {"threadId": "t", "sourceThreadId": source, "command": ref}))
 
-    cases = {
+    def staged_on_t() -> list:
+        return list(tl.runtime.store.scan(key(state.STAGE, "t")))
+
+    good = await stage("t", copy_of("t", "s"))
+    for why, ref in {"a size other than staged": {**good, "size": good["size"] - 1},
+                     "over the cap": {**good, "size": state.MAX_STAGED_COPY_BYTES + 1},
+                     "a chunk never staged": {**good, "chunks": 2}}.items():
+        with pytest.raises(ThreadLogError) as err:
+            await commit(ref)
+        assert err.value.code == INVALID_ARGUMENT, why
+    assert len(staged_on_t()) == 1  # refused: nothing consumed
+    holds = {
         "not a copy command": await stage("t", codec.encode("threadlog.cmd.LangGraphDeleteThread", {"threadId": "t"})),
         "not Avro": await stage("t", b"garbage"),
         "another target": await stage("t", copy_of("u", "s")),
         "another source": await stage("t", copy_of("t", "elsewhere")),
     }
-    short = await stage("t", copy_of("t", "s"))
-    cases["a size that is not the staged one"] = {**short, "size": short["size"] - 1}
-    for why, ref in cases.items():
+    for why, ref in holds.items():
+        verdict = await commit(ref)
+        assert verdict["copied"] is False and verdict["code"] == INVALID_ARGUMENT, (why, verdict)
         with pytest.raises(ThreadLogError) as err:
-            await commit(ref)
-        assert err.value.code == INVALID_ARGUMENT, why
+            await commit(ref)  # consumed: not decoded again
+        assert err.value.code == INVALID_ARGUMENT and "was not staged" in err.value.message, why
     assert [t async for t in saver.alist(generate_config("t"))] == []
-    await commit(short)  # the same upload, named rightly: it commits
+    assert await commit(good) == {"copied": True}
     assert [t.config["configurable"]["checkpoint_id"] async for t in saver.alist(generate_config("t"))] == ["c1"]
+    assert staged_on_t() == []
     with pytest.raises(ThreadLogError) as err:
-        await commit(short)  # consumed: its chunks are gone
+        await commit(good)  # consumed: its chunks are gone
     assert err.value.code == INVALID_ARGUMENT and "was not staged" in err.value.message
 
 

@@ -40,6 +40,8 @@ import math
 from threadlog.projections import global_ids as gid
 from threadlog.projections.folds import blob_gc as gc
 from threadlog.projections.folds import blobs as state
+from threadlog.projections.folds.artifacts import holds_key
+from threadlog.projections.folds.checkpoints import refs_key
 from threadlog.projections.global_ids import holders_as_of
 
 from threadlog.kernel.errors import BLOB_BEING_COLLECTED, ThreadLogError, invalid_argument
@@ -109,8 +111,11 @@ def require_unfenced(ctx: Context, blob_keys: list[str], thread: str) -> None:
 
 def _holds(ctx: Context, thread: str, blob: str) -> bool:
     """Does `thread` (of this partition) hold `blob` as of now: by a checkpoint or an artifact?
-    Both are what a collect counts as references."""
-    return any(thread in holders_as_of(ctx.view, kind, blob, None) for kind in (gid.BLOB_REF, gid.ARTIFACT_BLOB))
+    Both are what a collect counts as references. Read from the thread's own
+    counters, which exist exactly while the id index says "held"
+    (projections/global_ids.py `count`): one point read each, where the index
+    lists every thread that ever held the blob (a review)."""
+    return ctx.view.get(refs_key(blob, thread)) is not None or ctx.view.get(holds_key(blob, thread)) is not None
 
 
 def _before_lowering(ctx: Context, blob: str, collected: int) -> bool:

@@ -23,11 +23,12 @@ from collections import defaultdict
 from threadlog.projections.folds import langgraph as state
 from threadlog.projections.keys import key
 from threadlog.schemas import CodecError, default_codec
+from threadlog.schemas.codec import HEADER_LEN
 
-from threadlog.kernel.errors import invalid_argument
+from threadlog.kernel.errors import ThreadLogError, invalid_argument
 from threadlog.kernel.validation import is_int, is_text, require_id
 
-from . import Context, Decision, handles, introduces_schema
+from . import SCHEMA_INTRODUCED, Context, Decision, handles, introduces_schema
 
 MAX_CHUNK = 4 * 1024 * 1024  # a sanity bound: the client stages 1 MiB chunks
 MAX_CHUNKS = 1 << 16  # 64 Ki chunks of 4 MiB: 256 GiB, far beyond any channel value
@@ -310,6 +311,7 @@ def delete_runs(ctx: Context, cmd: dict) -> Decision:
 # Rules 10: a copy whose one command does not fit in a record is staged, encoded,
 # as chunks on the target and committed by a LangGraphCopyStaged.
 COPY_STAGED = 10
+COPY = "threadlog.cmd.LangGraphCopyThread"
 
 
 @handles("threadlog.cmd.LangGraphCopyThread")
@@ -325,25 +327,53 @@ def copy_staged(ctx: Context, cmd: dict) -> Decision:
 
     Why staged: staging bounds the value bytes a command carries, not the rest --
     ids, channel versions, one ref per value -- which grows with the thread (4 000
-    checkpoints of 60 channels made a 25 MB command). The staged command is
-    consumed when accepted: its chunks go, so it commits at most once (a refused
-    commit, like a refused put, changes nothing and leaves them)."""
+    checkpoints of 60 channels made a 12-25 MB command).
+
+    Why a staged command is consumed whatever it holds: this is the one handler
+    that joins and decodes a whole upload (~1 s and ~4x its size in memory for
+    12 MB). Were a bad command refused, leaving its chunks, one small forged
+    commit could make every judge and every rebuild decode it again, as often as
+    it was sent (a review). So once the upload itself checks out (its declared
+    size within MAX_STAGED_COPY_BYTES, checked before anything is read; every
+    chunk there), the commit is accepted and drops the upload; what the command
+    holds decides only `copied` (False: the code and message it was refused with,
+    which the client raises; nothing of it is applied)."""
     thread = _thread(ctx, cmd)
-    values = _Values(ctx, thread)
     ref = cmd["command"]
-    values.check_staged(ref, "the staged copy command")  # also: no value may name its upload
+    if not 0 < ref["size"] <= state.MAX_STAGED_COPY_BYTES:
+        raise invalid_argument(f"a staged copy command holds 1..{state.MAX_STAGED_COPY_BYTES} bytes, "
+                               f"not {ref['size']}")
+    values = _Values(ctx, thread)
+    values.check_staged(ref, "the staged copy command")  # also: no value of it may name its upload
+    discard = ("threadlog.evt.LangGraphUploadsDiscarded", {"threadId": thread, "uploads": [ref]})
+    try:
+        decision = _copy(ctx, thread, _staged_copy(ctx, thread, cmd["sourceThreadId"], ref), values)
+    except ThreadLogError as exc:
+        return Decision(events=[discard], result={"copied": False, "code": exc.code, "message": exc.message})
+    decision.events.append(discard)
+    decision.result = {"copied": True}
+    return decision
+
+
+def _staged_copy(ctx: Context, thread: str, source: str, ref: dict) -> dict:
+    """The LangGraphCopyThread a staged upload holds, for `source` -> `thread`."""
     data = b"".join(ctx.view.get(state.stage_key(thread, ref["uploadId"], i)) or b""
                     for i in range(ref["chunks"]))
+    codec = default_codec()
+    # As the judge does for a proposal's own payload (processors/judge.py): a schema
+    # version newer than the rules judging it is what a judge of those rules could
+    # not decode, so it is refused alike, or a rebuild by newer code would disagree.
+    for (name, version), rules in SCHEMA_INTRODUCED.items():
+        if name == COPY and rules > ctx.rules and codec.history_fingerprint(name, version) == data[2:HEADER_LEN]:
+            raise invalid_argument(f"the staged copy command is of a {name} schema of rules {rules}")
     try:
-        _, inner = default_codec().decode(data, expect="threadlog.cmd.LangGraphCopyThread")
+        _, inner = codec.decode(data, expect=COPY)
     except CodecError as exc:
-        raise invalid_argument(f"the staged copy command is not a LangGraphCopyThread: {exc.message}") from None
-    if inner["threadId"] != thread or inner["sourceThreadId"] != cmd["sourceThreadId"]:
+        raise invalid_argument(f"the staged copy command is not a {COPY}: {exc.message}") from None
+    if inner["threadId"] != thread or inner["sourceThreadId"] != source:
         raise invalid_argument("the staged copy command names other threads than its commit: "
                                f"{inner['sourceThreadId']!r} -> {inner['threadId']!r}")
-    decision = _copy(ctx, thread, inner, values)
-    decision.events.append(("threadlog.evt.LangGraphUploadsDiscarded", {"threadId": thread, "uploads": [ref]}))
-    return decision
+    return inner
 
 
 def _copy(ctx: Context, thread: str, cmd: dict, values: _Values) -> Decision:

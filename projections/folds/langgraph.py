@@ -100,6 +100,12 @@ def split_write_key(k: bytes) -> tuple[str, str, str, str, int]:
     return thread, ns, checkpoint_id, task_id, int(idx)
 
 
+# The largest copy command that may be staged whole (rules 10): its judge joins
+# and decodes it in memory, once (processors/handlers/langgraph.py `copy_staged`).
+# ~20 000 checkpoints of 60 channels; a larger source is refused before staging.
+MAX_STAGED_COPY_BYTES = 64 * 1024 * 1024
+
+
 def stage_key(thread: str, upload_id: str, index: int) -> bytes:
     return key(STAGE, thread, upload_id, float(index))
 

@@ -682,28 +682,36 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         command = {"threadId": target, "sourceThreadId": source,
                    "checkpoints": checkpoints, "blobs": blobs, "writes": writes}
         staged, inline = self._plan(values)
-        fits = self._copy_fits(command, values, len(staged), inline)
-        if staged:
-            await self._stage(target, staged)
-        if fits:
+        # Staging bounds the value bytes a command carries, not the rest -- ids,
+        # channel versions, one ref per value -- which grows with the thread: 4 000
+        # checkpoints of 60 channels made a 25 MB command (a review).
+        size = self._staged_copy_size(command, values, len(staged), inline)
+        if size <= MAX_PROPOSAL_BYTES:
+            if staged:
+                await self._stage(target, staged)
             await self.tl.send("threadlog.cmd.LangGraphCopyThread", target, command)
             return
         # Too large for one record even with its large values staged: the command
         # itself is staged on the target and committed by one small record (rules 10),
         # so the copy stays one atomic verdict whatever the source's size.
+        if size > state.MAX_STAGED_COPY_BYTES:
+            raise invalid_argument(
+                f"thread {source!r} is too large to copy ({len(values)} values; its command would be about "
+                f"{size} bytes with its values staged, the limit is {state.MAX_STAGED_COPY_BYTES}): nothing "
+                "was copied or staged")
+        if staged:
+            await self._stage(target, staged)
         encoded = {"data": default_codec().encode("threadlog.cmd.LangGraphCopyThread", command)}
         await self._stage(target, [encoded])
-        await self.tl.send("threadlog.cmd.LangGraphCopyStaged", target,
-                           {"threadId": target, "sourceThreadId": source, "command": encoded["staged"]})
+        verdict = await self.tl.send("threadlog.cmd.LangGraphCopyStaged", target,
+                                     {"threadId": target, "sourceThreadId": source, "command": encoded["staged"]})
+        if isinstance(verdict, dict) and verdict.get("copied") is False:
+            # The judge consumed the staged command and applied none of it (processors/handlers/langgraph.py).
+            raise ThreadLogError(str(verdict.get("code")), str(verdict.get("message")))
 
-    def _copy_fits(self, command: dict, values: list[dict], staged: int, inline: int) -> bool:
-        """Does a copy's one command fit in a Kafka record with `staged` of its values
-        staged and `inline` value bytes left in it (`_plan`)?
-
-        Why ask: staging bounds the value bytes a command carries, not the rest --
-        ids, channel versions, one ref per value -- which grows with the thread.
-        A thread of 4 000 checkpoints of 60 channels made a 25 MB command (found
-        by a review); such a copy is staged whole (`acopy_thread`)."""
+    @staticmethod
+    def _staged_copy_size(command: dict, values: list[dict], staged: int, inline: int) -> int:
+        """About how many bytes `command` encodes to once `staged` of its values are staged."""
         saved = [v["data"] for v in values]
         for v in values:
             v["data"] = b""
@@ -712,7 +720,7 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         finally:
             for v, data in zip(values, saved, strict=True):
                 v["data"] = data
-        return frame + inline + _STAGED_REF_BYTES * staged <= MAX_PROPOSAL_BYTES
+        return frame + inline + _STAGED_REF_BYTES * staged
 
     async def _read_thread(self, thread: str) -> tuple[list[dict], list[dict], list[dict]]:
         """Everything of a thread as wire records, values as the serde wrote them (never re-serialized)."""
