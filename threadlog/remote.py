@@ -1016,7 +1016,8 @@ class RemoteVerdicts:
         self._waiting: dict[tuple[int, int], tuple[Callable[[dict], None], float]] = {}  # for a push, since
         self._early: dict[tuple[int, int], tuple[dict, float]] = {}  # pushed before its ack came
         self._acked: dict[int, int] = {}  # partition -> highest offset acked (acks come in offset order)
-        self._asking: set[tuple[int, int]] = set()  # queued for or in a `verdicts` request
+        # Queued for or in a `verdicts` request -> its callback (a push answers it at once).
+        self._asking: dict[tuple[int, int], Callable[[dict], None]] = {}
         # The same for delivery records (answers to `dlv_verdict`, pushed by the owner's run index):
         self._dlv_waiting: dict[tuple[int, int], asyncio.Future] = {}
         self._dlv_early: dict[tuple[int, int], tuple[dict, float]] = {}
@@ -1162,14 +1163,25 @@ class RemoteVerdicts:
         for p, o, verdict in items:
             self.pushed += 1
             waiting = self._waiting.pop((p, o), None)
+            asked = self._asking.get((p, o)) if waiting is None else None
             if waiting is not None:
                 self._answer(p, o, waiting[0], verdict)
-            elif o > self._acked.get(p, -1) or (p, o) in self._asking:
-                # Its ack is on its way, or it is being asked for (the answer may be
-                # null: not judged yet when the worker read the request). Anything
-                # else at or below the last ack of its partition (acks of a partition
-                # come in offset order) was answered already, e.g. verdicts a new
-                # owner pushes again while catching up: not kept.
+            elif asked is not None:
+                # Being asked for (no live push connection to the announced owner when
+                # its ack came, or not pushed within the grace): the push is its answer,
+                # now. The request's answer, when it comes, finds the caller answered
+                # (`_answer` tells each caller once). Kept aside for the request
+                # instead, an accepted write's verdict waited behind a request that
+                # could not be answered: a worker draining in a rolling restart judges
+                # and pushes on while no one announces its partitions, and the
+                # request waits for the new owner (catching up, seconds) -- the caller
+                # got OUTCOME_UNKNOWN at its deadline with its verdict in hand.
+                self._answer(p, o, asked, verdict)
+            elif o > self._acked.get(p, -1):
+                # Its ack is on its way. Anything else at or below the last ack of its
+                # partition (acks of a partition come in offset order) was answered
+                # already, e.g. verdicts a new owner pushes again while catching up:
+                # not kept.
                 if len(self._early) >= MAX_EARLY:
                     self._early.clear()  # a flood (MAX_EARLY): the acks still to come ask
                 self._early[(p, o)] = (verdict, now)
@@ -1252,7 +1264,7 @@ class RemoteVerdicts:
         if not self._queued:
             self._client._loop.call_soon(self._flush)  # after the whole burst is queued
         self._queued.setdefault(partition, []).append((offset, callback))
-        self._asking.add((partition, offset))
+        self._asking[(partition, offset)] = callback
 
     def _flush(self) -> None:
         """One request per partition for what queued since the last flush."""
@@ -1277,7 +1289,7 @@ class RemoteVerdicts:
             if judged:
                 client.raise_floor({partition: max(judged) + 1})
         for (o, callback), verdict in zip(items, verdicts, strict=True):
-            self._asking.discard((partition, o))
+            self._asking.pop((partition, o), None)
             if verdict is None:  # not judged yet when the worker answered: wait for it again
                 with self._lock:
                     still = (partition, o, callback) in self._pending

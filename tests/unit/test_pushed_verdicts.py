@@ -18,6 +18,7 @@ import time
 import pytest
 
 from threadlog import remote
+from threadlog.kernel.errors import UNAVAILABLE, ThreadLogError
 from threadlog.members import Member
 
 ADDRESS = "127.0.0.1:1"
@@ -214,3 +215,35 @@ async def test_a_worker_that_pushes_no_delivery_answers_is_asked_at_once(setup):
     started = asyncio.get_running_loop().time()
     assert await asyncio.wait_for(verdicts.delivery_answer(2, 43, 0), 5) is None
     assert asyncio.get_running_loop().time() - started < remote.PUSH_GRACE_S / 2
+
+
+async def test_a_push_answers_a_caller_whose_verdict_is_being_asked_for(setup):
+    """Tried (rolling restarts of 3 workers gated on /readyz, 2026-12-06): a
+    worker draining after SIGTERM has tombstoned its members entry, so no one
+    announces its partitions; a write acked then is asked for (`verdicts`),
+    and that request waits for a new owner, which was catching up a stale store
+    for seconds. The draining worker's judge still judged the write and pushed
+    its verdict 30 ms after the ack -- kept aside for the request, which failed
+    at the deadline: the caller got OUTCOME_UNKNOWN for an accepted write. The
+    push answers the caller now; the request's late answer tells no one twice."""
+    client, verdicts = setup
+    verdicts._streams[ADDRESS].live = False  # no push connection to the announced owner: asked
+    verdicts._streams[ADDRESS].retry_at = float("inf")
+    release = asyncio.Event()
+
+    async def unanswered(op: str, args: dict, partitions: list[int]) -> dict:
+        client.requests.append((args["p"], list(args["os"])))
+        await release.wait()  # no owner answers before the deadline
+        raise ThreadLogError(UNAVAILABLE, "verdicts: no live worker answered within the request timeout")
+
+    client.call = unanswered  # type: ignore[method-assign]
+    fut, _ = _waiter(verdicts, 0, 4)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert client.requests == [(0, [4])]  # being asked for
+    verdicts._pushed([[0, 4, {"ok": True, "result": "pushed"}]])  # the draining owner's judge
+    assert (await asyncio.wait_for(fut, 1))["result"] == "pushed"
+    release.set()  # the request fails afterwards: the caller is not told again (`_waiter` asserts)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert verdicts._early == {} and verdicts._asking == {}
