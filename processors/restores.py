@@ -55,9 +55,14 @@ Peek = Callable[[int, threading.Event], int | None]
 RETRY_S = 1.0  # between two tries to serve a restored store that failed
 PARALLEL = 4  # snapshots read side by side: the wait for one's records overlaps another's decoding
 # How far (records) a snapshot must be ahead of a kept local store to be restored
-# over it (`threadlog worker --resume-gap`): judging that many again costs seconds here (~0.5-1.5 ms each), about
-# what restoring a large partition's state costs.
-RESUME_GAP = 10_000
+# over it (`threadlog worker --resume-gap`). Judging a record again costs ~0.5-1.5 ms
+# alone, but 3-7 ms during a takeover (a helper's rolling restarts, 2026-12-06: the
+# questions to the other owners, the cores shared with the catching-up workers), and
+# every proposal of another partition naming positions past it waits meanwhile;
+# restoring a partition's state took 0.2-2.5 s (4-13 MB). 10 000 before: gaps of
+# 1 400-3 000 records were judged again, 4-20 s. Workers now also snapshot on a
+# graceful stop (processors/snapshotter.py `final`), so a snapshot is that recent.
+RESUME_GAP = 1_000
 
 
 _Result = tuple[Store | None, RestoreInfo | None] | None

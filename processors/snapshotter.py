@@ -11,6 +11,16 @@ When: a partition is snapshotted once `every_records` records were judged
 since its last snapshot, or `interval_s` passed and anything was judged. The
 snapshot is a consistent copy taken on this thread while the judge keeps
 going (a RocksDB checkpoint); a partition given up meanwhile is skipped.
+
+And on a graceful stop (`final`), while the worker still owns and serves its
+partitions: every one judged past its last snapshot is snapshotted once more.
+Why (a helper's rolling restarts, 2026-12-06): the partitions of a stopping
+worker went to workers whose kept stores were 1 400-3 000 records behind, or
+that had none and no snapshot to restore (a namespace younger than
+`interval_s`: folded from offset 0). Judging those again took 4-20 s, and every
+proposal of another partition that named positions past them waited as long:
+accepted writes answered OUTCOME_UNKNOWN. With a snapshot at the stop, the new
+owner restores the state and judges only what came after it.
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ class Snapshotter:
         self._given_up: set[int] = set()  # partitions revoked since the last round
         self._given_up_lock = threading.Lock()
         self._stop = threading.Event()
+        self._one = threading.Lock()  # one partition's snapshot at a time: the periodic round's or `final`'s
         self._thread = threading.Thread(target=self._run, name="snapshotter", daemon=True)
 
     def start(self) -> None:
@@ -71,6 +82,30 @@ class Snapshotter:
             self._at.pop(p, None)
             self.writer.forget(p)
 
+    def final(self, budget_s: float) -> list[int]:
+        """On a graceful stop, before the worker says it owns nothing: snapshot now
+        every owned partition judged past its last snapshot, within `budget_s` in
+        all (one not finished by then is given up: the stop goes on). Returns the
+        partitions snapshotted. Any thread; the periodic round waits meanwhile."""
+        deadline = time.monotonic() + budget_s
+        done: list[int] = []
+        if not self._one.acquire(timeout=budget_s):  # a periodic snapshot longer than the budget
+            return done
+        try:
+            self._forget_given_up()
+        finally:
+            self._one.release()
+        for p in sorted(self.judge.owned):
+            left = deadline - time.monotonic()
+            if left <= 0 or self._stop.is_set():
+                break
+            try:
+                if self._maybe(p, force=True, timeout=left):
+                    done.append(p)
+            except Exception:  # moved away, the broker down, out of time: the next owner judges more
+                log.warning("snapshot of partition %d on stop failed", p, exc_info=True)
+        return done
+
     def halt(self) -> None:
         """Take no more snapshots (from any thread, at once), nor finish the one being
         written; `stop` still closes the writer."""
@@ -86,7 +121,8 @@ class Snapshotter:
 
     def _run(self) -> None:
         while not self._stop.wait(CHECK_S):
-            self._forget_given_up()
+            with self._one:
+                self._forget_given_up()
             for p in sorted(self.judge.owned):
                 if self._stop.is_set():
                     return
@@ -95,7 +131,17 @@ class Snapshotter:
                 except Exception:  # a partition moved away mid-copy, or the broker is down: next round
                     log.warning("snapshot of partition %d failed", p, exc_info=True)
 
-    def _maybe(self, p: int) -> None:
+    def _maybe(self, p: int, *, force: bool = False, timeout: float | None = None) -> bool:
+        """Snapshot `p` if it is due (`force`: if anything was judged since the last);
+        True if a snapshot was written."""
+        if not self._one.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            return False
+        try:
+            return self._snapshot_if_due(p, force, None if timeout is None else max(0.001, timeout))
+        finally:
+            self._one.release()
+
+    def _snapshot_if_due(self, p: int, force: bool, timeout: float | None) -> bool:
         applied = self.judge.applied(p)
         now = time.monotonic()
         if p not in self._last:
@@ -105,14 +151,15 @@ class Snapshotter:
             self._at[p] = now
         moved = applied - self._last[p]
         if moved <= 0:
-            return
-        if moved < self.every_records and now - self._at[p] < self.interval_s:
-            return
+            return False
+        if not force and moved < self.every_records and now - self._at[p] < self.interval_s:
+            return False
         store = self.judge.stores.store_of(p)
-        info = self.writer.write(p, store)
+        info = self.writer.write(p, store, timeout)
         self._last[p] = info.position or applied
         self._at[p] = now
         self.written.append(summary(info))
         self.written_total += 1
         log.info("snapshot of partition %d at %s: %d keys, %d bytes in %.2fs", p, info.position, info.keys,
                  info.bytes, info.seconds)
+        return True

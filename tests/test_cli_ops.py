@@ -184,6 +184,8 @@ def test_demo_interrupted_during_its_open_removes_what_it_created(bootstrap, nam
     (["worker", "--listen", "bad"], "--listen must be HOST:PORT"),
     (["worker", "--snapshot-every", "0"], "--snapshot-every and --snapshot-interval must be positive"),
     (["worker", "--resume-gap", "0"], "--resume-gap must be a number of records >= 1"),
+    (["worker", "--stop-snapshot-timeout", "-1"], "--stop-snapshot-timeout must be a number of seconds >= 0"),
+    (["worker", "--stop-snapshot-timeout", "nan"], "--stop-snapshot-timeout must be a number of seconds >= 0"),
     (["worker", "--drain-timeout", "-1"], "--drain-timeout must be >= 0"),
     (["worker", "--stall-after", "nan"], "--stall-after must be a finite number of seconds > 0"),
     (["serve", "--stall-after", "0"], "--stall-after must be a finite number of seconds > 0"),

@@ -165,6 +165,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
                                f"number of seconds), got {args.snapshot_every} and {args.snapshot_interval}")
     if not _drain_timeout_ok(args.drain_timeout):
         raise invalid_argument(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
+    if not _drain_timeout_ok(args.stop_snapshot_timeout):
+        raise invalid_argument(f"--stop-snapshot-timeout must be a number of seconds >= 0, got "
+                               f"{args.stop_snapshot_timeout}")
     _require_stall_after(args.stall_after)
     if args.advertise is not None and not addresses.is_host(args.advertise):
         raise invalid_argument(f"--advertise must be a host name or address, got {args.advertise!r}")
@@ -174,7 +177,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     rt = Runtime(opts, worker=True, snapshot_every=args.snapshot_every, snapshot_interval_s=args.snapshot_interval,
                  resume_gap=args.resume_gap)
     return asyncio.run(_worker(rt, listen, http, args.drain_timeout, args.verbose, args.advertise,
-                               args.stall_after))
+                               args.stall_after, args.stop_snapshot_timeout))
 
 
 def _require_stall_after(seconds: float) -> None:
@@ -277,11 +280,13 @@ class OwnedLine:
 
 
 async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None = None, drain_s: float = 10.0,
-                  verbose: bool = False, advertise: str | None = None, stall_after: float = 30.0) -> int:
+                  verbose: bool = False, advertise: str | None = None, stall_after: float = 30.0,
+                  stop_snapshot_s: float = 10.0) -> int:
     """Judge the namespace, serve its state to thin clients, announce it in `<ns>.members`.
 
-    SIGTERM/SIGINT: not ready any more, leave `<ns>.members`, answer the requests
-    in flight (up to `drain_s`), then leave the group and exit 0."""
+    SIGTERM/SIGINT: not ready any more, snapshot what was judged since the last
+    snapshots (up to `stop_snapshot_s`, still serving), leave `<ns>.members`,
+    answer the requests in flight (up to `drain_s`), then leave the group and exit 0."""
     from threadlog.members import Announcer
     from threadlog.metrics import Readiness, attach
     from threadlog.processors.query_server import QueryServer
@@ -369,6 +374,12 @@ async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None
               f"as {rt.client_id}", flush=True)
         await stop.wait()
         readiness.draining = True
+        if stop_snapshot_s > 0 and rt.snapshotter is not None:
+            # Still announced and serving: the next owners restore these instead of
+            # judging again what was judged since the last snapshots (Snapshotter.final).
+            print(f"worker stopping: snapshotting its partitions (up to {stop_snapshot_s:g}s)", flush=True)
+            done = await asyncio.to_thread(rt.snapshotter.final, stop_snapshot_s)
+            print(f"worker stopping: snapshotted partitions {done}", flush=True)
         print(f"worker stopping: draining requests in flight (up to {drain_s:g}s)", flush=True)
     finally:
         readiness.draining = True
@@ -1194,7 +1205,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="snapshot a partition's state after this many records judged")
     w.add_argument("--snapshot-interval", type=float, default=300.0, metavar="SECONDS",
                    help="...or after this long, if anything was judged")
-    w.add_argument("--resume-gap", type=int, default=10_000, metavar="RECORDS",
+    w.add_argument("--stop-snapshot-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="on SIGTERM, snapshot the partitions judged since their last snapshot first, while "
+                        "still serving them, for at most this long, so their next owners restore instead of "
+                        "judging again (0: no snapshot on stop)")
+    w.add_argument("--resume-gap", type=int, default=1_000, metavar="RECORDS",
                    help="a partition given back to a local store this far behind its end restores its "
                         "latest snapshot instead, if that is this far ahead of the store")
     w.set_defaults(fn=cmd_worker)
