@@ -61,8 +61,10 @@ PARALLEL = 4  # snapshots read side by side: the wait for one's records overlaps
 # every proposal of another partition naming positions past it waits meanwhile;
 # restoring a partition's state took 0.2-2.5 s (4-13 MB). 10 000 before: gaps of
 # 1 400-3 000 records were judged again, 4-20 s. Workers now also snapshot on a
-# graceful stop (processors/snapshotter.py `final`), so a snapshot is that recent.
-RESUME_GAP = 1_000
+# graceful stop (processors/snapshotter.py `final`), so a snapshot is that recent;
+# with 1 000, stores 650-880 records behind were still resumed next to a snapshot
+# taken 0.3 s before, and writes waited 4-6 s on their catch-up (same helper).
+RESUME_GAP = 500
 
 
 _Result = tuple[Store | None, RestoreInfo | None] | None

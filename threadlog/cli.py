@@ -1209,7 +1209,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on SIGTERM, snapshot the partitions judged since their last snapshot first, while "
                         "still serving them, for at most this long, so their next owners restore instead of "
                         "judging again (0: no snapshot on stop)")
-    w.add_argument("--resume-gap", type=int, default=1_000, metavar="RECORDS",
+    w.add_argument("--resume-gap", type=int, default=500, metavar="RECORDS",
                    help="a partition given back to a local store this far behind its end restores its "
                         "latest snapshot instead, if that is this far ahead of the store")
     w.set_defaults(fn=cmd_worker)
