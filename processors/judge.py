@@ -25,7 +25,6 @@ at its stored position. A record that cannot be decoded is judged refused
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
@@ -65,7 +64,7 @@ from threadlog.kernel.topics import reply_of
 from threadlog.kernel.validation import dumps, int_digits_problem
 
 from .ahead import Ahead
-from .handlers import GLOBAL_READS, HANDLERS, INTRODUCED, SCHEMA_INTRODUCED, Context, Decision, reads_other_partitions
+from .handlers import GLOBAL_READS, HANDLERS, Context, Decision, newer_schemas, reads_other_partitions
 from .restores import RESUME_GAP, RETRY_S, Peek, Restorer, Restores, reason
 from .verdict_push import VerdictPush
 
@@ -1183,22 +1182,6 @@ def _forget(view: View, p: int, old: int) -> None:
         view.delete(applied_key(pid.decode()))
 
 
-@functools.lru_cache(maxsize=8)
-def _newer_schemas(codec: Codec) -> dict[bytes, int]:
-    """Writer fingerprint -> the rules that introduced that schema (version), for
-    the types added after rules 2 (INTRODUCED) and later versions (SCHEMA_INTRODUCED)."""
-    out: dict[bytes, int] = {}
-    for name, rules in INTRODUCED.items():
-        for fp in codec.fingerprints(name):
-            out[fp] = rules
-    for (name, version), rules in SCHEMA_INTRODUCED.items():
-        frozen = codec.history_fingerprint(name, version)
-        if frozen is None:  # a registration without its frozen file: a bug, not a verdict
-            raise RuntimeError(f"{name} v{version} is registered for rules {rules} but not frozen")
-        out[frozen] = rules
-    return out
-
-
 def _local_others(view: View, progress: dict[int, int], partitions: int) -> Others:
     def others(q: int, kind: str, ident: str, need: int) -> list[str] | None:
         if progress.get(q, 0) < need:
@@ -1253,7 +1236,7 @@ def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: di
         answer = json.loads(earlier) if earlier is not None else {"ok": True}
         return {**answer, "effects": [], "follow": [], "duplicateOf": where}
     fingerprint = env["payload"][2:10]
-    if env["payload"][:2] == MARKER and _newer_schemas(codec).get(fingerprint, 0) > rules:
+    if env["payload"][:2] == MARKER and newer_schemas(codec).get(fingerprint, 0) > rules:
         # A payload schema newer than the rules the proposal (and partition) names
         # (a type added later, INTRODUCED, or a later version of one,
         # SCHEMA_INTRODUCED): judged as a judge of those rules judged it -- its

@@ -14,11 +14,13 @@ rebuild, must reach the same verdict for the same record.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from threadlog.projections.view import View
+from threadlog.schemas import Codec
 
 
 @dataclass
@@ -130,6 +132,25 @@ SCHEMA_INTRODUCED: dict[tuple[str, int], int] = {}
 def introduces_schema(type_name: str, *, version: int, rules: int) -> None:
     """Register that `schemas/avro/history/<type_name>.v<version>.avsc` came with `rules`."""
     SCHEMA_INTRODUCED[(type_name, version)] = rules
+
+
+@functools.lru_cache(maxsize=8)
+def newer_schemas(codec: Codec) -> dict[bytes, int]:
+    """Writer fingerprint -> the rules that introduced that schema (version), for
+    the types added after rules 2 (INTRODUCED) and later versions (SCHEMA_INTRODUCED).
+    A payload of one, judged by older rules, is refused as a judge of those rules
+    refused it: its codec did not know the schema (processors/judge.py; a staged
+    copy's inner command likewise, handlers/langgraph.py)."""
+    out: dict[bytes, int] = {}
+    for name, rules in INTRODUCED.items():
+        for fp in codec.fingerprints(name):
+            out[fp] = rules
+    for (name, version), rules in SCHEMA_INTRODUCED.items():
+        frozen = codec.history_fingerprint(name, version)
+        if frozen is None:  # a registration without its frozen file: a bug, not a verdict
+            raise RuntimeError(f"{name} v{version} is registered for rules {rules} but not frozen")
+        out[frozen] = rules
+    return out
 
 
 def handles(type_name: str, *, global_ids: bool = False, names_positions: bool = False,

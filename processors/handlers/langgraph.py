@@ -28,7 +28,7 @@ from threadlog.schemas.codec import HEADER_LEN
 from threadlog.kernel.errors import ThreadLogError, invalid_argument
 from threadlog.kernel.validation import is_int, is_text, require_id
 
-from . import SCHEMA_INTRODUCED, Context, Decision, handles, introduces_schema
+from . import Context, Decision, handles, introduces_schema, newer_schemas
 
 MAX_CHUNK = 4 * 1024 * 1024  # a sanity bound: the client stages 1 MiB chunks
 MAX_CHUNKS = 1 << 16  # 64 Ki chunks of 4 MiB: 256 GiB, far beyond any channel value
@@ -72,7 +72,9 @@ class _Values:
         if staged is not None:
             self.check_staged(staged, label)
 
-    def check_staged(self, staged: dict, label: str) -> None:
+    def check_staged(self, staged: dict, label: str, *, keep: bool = False) -> list[bytes]:
+        """Check that every chunk of the upload is there and that they hold its size;
+        with `keep`, return them (else none is held: a value's may be gigabytes)."""
         upload = require_id(staged["uploadId"], f"{label} upload id")
         if upload in self.uploads:
             raise invalid_argument(f"upload {upload!r} is named twice")
@@ -80,6 +82,7 @@ class _Values:
         count, size = staged["chunks"], staged["size"]
         if not 1 <= count <= MAX_CHUNKS or size < 0:
             raise invalid_argument(f"{label}: impossible staged upload of {count} chunks, {size} bytes")
+        chunks = []
         total = 0
         for i in range(count):
             raw = self.ctx.view.get(state.stage_key(self.thread, upload, i))
@@ -87,8 +90,11 @@ class _Values:
                 raise invalid_argument(f"{label}: chunk {i} of upload {upload!r} was not staged "
                                        f"on thread {self.thread!r} (or is already committed)")
             total += len(raw)
+            if keep:
+                chunks.append(raw)
         if total != size:
             raise invalid_argument(f"{label}: upload {upload!r} holds {total} bytes, not {size}")
+        return chunks
 
 
 def _check_checkpoint(values: _Values, cp: dict) -> None:
@@ -344,10 +350,11 @@ def copy_staged(ctx: Context, cmd: dict) -> Decision:
         raise invalid_argument(f"a staged copy command holds 1..{state.MAX_STAGED_COPY_BYTES} bytes, "
                                f"not {ref['size']}")
     values = _Values(ctx, thread)
-    values.check_staged(ref, "the staged copy command")  # also: no value of it may name its upload
+    # Read once, here (also: no value of the command may name its upload).
+    data = b"".join(values.check_staged(ref, "the staged copy command", keep=True))
     discard = ("threadlog.evt.LangGraphUploadsDiscarded", {"threadId": thread, "uploads": [ref]})
     try:
-        decision = _copy(ctx, thread, _staged_copy(ctx, thread, cmd["sourceThreadId"], ref), values)
+        decision = _copy(ctx, thread, _staged_copy(ctx, thread, cmd["sourceThreadId"], data), values)
     except ThreadLogError as exc:
         return Decision(events=[discard], result={"copied": False, "code": exc.code, "message": exc.message})
     decision.events.append(discard)
@@ -355,17 +362,15 @@ def copy_staged(ctx: Context, cmd: dict) -> Decision:
     return decision
 
 
-def _staged_copy(ctx: Context, thread: str, source: str, ref: dict) -> dict:
-    """The LangGraphCopyThread a staged upload holds, for `source` -> `thread`."""
-    data = b"".join(ctx.view.get(state.stage_key(thread, ref["uploadId"], i)) or b""
-                    for i in range(ref["chunks"]))
+def _staged_copy(ctx: Context, thread: str, source: str, data: bytes) -> dict:
+    """The LangGraphCopyThread a staged upload holds (`data`), for `source` -> `thread`."""
     codec = default_codec()
-    # As the judge does for a proposal's own payload (processors/judge.py): a schema
-    # version newer than the rules judging it is what a judge of those rules could
-    # not decode, so it is refused alike, or a rebuild by newer code would disagree.
-    for (name, version), rules in SCHEMA_INTRODUCED.items():
-        if name == COPY and rules > ctx.rules and codec.history_fingerprint(name, version) == data[2:HEADER_LEN]:
-            raise invalid_argument(f"the staged copy command is of a {name} schema of rules {rules}")
+    # As the judge does for a proposal's own payload: a schema newer than the rules
+    # judging it is what a judge of those rules could not decode, so it is refused
+    # alike, or a rebuild by newer code would disagree.
+    rules = newer_schemas(codec).get(data[2:HEADER_LEN], 0)
+    if rules > ctx.rules:
+        raise invalid_argument(f"the staged copy command is of a schema of rules {rules}")
     try:
         _, inner = codec.decode(data, expect=COPY)
     except CodecError as exc:
