@@ -7,7 +7,7 @@ threads, 8 file entries, 512 B of conversation) with one client, then opens a
 second embedded client with empty state and times its first `get_head`: that
 read waits until its judge has folded the whole history, in fetched batches of
 up to 2000 records. (Before the view kept its buffered keys sorted, a batch was
-quadratic: 4000 appends took 150 s here; see README "Measured".)
+quadratic: 4000 appends took 150 s here; see docs/measurements.md.)
 """
 
 from __future__ import annotations

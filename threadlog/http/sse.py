@@ -156,7 +156,7 @@ async def stream_run(log: DeliveryLog, after: str, cursor: StreamCursor | None =
     Keepalives are not in here: `EventStreamResponse` sends them from a timer
     while this waits. So each chunk is awaited by the task that sends it: no
     task per chunk, no `asyncio.wait` -- on the latency path every loop
-    iteration saved counts (see README, "SSE latency"). `running()`: is the run
+    iteration saved counts (see docs/measurements.md, "SSE latency"). `running()`: is the run
     known to be running (a from-start join then hears WAITING if its first
     chunk is late, and waits on); `known()`: has it any record at all (a "now"
     join of a run with none gets RUN_NOT_FOUND once the first chunk's wait is
