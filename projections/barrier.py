@@ -365,7 +365,12 @@ def _cut_off(exc: KafkaException) -> bool:
 
 
 def _timed_out(exc: KafkaException) -> bool:
-    return kafka_config.error_code(exc) == KafkaError._TIMED_OUT
+    # Also "timed out in queue": the request waited in librdkafka's queue past its
+    # timeout, unsent -- e.g. this process frozen a moment, or its connection not up
+    # yet. Not retriable by librdkafka's flag, so it failed the read at once: a
+    # thin client's read answered UNAVAILABLE at the moment its owner came back
+    # from a 2.5 s SIGSTOP (a chaos helper, 2026-12-06), well within its deadline.
+    return kafka_config.error_code(exc) in (KafkaError._TIMED_OUT, KafkaError._TIMED_OUT_QUEUE)
 
 
 def _stale_leader(exc: KafkaException) -> bool:
