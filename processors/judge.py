@@ -147,7 +147,7 @@ MAX_BATCH = 2000
 # How many proposals queued behind a waiting one have their lookups started ahead.
 PREFETCH_AHEAD = 64
 # At most this many questions asked on arrival wait for their appends (Judge._ask_early):
-# well under the lookups' cache (processors/lookups.py MAX_CACHED), so none is evicted first.
+# half the lookups' cache (processors/lookups.py MAX_CACHED), so none is evicted first.
 MAX_EARLY = 50_000
 # At most this many questions are in flight when another is asked on arrival
 # (`Lookups.in_flight`); the others wait in `_early` and are asked as judging

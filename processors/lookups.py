@@ -36,7 +36,11 @@ MAX_HOLDERS = 10_000
 
 log = logging.getLogger("threadlog.lookups")
 
-MAX_CACHED = 200_000
+# Answers kept (oldest dropped first). An answer is used by the proposal that
+# asked it, and its retries; it must outlive the questions asked early
+# (processors/judge.py MAX_EARLY, 50 000), no more: at ~350 B an answer, 200 000
+# held ~70 MB per worker after a few hours of steady load (a soak helper).
+MAX_CACHED = 100_000
 RETRY_AFTER_S = 0.2
 
 Question = tuple[int, str, str, int]  # (partition, kind, id, as of offset)
