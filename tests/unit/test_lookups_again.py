@@ -166,3 +166,21 @@ def test_a_backlog_is_asked_about_a_bounded_number_at_a_time(judge):
     ahead = range(reached, reached + PREFETCH_AHEAD + 1)
     assert all(j.lookups.answered([(1, CHECKPOINT, f"cp-{o}", 3)]) for o in ahead)
     assert not j.lookups.answered([(1, CHECKPOINT, f"cp-{ahead.stop}", 3)])
+
+
+class ClosedClient(OtherWorker):
+    """A query client already closed: nothing can be handed to its loop."""
+
+    def _run(self, coro) -> Future:
+        coro.close()
+        raise ThreadLogError("UNAVAILABLE", "this ThreadLog is closed")
+
+
+def test_a_question_that_cannot_be_asked_is_unknown_never_an_error():
+    # Tried (read in the code by a chaos helper): a worker stopping closes its query
+    # client after its judge's join, which a long batch can outlast. The judge's
+    # question then raised UNAVAILABLE into the handler asking it -- and a handler's
+    # error is a stored verdict, one no other judge reaches.
+    lookups = Lookups(ClosedClient())  # type: ignore[arg-type]
+    assert lookups.get(1, CHECKPOINT, "cp-1", 5) is None  # unknown: the proposal waits
+    assert lookups.in_flight == 0 and not lookups.answered([(1, CHECKPOINT, "cp-1", 5)])
