@@ -74,3 +74,36 @@ async def test_a_view_whose_consumer_stopped_reading_replaces_it(open_client, bo
         assert view.restarts == 1
     finally:
         view.close()
+
+
+async def test_a_worker_removes_the_entries_of_workers_long_gone(open_client, bootstrap, namespace, tmp_path):
+    """Tried (a soak helper): every worker that died without its tombstone (SIGKILL,
+    OOM) left its record on the compacted members topic for good, read by every
+    process that starts. Now a live worker tombstones entries silent for over
+    FORGET_AFTER_S -- and only those: a worker silent a minute keeps its entry."""
+    from worker_support import WorkerProcess
+
+    await open_client()  # creates the namespace's topics
+    topic = Topics(namespace).members
+    producer = Producer({"bootstrap.servers": bootstrap})
+    now = time.time() * 1000.0
+    for wid, silent_s in (("gone-long-ago", members.FORGET_AFTER_S + 600), ("silent-a-minute", 60)):
+        producer.produce(topic, json.dumps({"address": "127.0.0.1:1", "startedAt": now - silent_s * 1000.0,
+                                            "heartbeatAt": now - silent_s * 1000.0, "partitions": [0]}).encode(),
+                         wid.encode())
+    assert producer.flush(10) == 0
+    view = MembersView(bootstrap, topic, "members-test")
+    worker = WorkerProcess(bootstrap, namespace, tmp_path / "sweeper", "sweeper")
+    try:
+        view.start(30)
+        assert view.long_dead() == ["gone-long-ago"]
+        await worker.start()
+        # Its first heartbeat sweeps: the tombstone reaches every view.
+        await until(lambda: view.long_dead() == [], 30, "the long-gone entry tombstoned")
+        with view._lock:
+            kept = set(view._members)
+        assert "silent-a-minute" in kept and "gone-long-ago" not in kept
+        assert len(view.live()) == 1  # the sweeper itself, untouched
+    finally:
+        await worker.stop()
+        view.close()

@@ -368,7 +368,8 @@ async def _worker(rt: Any, listen: tuple[str, int], http: tuple[str, int] | None
         judge = rt.judge
         announcer = Announcer(rt.opts.bootstrap_servers, rt.topics.members, rt.client_id, address,
                               kafka=rt.opts.kafka, partitions=lambda: sorted(judge.owned),
-                              lease=(rt.opts.lease_duration_ms, rt.opts.renew_after_ms))
+                              lease=(rt.opts.lease_duration_ms, rt.opts.renew_after_ms),
+                              gone=None if rt.query is None else rt.query.members.long_dead)
         await asyncio.to_thread(announcer.start, rt.opts.request_timeout)
         print(f"worker judging {rt.topics.events} (state {rt.stores.path}), serving queries at {address} "
               f"as {rt.client_id}", flush=True)

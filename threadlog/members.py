@@ -12,7 +12,8 @@ A worker re-announces itself every `HEARTBEAT_S` (and at once when its
 partitions change); a client follows the topic (`MembersView`: one
 partition, a few records after compaction) and trusts entries whose
 heartbeat is younger than `LIVE_AFTER_S` (3 intervals). A killed worker
-leaves a stale entry for at most that long; a client that tries it gets
+leaves a stale entry (tombstoned by a live worker after `FORGET_AFTER_S`),
+trusted for at most `LIVE_AFTER_S`; a client that tries it gets
 "connection refused" or NOT_OWNER and moves on, so staleness costs a retry,
 never a wrong answer (see threadlog/remote.py). Heartbeats are wall-clock times of the worker
 compared with the client's clock: hosts' clocks must agree within a few
@@ -43,6 +44,15 @@ log = logging.getLogger("threadlog.members")
 
 HEARTBEAT_S = 2.0
 LIVE_AFTER_S = 3 * HEARTBEAT_S
+# A worker silent this long is gone: a live worker tombstones its entry
+# (`Announcer`, `MembersView.long_dead`). Why: a worker that dies without its
+# tombstone (SIGKILL, OOM, a host lost) left its record on the compacted topic
+# for good -- read by every process that starts, one more per crash (a soak
+# helper). An hour, not LIVE_AFTER_S: a worker cut off from the cluster for a
+# while keeps its entry, and one that comes back announces itself again anyway.
+FORGET_AFTER_S = 3600.0
+# How often a worker looks for such entries (a dict scan; a tombstone each).
+SWEEP_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -71,8 +81,12 @@ class Announcer:
     def __init__(self, bootstrap: str, topic: str, worker_id: str, address: str,
                  interval: float = HEARTBEAT_S, kafka: Mapping[str, Any] | None = None,
                  partitions: Callable[[], list[int]] | None = None,
-                 lease: tuple[int, int] | None = None) -> None:
+                 lease: tuple[int, int] | None = None,
+                 gone: Callable[[], list[str]] | None = None) -> None:
         self.topic = topic
+        self.gone = gone  # ids of workers long gone, whose entries it tombstones (FORGET_AFTER_S)
+        self._swept_at = -SWEEP_EVERY_S  # the first beat sweeps
+        self.tombstoned = 0  # entries of workers long gone it removed (operators, tests)
         self.partitions = partitions
         self.lease = lease
         self.worker_id = worker_id
@@ -136,8 +150,26 @@ class Announcer:
         while not self._stop.wait(self.interval):
             try:
                 self._announce()
+                if self.gone is not None and time.monotonic() - self._swept_at >= SWEEP_EVERY_S:
+                    self.sweep()
             except Exception:  # pragma: no cover - a full queue: the next beat retries
                 log.exception("heartbeat failed")
+
+    def sweep(self) -> list[str]:
+        """Tombstone the entries of workers long gone (never this one's own)."""
+        assert self.gone is not None
+        self._swept_at = time.monotonic()
+        ids = [wid for wid in self.gone() if wid != self.worker_id]
+        with self._lock:
+            if not self._started:
+                return []  # stopping: nothing may follow this worker's own tombstone either
+            for wid in ids:
+                self._pump.produce(self.topic, None, wid.encode(), partition=0)
+        if ids:
+            self.tombstoned += len(ids)
+            log.info("removed the %s entries of workers silent for over %.0f s: %s", self.topic, FORGET_AFTER_S,
+                     ", ".join(ids))
+        return ids
 
     def stop(self, timeout: float = 5.0) -> None:
         """Leave cleanly: a tombstone, so clients stop picking this worker at once."""
@@ -296,7 +328,13 @@ class MembersView:
 
     def live(self) -> list[Member]:
         with self._lock:
-            return live_members(dict(self._members))
+            return live_members(self._members)
+
+    def long_dead(self, now_ms: float | None = None) -> list[str]:
+        """Ids of the workers whose last heartbeat is over FORGET_AFTER_S old."""
+        now_ms = time.time() * 1000.0 if now_ms is None else now_ms
+        with self._lock:
+            return sorted(wid for wid, m in self._members.items() if not m.live(now_ms, FORGET_AFTER_S))
 
     def wait_change(self, version: int, timeout: float) -> int:
         """Block until a record newer than `version` arrived (or the timeout); the new version."""
