@@ -290,6 +290,8 @@ class ProducerPump:
         # Only a producer with nothing left to deliver: `close` flushes what is
         # left, without a deadline. On a thread of its own, as `kafka_config.dispose`
         # destroys an admin client: destroying waits for the producer's threads.
+        if self._thread.is_alive():
+            return  # still polling them (its join timed out): closed under it, its poll would raise
         for producer in [*self._retiring, self.producer]:
             close = getattr(producer, "close", None)  # in the confluent-kafka versions that have it
             if close is not None and len(producer) == 0:
