@@ -76,34 +76,37 @@ async def test_a_view_whose_consumer_stopped_reading_replaces_it(open_client, bo
         view.close()
 
 
-async def test_a_worker_removes_the_entries_of_workers_long_gone(open_client, bootstrap, namespace, tmp_path):
+
+async def test_a_worker_removes_the_entries_of_workers_long_gone(open_client, bootstrap, namespace, monkeypatch):
     """Tried (a soak helper): every worker that died without its tombstone (SIGKILL,
     OOM) left its record on the compacted members topic for good, read by every
-    process that starts. Now a live worker tombstones entries silent for over
-    FORGET_AFTER_S -- and only those: a worker silent a minute keeps its entry."""
-    from worker_support import WorkerProcess
+    process that starts. Now a live worker tombstones the entries its view has read
+    nothing of for FORGET_AFTER_S (its own monotonic clock, never heartbeat times:
+    a review) -- and only while its view reads its own heartbeats."""
+    from threadlog.members import Announcer
 
+    monkeypatch.setattr(members, "FORGET_AFTER_S", 4.0)
+    monkeypatch.setattr(members, "SWEEP_EVERY_S", 0.3)
     await open_client()  # creates the namespace's topics
     topic = Topics(namespace).members
     producer = Producer({"bootstrap.servers": bootstrap})
     now = time.time() * 1000.0
-    for wid, silent_s in (("gone-long-ago", members.FORGET_AFTER_S + 600), ("silent-a-minute", 60)):
-        producer.produce(topic, json.dumps({"address": "127.0.0.1:1", "startedAt": now - silent_s * 1000.0,
-                                            "heartbeatAt": now - silent_s * 1000.0, "partitions": [0]}).encode(),
-                         wid.encode())
+    # Its heartbeat claims "now" (a clock ahead would too): only silence counts.
+    producer.produce(topic, json.dumps({"address": "127.0.0.1:1", "startedAt": now, "heartbeatAt": now,
+                                        "partitions": [0]}).encode(), b"gone-worker")
     assert producer.flush(10) == 0
     view = MembersView(bootstrap, topic, "members-test")
-    worker = WorkerProcess(bootstrap, namespace, tmp_path / "sweeper", "sweeper")
+    sweeper = Announcer(bootstrap, topic, "sweeper", "127.0.0.1:2", interval=0.2, gone=view.long_dead)
     try:
         view.start(30)
-        assert view.long_dead() == ["gone-long-ago"]
-        await worker.start()
-        # Its first heartbeat sweeps: the tombstone reaches every view.
-        await until(lambda: view.long_dead() == [], 30, "the long-gone entry tombstoned")
-        with view._lock:
-            kept = set(view._members)
-        assert "silent-a-minute" in kept and "gone-long-ago" not in kept
-        assert len(view.live()) == 1  # the sweeper itself, untouched
+        read_at = time.monotonic()
+        assert view.long_dead("sweeper") == []  # its own heartbeat not read yet: this view cannot tell
+        sweeper.start(30)  # sweeping every 0.3 s from its first beat
+        await until(lambda: "sweeper" in [m.worker_id for m in view.live()], 30, "the sweeper's own heartbeat read")
+        await until(lambda: "gone-worker" not in view._members, 30, "the silent worker's entry tombstoned")
+        assert time.monotonic() - read_at >= members.FORGET_AFTER_S  # not before it was silent that long
+        assert sweeper.tombstoned == 1
+        assert [m.worker_id for m in view.live()] == ["sweeper"]  # its own entry untouched
     finally:
-        await worker.stop()
+        sweeper.stop()
         view.close()

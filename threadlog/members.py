@@ -45,11 +45,14 @@ log = logging.getLogger("threadlog.members")
 HEARTBEAT_S = 2.0
 LIVE_AFTER_S = 3 * HEARTBEAT_S
 # A worker silent this long is gone: a live worker tombstones its entry
-# (`Announcer`, `MembersView.long_dead`). Why: a worker that dies without its
-# tombstone (SIGKILL, OOM, a host lost) left its record on the compacted topic
-# for good -- read by every process that starts, one more per crash (a soak
-# helper). An hour, not LIVE_AFTER_S: a worker cut off from the cluster for a
-# while keeps its entry, and one that comes back announces itself again anyway.
+# (`Announcer.sweep`, `MembersView.long_dead`). Why: a worker that dies without
+# its tombstone (SIGKILL, OOM, a host lost) left its record on the compacted
+# topic for good -- read by every process that starts, one more per crash (a
+# soak helper). An hour, not LIVE_AFTER_S: a worker cut off from the cluster for
+# a while keeps its entry, and one that comes back announces itself again anyway.
+# "Silent" is measured by the sweeper's own monotonic clock since it last read a
+# record of that worker, never by heartbeat wall-clock times (a review: a
+# sweeper whose clock ran an hour ahead would have tombstoned every live worker).
 FORGET_AFTER_S = 3600.0
 # How often a worker looks for such entries (a dict scan; a tombstone each).
 SWEEP_EVERY_S = 60.0
@@ -82,7 +85,7 @@ class Announcer:
                  interval: float = HEARTBEAT_S, kafka: Mapping[str, Any] | None = None,
                  partitions: Callable[[], list[int]] | None = None,
                  lease: tuple[int, int] | None = None,
-                 gone: Callable[[], list[str]] | None = None) -> None:
+                 gone: Callable[[str], list[str]] | None = None) -> None:
         self.topic = topic
         self.gone = gone  # ids of workers long gone, whose entries it tombstones (FORGET_AFTER_S)
         self._swept_at = -SWEEP_EVERY_S  # the first beat sweeps
@@ -159,7 +162,7 @@ class Announcer:
         """Tombstone the entries of workers long gone (never this one's own)."""
         assert self.gone is not None
         self._swept_at = time.monotonic()
-        ids = [wid for wid in self.gone() if wid != self.worker_id]
+        ids = [wid for wid in self.gone(self.worker_id) if wid != self.worker_id]
         with self._lock:
             if not self._started:
                 return []  # stopping: nothing may follow this worker's own tombstone either
@@ -237,6 +240,7 @@ class MembersView:
     def __init__(self, bootstrap: str, topic: str, client_id: str, kafka: Mapping[str, Any] | None = None) -> None:
         self.topic = topic
         self._members: dict[str, Member] = {}
+        self._heard: dict[str, float] = {}  # worker id -> when this view last read a record of it (monotonic)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self.version = 0
@@ -300,12 +304,14 @@ class MembersView:
                 with self._lock:
                     if value is None:
                         self._members.pop(wid, None)
+                        self._heard.pop(wid, None)
                     else:
                         try:
                             self._members[wid] = received(parse_member(wid, json.loads(value)), time.time() * 1000.0)
                         except (ValueError, RecursionError):  # not JSON, too deep, or not an announcement
                             log.warning("malformed member record for %r ignored", wid)
                             continue
+                        self._heard[wid] = time.monotonic()
                 changed = True
             if changed:
                 with self._changed:
@@ -330,11 +336,17 @@ class MembersView:
         with self._lock:
             return live_members(self._members)
 
-    def long_dead(self, now_ms: float | None = None) -> list[str]:
-        """Ids of the workers whose last heartbeat is over FORGET_AFTER_S old."""
-        now_ms = time.time() * 1000.0 if now_ms is None else now_ms
+    def long_dead(self, own: str) -> list[str]:
+        """Ids of the workers this view has read nothing of for FORGET_AFTER_S,
+        asked by worker `own` -- none unless this view read `own`'s own heartbeat
+        within LIVE_AFTER_S: a view not reading the topic (stuck, or behind) would
+        take every worker for gone."""
+        now = time.monotonic()
         with self._lock:
-            return sorted(wid for wid, m in self._members.items() if not m.live(now_ms, FORGET_AFTER_S))
+            if now - self._heard.get(own, -float("inf")) > LIVE_AFTER_S:
+                return []
+            return sorted(wid for wid in self._members
+                          if wid != own and now - self._heard.get(wid, now) >= FORGET_AFTER_S)
 
     def wait_change(self, version: int, timeout: float) -> int:
         """Block until a record newer than `version` arrived (or the timeout); the new version."""
