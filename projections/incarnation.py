@@ -66,7 +66,8 @@ def _describe(admin: AdminClient, names: list[str], timeout: float) -> dict[str,
     while uuids:
         name, uuid = uuids.pop()
         ids[name] = str(uuid)
-        _release_leaked(uuid)
+        if _LEAKS and _refs(uuid) == _BASELINE + 1:
+            ctypes.pythonapi.Py_DecRef(ctypes.py_object(uuid))
         del uuid
     return ids
 
@@ -94,34 +95,20 @@ def _library_leaks() -> bool:
         return False
 
 
-def _count_in_frame(uuid: object) -> int:
+def _refs(uuid: object) -> int:
+    """References to `uuid`, counted from a callee as `_describe` counts its ids."""
     return sys.getrefcount(uuid)
 
 
-def _release_leaked(uuid: object) -> None:
-    """Drop the reference the library leaked on `uuid`, if it did. Called with
-    `uuid` held by one local of the caller and nothing else of ours."""
-    if _LEAKS and _count_in_frame(uuid) == _baseline() + 1:
-        ctypes.pythonapi.Py_DecRef(ctypes.py_object(uuid))
-
-
-_BASELINE: list[int] = []
-
-
 def _baseline() -> int:
-    """What `_release_leaked` counts for a Uuid nobody leaked: one built here,
-    held by one local and passed down the same way."""
-    if not _BASELINE:
-        own = confluent_kafka.Uuid(1, 1)
-        _BASELINE.append(_probe(own))
-    return _BASELINE[0]
-
-
-def _probe(uuid: object) -> int:
-    return _count_in_frame(uuid)  # as in `_release_leaked`
+    """What `_describe` counts for a Uuid nobody leaked: one built here, held
+    by one local and passed down the same way."""
+    own = confluent_kafka.Uuid(1, 1)
+    return _refs(own)
 
 
 _LEAKS = _library_leaks()
+_BASELINE = _baseline() if _LEAKS else 0
 
 
 def _unknown_topic(exc: Exception) -> bool:

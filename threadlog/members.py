@@ -162,7 +162,7 @@ class Announcer:
         """Tombstone the entries of workers long gone (never this one's own)."""
         assert self.gone is not None
         self._swept_at = time.monotonic()
-        ids = [wid for wid in self.gone(self.worker_id) if wid != self.worker_id]
+        ids = self.gone(self.worker_id)  # never its own (MembersView.long_dead)
         with self._lock:
             if not self._started:
                 return []  # stopping: nothing may follow this worker's own tombstone either
