@@ -106,7 +106,10 @@ Others = Callable[[int, str, str, int], "list[str] | None"]
 #    rules 10: its floor (the marker of a namespace created by a client of this
 #    version) or any proposal naming 10 judged there before (rules never go back).
 #    Of a client's proposals only those two name 10; the rest name what they did.
-RULES = 10
+# 11: a keep_latest LangGraphPrune (v3, `keep`) also keeps the checkpoints its
+#    proposer names: the ancestors a DeltaChannel's value is rebuilt from
+#    (processors/handlers/langgraph.py `_kept`). Every prune names 11.
+RULES = 11
 # The first rules that raise a partition's floor. Logs written before it were
 # judged by the rules each proposal named: a floor from older versions would
 # make their rebuild reach other verdicts than their clients were told.

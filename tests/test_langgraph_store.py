@@ -371,29 +371,83 @@ class Plain(TypedDict):
     items: Annotated[list, operator.add]
 
 
-async def test_keep_latest_refuses_a_thread_with_a_delta_channel_and_prunes_the_rest(open_client):
-    """A DeltaChannel's value is its snapshot plus every write since: keep_latest
-    would leave it empty, silently (tried: 4 runs of a graph with one, then a
-    prune). Refused as LangGraph's Postgres saver refuses it; `delete` still goes."""
-    saver = AsyncThreadLogSaver(await open_client())
-    for name, schema in (("t-delta", Delta), ("t-plain", Plain)):
+class Seeded(TypedDict):  # a snapshot every 4 steps: walks end at a seed, not at the root
+    items: Annotated[list, DeltaChannel(_extend, snapshot_frequency=4)]
+
+
+async def test_keep_latest_keeps_what_a_delta_channel_is_rebuilt_from(open_client):
+    """A DeltaChannel's value is its last snapshot plus the writes of every
+    checkpoint since. Tried: 11 runs of a graph with one (a snapshot every 4
+    updates; every 100: none yet), then keep_latest. Before, that prune raised
+    NotImplementedError, as LangGraph's Postgres saver does (keeping only the
+    latest would empty the channel, silently). Now it keeps the latest's parent
+    chain back to the nearest snapshot, writes included, and prunes the rest:
+    the state, the channel's history and the next run's state are those of an
+    unpruned InMemorySaver. A plain thread still keeps one checkpoint."""
+    saver = AsyncThreadLogSaver(await open_client(processors="external"))
+    memory = InMemorySaver()
+    graphs = {}
+    for name, schema in (("t-seeded", Seeded), ("t-delta", Delta), ("t-plain", Plain)):
         graph = StateGraph(schema)
         graph.add_node("n", lambda s: {"items": [len(s.get("items") or [])]})
         graph.add_edge(START, "n")
         graph.add_edge("n", END)
-        compiled = graph.compile(checkpointer=saver)
-        for i in range(4):
-            await within(compiled.ainvoke({"items": [f"in{i}"]}, {"configurable": {"thread_id": name}}))
-    delta_cfg = {"configurable": {"thread_id": "t-delta"}}
-    before = [t async for t in saver.alist(delta_cfg)]
-    with pytest.raises(NotImplementedError, match="t-delta"):
-        await within(saver.aprune(["t-plain", "t-delta"], strategy="keep_latest"))
-    assert [t async for t in saver.alist(delta_cfg)] == before  # nothing pruned, either thread
-    assert len([t async for t in saver.alist({"configurable": {"thread_id": "t-plain"}})]) == len(before)
-    await within(saver.aprune(["t-plain"], strategy="keep_latest"))
-    assert len([t async for t in saver.alist({"configurable": {"thread_id": "t-plain"}})]) == 1
+        graphs[name] = graph
+        for checkpointer in (saver, memory):
+            for i in range(11):
+                await within(graph.compile(checkpointer=checkpointer).ainvoke(
+                    {"items": [f"in{i}"]}, {"configurable": {"thread_id": name}}))
+
+    async def listed(name: str) -> list:
+        return [t async for t in saver.alist({"configurable": {"thread_id": name}})]
+
+    async def values(name: str, checkpointer) -> dict:
+        graph = graphs[name].compile(checkpointer=checkpointer)
+        return (await within(graph.aget_state({"configurable": {"thread_id": name}}))).values
+
+    before = {name: await listed(name) for name in graphs}
+    history = await within(saver.aget_delta_channel_history(
+        config={"configurable": {"thread_id": "t-seeded"}}, channels=["items"]))
+    assert history["items"]["writes"] and "seed" in history["items"], history  # a walk to a snapshot
+    await within(saver.aprune(list(graphs), strategy="keep_latest"))
+    after = {name: await listed(name) for name in graphs}
+    assert len(after["t-plain"]) == 1
+    # Snapshots every 4 updates: the chain back to the last one stays, older checkpoints go.
+    assert 1 < len(after["t-seeded"]) < len(before["t-seeded"]), (len(after["t-seeded"]), len(before["t-seeded"]))
+    assert after["t-seeded"] == before["t-seeded"][:len(after["t-seeded"])]  # the newest, unchanged
+    assert after["t-delta"] == before["t-delta"]  # no snapshot yet: the whole chain is what it is rebuilt from
+    assert await within(saver.aget_delta_channel_history(
+        config={"configurable": {"thread_id": "t-seeded"}}, channels=["items"])) == history
+    for name in graphs:
+        assert await values(name, saver) == await values(name, memory), name
+        for checkpointer in (saver, memory):
+            await within(graphs[name].compile(checkpointer=checkpointer).ainvoke(
+                {"items": ["next"]}, {"configurable": {"thread_id": name}}))
+        assert await values(name, saver) == await values(name, memory), name
+    assert len((await values("t-seeded", saver))["items"]) == 24
     await within(saver.aprune(["t-delta"], strategy="delete"))
-    assert [t async for t in saver.alist(delta_cfg)] == []
+    assert await listed("t-delta") == []
+
+
+@pytest.mark.parametrize("strategy, calls, keep_ns", [("delete", [], ""), ("keep_latest", ["sub:task"], "sub:task")])
+async def test_a_prune_keeping_what_it_cannot_keep_is_refused_and_changes_nothing(
+        open_client, strategy, calls, keep_ns):
+    """The judge keeps the checkpoints a keep_latest prune names (only the proposer
+    decodes a DeltaChannel's metadata); tried: naming one with `delete`, and one in
+    a subgraph call the same prune removes whole."""
+    saver = AsyncThreadLogSaver(await open_client())
+    first = await put(saver, "t", {"v": 1})
+    await put(saver, "t", {"v": 2}, parent=first)
+    await put(saver, "t", {"s": 1}, ns="sub:task", parents={"": first["configurable"]["checkpoint_id"]})
+    await saver.tl.read_barrier(None)
+    before = lg_state(saver.tl)
+    keep = [{"checkpointNs": keep_ns, "checkpointId": first["configurable"]["checkpoint_id"]}]
+    with pytest.raises(ThreadLogError) as err:
+        await within(saver.tl.send("threadlog.cmd.LangGraphPrune", "t",
+                                   {"threadId": "t", "strategy": strategy, "calls": calls, "keep": keep}))
+    assert err.value.code == INVALID_ARGUMENT
+    await saver.tl.read_barrier(None)
+    assert lg_state(saver.tl) == before
 
 
 async def test_a_single_str_is_not_taken_for_a_sequence_of_ids(open_client):
@@ -1035,10 +1089,6 @@ async def test_a_blocking_saver_used_after_os_fork_fails_at_once_in_the_child(bo
 
     read, write, elapsed, closed = await asyncio.to_thread(use)
     assert (read, write) == (UNAVAILABLE, UNAVAILABLE) and elapsed < 1.0 and closed
-
-
-class Seeded(TypedDict):  # a snapshot every 4 steps: walks end at a seed, not at the root
-    items: Annotated[list, DeltaChannel(_extend, snapshot_frequency=4)]
 
 
 async def test_delta_channel_history_is_one_query_and_what_langgraphs_walk_reads(open_client, monkeypatch):

@@ -37,6 +37,10 @@ STRATEGIES = ("keep_latest", "delete")
 # the schema of LangGraphPrune that names them (`calls`).
 PRUNES_CALLS = 9
 introduces_schema("threadlog.cmd.LangGraphPrune", version=2, rules=PRUNES_CALLS)
+# The rules under which keep_latest also keeps the checkpoints its proposer names
+# (`keep`: a DeltaChannel's ancestors), and the schema that names them.
+PRUNE_KEEPS = 11
+introduces_schema("threadlog.cmd.LangGraphPrune", version=3, rules=PRUNE_KEEPS)
 
 
 # -- input -----------------------------------------------------------------------------------
@@ -261,7 +265,7 @@ def _deletion(ctx: Context, thread: str, doomed: set[tuple[str, str]], *, orphan
                              {"threadId": thread, "checkpoints": refs, "blobs": blobs, "heads": heads})])
 
 
-@handles("threadlog.cmd.LangGraphPrune", rules=PRUNES_CALLS)
+@handles("threadlog.cmd.LangGraphPrune", rules=PRUNE_KEEPS)
 def prune(ctx: Context, cmd: dict) -> Decision:
     thread = _thread(ctx, cmd)
     strategy = cmd["strategy"]
@@ -271,9 +275,10 @@ def prune(ctx: Context, cmd: dict) -> Decision:
     # the proposer names (`_calls`); before, the latest checkpoint of every call
     # stayed for good, listed with the thread's. `delete` removes everything anyway.
     calls = _calls(cmd) if strategy == "keep_latest" and ctx.rules >= PRUNES_CALLS else set()
+    kept = _kept(cmd, strategy, calls)
     doomed: set[tuple[str, str]] = set()
     for ns, ids in _checkpoints(ctx, thread).items():
-        keep = {max(ids)} if strategy == "keep_latest" and ns not in calls else set()
+        keep = {max(ids)} | kept.get(ns, set()) if strategy == "keep_latest" and ns not in calls else set()
         doomed |= {(ns, cid) for cid in ids if cid not in keep}
     # Rules 4: keep_latest keeps the writes of a checkpoint newer than the latest:
     # with durability="async" a run's writes can be judged before its put, and a
@@ -299,6 +304,32 @@ def _calls(cmd: dict) -> set[str]:
         if not is_text(ns) or ":" not in ns:
             raise invalid_argument(f"a subgraph call's namespace is 'node:task', got {ns!r}")
     return set(calls)
+
+
+def _kept(cmd: dict, strategy: str, calls: set[str]) -> dict[str, set[str]]:
+    """The checkpoints a keep_latest prune keeps beside each namespace's latest (rules 11).
+
+    A DeltaChannel stores its value only every so many steps (a snapshot); in
+    between, LangGraph rebuilds it from the writes of every ancestor back to
+    the nearest one storing it (`get_delta_channel_history`). Keeping only the
+    latest checkpoint would leave such a channel empty, silently. Which
+    channels are delta channels and where their snapshots are is read from
+    metadata and values only the proposer decodes, so it names that chain;
+    the judge keeps it as named (an id no longer there keeps nothing). That
+    trusts the proposer no more than keeping fewer checkpoints would: a
+    `delete` prune removes them all. Before rules 11 the client refused to
+    prune such a thread (the schema then had no `keep`: always empty).
+    """
+    refs = cmd.get("keep") or []
+    if refs and strategy != "keep_latest":
+        raise invalid_argument(f"a {strategy!r} prune keeps no checkpoint; got keep={refs!r}")
+    kept: dict[str, set[str]] = defaultdict(set)
+    for ref in refs:
+        ns = _text(ref["checkpointNs"], "checkpoint_ns")
+        if ns in calls:
+            raise invalid_argument(f"namespace {ns!r} is removed whole by this prune: none of it is kept")
+        kept[ns].add(require_id(ref["checkpointId"], "checkpoint id"))
+    return kept
 
 
 @handles("threadlog.cmd.LangGraphDeleteRuns")

@@ -114,9 +114,42 @@ def _version_key(version: Any) -> str:
     return json.dumps(version)
 
 
-# Metadata keys LangGraph writes on the checkpoints of graphs with a DeltaChannel
-# (Python: update counters; LangGraph.js marks its threads' first checkpoint).
-DELTA_MARKS = frozenset({"counters_since_delta_snapshot", "delta_writes_versioned"})
+# Metadata keys LangGraph writes on the checkpoints of graphs with a DeltaChannel.
+# Python: per delta channel not stored at that checkpoint, (updates, steps) since
+# its last snapshot; LangGraph.js marks its threads' first checkpoint.
+DELTA_COUNTERS = "counters_since_delta_snapshot"
+JS_DELTA_MARK = "delta_writes_versioned"
+
+
+def _delta_chain(latest: CheckpointTuple, by_id: Mapping[str, CheckpointTuple], js_delta: bool) -> list[str]:
+    """The ancestors of `latest` (ids, nearest first) LangGraph's history walk reads
+    for the DeltaChannels `latest` does not store: up to and including the nearest
+    one storing each, or to the chain's first checkpoint here.
+
+    Which channels: those Python's counters name. A LangGraph.js thread names none,
+    so there every channel `latest` versions but does not store is walked for: a
+    channel that is not a delta channel costs only checkpoints kept longer."""
+    stored = latest.checkpoint["channel_values"].keys()
+    counters = latest.metadata.get(DELTA_COUNTERS)
+    wanted = set(counters) if isinstance(counters, dict) else set()
+    if js_delta:
+        wanted |= set(latest.checkpoint["channel_versions"])
+    wanted -= stored
+    chain: list[str] = []
+    seen: set[str] = set()
+    parent = latest.parent_config
+    while wanted and parent is not None:
+        cid = parent["configurable"]["checkpoint_id"]
+        tup = by_id.get(cid)
+        # Gone (pruned before: LangGraph's walk ends there too), or named twice
+        # (parent ids are the writer's: a cycle would walk for ever).
+        if tup is None or tup is latest or cid in seen:
+            break
+        seen.add(cid)
+        chain.append(cid)
+        wanted -= tup.checkpoint["channel_values"].keys()
+        parent = tup.parent_config
+    return chain
 
 
 def _not_a_str(ids: Any, name: str) -> None:
@@ -591,56 +624,59 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Per thread, atomically: `keep_latest` keeps the newest checkpoint of each namespace
         (with its writes), `delete` removes every checkpoint; channel values no kept checkpoint
-        references and writes of missing checkpoints are reclaimed."""
+        references and writes of missing checkpoints are reclaimed. On a thread with a
+        DeltaChannel, `keep_latest` also keeps the latest's ancestors back to the nearest
+        one storing each such channel's value, with their writes: what LangGraph rebuilds
+        the channel from (`_survey`)."""
         _not_a_str(thread_ids, "thread_ids")
         if strategy not in STRATEGIES:
             raise invalid_argument(f"prune strategy must be one of {STRATEGIES}, got {strategy!r}")
         threads = sorted({_text_id(t, "thread_id") for t in thread_ids})
-        calls: dict[str, list[str]] = {t: [] for t in threads}
+        plans: dict[str, tuple[list[str], list[dict[str, str]]]] = {t: ([], []) for t in threads}
         if strategy == "keep_latest":
-            surveys = {t: await self._survey(t) for t in threads}
-            # A DeltaChannel's value is its snapshot plus the writes of every
-            # checkpoint since: keeping only the latest would leave it empty,
-            # silently. Refused as LangGraph's Postgres saver refuses it (checked
-            # before pruning, as there: a delta checkpoint put in between is not seen).
-            delta = [t for t in threads if surveys[t][0]]
-            if delta:
-                raise NotImplementedError(f"keep_latest can't prune threads that use a DeltaChannel: "
-                                          f"{', '.join(delta)}")
-            calls = {t: surveys[t][1] for t in threads}
+            plans = {t: await self._survey(t) for t in threads}
         await self._each(threads, lambda t: self.tl.send(
-            "threadlog.cmd.LangGraphPrune", t, {"threadId": t, "strategy": strategy, "calls": calls[t]}))
+            "threadlog.cmd.LangGraphPrune", t,
+            {"threadId": t, "strategy": strategy, "calls": plans[t][0], "keep": plans[t][1]}))
 
-    async def _survey(self, thread: str) -> tuple[bool, list[str]]:
-        """(does any checkpoint of `thread` carry a DeltaChannel's metadata marks,
-        the namespaces of its finished subgraph calls), from one listing.
+    async def _survey(self, thread: str) -> tuple[list[str], list[dict[str, str]]]:
+        """(the namespaces of `thread`'s finished subgraph calls, the checkpoints to
+        keep beside each namespace's latest), from one listing.
 
         A subgraph call's namespace (`node:task`; not a `checkpointer=True`
         subgraph's, whose state outlives each call) goes with the root checkpoint
         the call started from (its latest checkpoint's `metadata.parents['']`),
         once that one is saved and no longer the root namespace's latest: as
-        LangGraph's Postgres saver prunes. The judge takes the list as given
-        (processors/handlers/langgraph.py `_calls`): only this side decodes metadata.
+        LangGraph's Postgres saver prunes. The judge takes both lists as given
+        (processors/handlers/langgraph.py `_calls`, `_kept`): only this side
+        decodes metadata and values.
+
+        A DeltaChannel stores its value only at a snapshot; LangGraph rebuilds it
+        from the writes of every ancestor since (`get_delta_channel_history`), so
+        keeping only the latest would leave it empty, silently. Of each namespace
+        that stays, the latest's parent chain is kept back to the nearest
+        checkpoint storing a value of every such channel the latest does not
+        store (`_delta_chain`). A checkpoint put after this listing, on the
+        latest, is kept as the newest and its chain is the one kept here.
         """
-        heads: dict[str, tuple[str, Mapping[str, Any]]] = {}  # ns -> (latest id, its metadata)
-        roots: set[str] = set()
-        delta = False
+        tuples: dict[str, dict[str, CheckpointTuple]] = {}  # ns -> id -> tuple
+        js_delta = False
         async for tup in self.alist({"configurable": {"thread_id": thread}}):
-            delta = delta or bool(DELTA_MARKS & tup.metadata.keys())
+            js_delta = js_delta or JS_DELTA_MARK in tup.metadata
             ns = tup.config["configurable"].get("checkpoint_ns", "")
-            cid = tup.config["configurable"]["checkpoint_id"]
-            if ns == "":
-                roots.add(cid)
-            if ns not in heads or cid > heads[ns][0]:
-                heads[ns] = (cid, tup.metadata)
-        latest_root = heads.get("", (None, {}))[0]
-        calls = []
-        for ns, (_, metadata) in heads.items():
-            parents = metadata.get("parents")
+            tuples.setdefault(ns, {})[tup.config["configurable"]["checkpoint_id"]] = tup
+        roots = set(tuples.get("", ()))
+        latest_root = max(roots) if roots else None
+        calls, keep = [], []
+        for ns, by_id in tuples.items():
+            latest = by_id[max(by_id)]
+            parents = latest.metadata.get("parents")
             root = parents.get("") if isinstance(parents, dict) else None
             if ":" in ns and root in roots and root != latest_root:
                 calls.append(ns)
-        return delta, sorted(calls)
+                continue
+            keep += [{"checkpointNs": ns, "checkpointId": cid} for cid in _delta_chain(latest, by_id, js_delta)]
+        return sorted(calls), sorted(keep, key=lambda r: (r["checkpointNs"], r["checkpointId"]))
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete every checkpoint whose metadata `run_id` is one of `run_ids`, with its writes."""
