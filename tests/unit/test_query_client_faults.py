@@ -328,3 +328,58 @@ async def test_a_cancelled_caller_of_a_queued_blocking_read_drops_it(client_of):
         job.result(5)
     assert (await timed(remote.off_loop(remote.RemoteStore(qc), lambda: ran.append("next"))))[0] == "answered"
     assert ran == ["next"]
+
+
+async def test_a_client_keeps_nothing_per_address_of_workers_gone(client_of, monkeypatch):
+    """Tried (a soak): workers restarted on new ports under a long-lived thin client.
+    It kept a dead query connection, a shun and a push connection per worker address
+    it ever used (~8 KB each), for good. Now, as a connection to a new address opens,
+    those of addresses no longer announced go (and shuns that ended)."""
+    import orjson
+    from support import until
+
+    monkeypatch.setattr(remote, "SHUN_S", 0.05)
+    qc = client_of("127.0.0.1:9", 5.0)
+    verdicts = remote.RemoteVerdicts(qc)
+
+    class Moving(OneWorker):
+        version = 0
+
+    qc.members = Moving("127.0.0.1:9")
+
+    def on_loop(fn):
+        async def call():
+            return fn()
+        return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call(), qc._loop))
+
+    used = []
+    for _ in range(6):
+        writers = []
+
+        async def answer(reader, writer, writers=writers):
+            writers.append(writer)
+            while line := await reader.readline():
+                req = orjson.loads(line)
+                result = {} if req["op"] == "push" else {"value": None, "at": {"0": 0}}
+                writer.write(orjson.dumps({"id": req["id"], "ok": True, "result": result}) + b"\n")
+                await writer.drain()
+
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        used.append(address)
+        qc.members.address, qc.members.version = address, qc.members.version + 1
+        assert await qc.read(b"k", [0], barrier=False) is None
+        await on_loop(lambda: verdicts._pushing(0))  # starts its push connection
+        await until(lambda: on_loop(lambda: verdicts._pushing(0)), 10, "the push connection")
+        server.close()  # the worker goes: its connections end
+        for writer in writers:
+            writer.close()
+        await until(lambda a=address: not qc._conns[a].alive and verdicts._streams[a].task is None, 10,
+                    "both connections ended")
+        with pytest.raises(ThreadLogError):  # refused now: shunned for SHUN_S
+            await qc.acall("get", {"key": ""}, [0], timeout=0.3)
+        assert address in qc._shun
+    # Each new address's connections dropped the entries of the ones before, no
+    # longer announced; the last worker still is, so its entries stay for now.
+    assert set(qc._conns) == set(verdicts._streams) == {used[-1]}, (qc._conns, verdicts._streams)
+    assert set(qc._shun) == {used[-1]}, qc._shun
