@@ -208,6 +208,7 @@ class ProducerPump:
         # closed under it (`produce` and `stop` exclude each other).
         self._closing = threading.Lock()
         self._closed = False
+        self._stopped = threading.Event()  # the first stop's flush is over
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -274,14 +275,23 @@ class ProducerPump:
 
     def stop(self, flush_timeout: float = 5.0) -> None:
         with self._closing:
-            if self._closed:
-                return  # stopped once already: its producers may be closed
+            first = not self._closed
             self._closed = True
-        self._stop.set()
-        self._thread.join(timeout=5)
-        for old in self._retiring:
-            old.flush(0)
-        self.producer.flush(flush_timeout)
+        if not first:
+            # Stopped already, or being stopped: returns once that flush is over, as
+            # the first stop does (it returned at once, with records still on their
+            # way). Not on the polling thread, which that stop is joining.
+            if threading.current_thread() is not self._thread:
+                self._stopped.wait(flush_timeout + 5)
+            return
+        try:
+            self._stop.set()
+            self._thread.join(timeout=5)
+            for old in self._retiring:
+                old.flush(0)
+            self.producer.flush(flush_timeout)
+        finally:
+            self._stopped.set()
         # Closed now, not when collected. Why (a soak helper, 2026-12-06): a closed
         # client sits in reference cycles, so its producers -- 8 threads and 10 fds
         # for two -- lived until a full garbage collection, and for good while the

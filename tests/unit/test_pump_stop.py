@@ -1,0 +1,34 @@
+"""Stopping a producer pump twice at once (producers/pump.py), no broker: the
+producer's bootstrap refuses connections, so what it holds stays undelivered
+until the flush gives up."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from confluent_kafka import Producer
+from threadlog.producers.pump import ProducerPump
+
+
+def test_a_second_stop_returns_only_once_the_first_ones_flush_is_over():
+    # Tried (a review): the second of two concurrent stops returned at once, while
+    # the first still flushed -- its caller went on as if every record had gone.
+    settings = {"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 30_000, "log_level": 0}
+    pump = ProducerPump(Producer(settings), "stop-twice", settings)
+    pump.produce("t", b"v", b"k", partition=0, on_delivery=lambda err, msg: None)
+    first_done = threading.Event()
+
+    def first() -> None:
+        pump.stop(flush_timeout=1.5)  # the record cannot go: the whole 1.5 s
+        first_done.set()
+
+    threading.Thread(target=first, daemon=True).start()
+    deadline = time.monotonic() + 10
+    while not pump._closed:  # the first stop has begun
+        assert time.monotonic() < deadline, "the first stop never began"
+        time.sleep(0.01)
+    began = time.monotonic()
+    pump.stop(flush_timeout=1.5)
+    assert first_done.wait(1), "the second stop returned while the first still flushed"
+    assert time.monotonic() - began < 8  # bounded: the first's flush, not for ever
