@@ -305,6 +305,10 @@ class Judge(Follower):
         self._own_retry_at = 0.0
         self._own_failing: str | None = None  # why the last take-over of restored partitions failed
         self.on_ownership = on_ownership
+        # Called on this thread with the partitions a rebalance takes from this judge
+        # (not those lost), while their stores are open and nothing else is judged:
+        # a worker snapshots them (processors/snapshotter.py `giving_up`).
+        self.before_giving_up: Callable[[set[int]], None] | None = None
         if group is None:
             for p in range(partitions):
                 stores.open(p)
@@ -370,7 +374,7 @@ class Judge(Follower):
             super()._begin()
             return
         self._consumer.subscribe([self.topic], on_assign=self._assigned, on_revoke=self._revoked,
-                                 on_lost=self._revoked)
+                                 on_lost=self._lost)
 
     def _assigned(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         """Called on the judge's thread (inside poll): take the partitions over.
@@ -507,7 +511,10 @@ class Judge(Follower):
             return False
         return self._restoring.far_behind(position, end)
 
-    def _revoked(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+    def _lost(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+        self._revoked(consumer, tps, lost=True)
+
+    def _revoked(self, consumer: Consumer, tps: list[TopicPartition], lost: bool = False) -> None:
         if consumer is not self._consumer:
             return  # a retired consumer leaving the group (`_watch`): given up already
         gone = {tp.partition for tp in tps}
@@ -515,6 +522,13 @@ class Judge(Follower):
         # the consumer (unassigning one fails the whole call).
         restoring = {p for p in gone if (self._restoring is not None and self._restoring.drop(p))
                      or p in self._to_own}
+        judged_here = gone - restoring
+        if not lost and judged_here and self.before_giving_up is not None:
+            # Lost ones may be judged by another already: nothing is written of them.
+            try:
+                self.before_giving_up(judged_here)
+            except Exception:  # pragma: no cover - the next owner judges more, that is all
+                log.exception("before giving up partitions %s", sorted(judged_here))
         self._to_own -= gone
         if not self._to_own:  # nothing left to take over: no failure of it to report or wait out
             self._own_failing, self._own_retry_at = None, 0.0

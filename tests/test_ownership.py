@@ -75,9 +75,10 @@ async def test_two_workers_split_the_partitions_and_judge_only_their_own(bootstr
         for name, st in stats.items():
             # Each judged the records of its own partitions, and only those -- besides
             # the rules floor markers (each partition's first record) of partitions it
-            # held before the other worker joined.
+            # held before the other worker joined (one taken from the other since is
+            # restored from the snapshot written as it was given up: marker judged).
             mine = [t for t in threads if partition_for(t, total) in st["owned"]]
-            assert len(mine) + len(st["owned"]) <= st["judged"] <= len(mine) + total, (name, st)
+            assert len(mine) <= st["judged"] <= len(mine) + total, (name, st)
             print(f"{name} owns {st['owned']} and judged {st['judged']} of {len(threads)} records")
 
         # A checkpoint id is unique over every thread, also across owners: the
@@ -372,6 +373,36 @@ async def test_a_worker_stopped_gracefully_snapshots_first_so_its_successor_judg
         st = await ask_worker(w2.address, "stats")
         restored = {int(p): info for p, info in st["restored"].items()}
         assert {p: restored[p]["position"] for p in restored} == {p: ends[p] for p in range(total)}
+        assert st["judged"] == 0, st
+    finally:
+        await w1.stop()
+        await w2.stop()
+
+
+async def test_a_worker_snapshots_what_a_rebalance_takes_from_it_so_the_new_owner_judges_nothing_again(
+        bootstrap, namespace, tmp_path, open_client):
+    """Tried: a young namespace (no periodic snapshot yet: 50 000 records or 300 s)
+    whose only worker goes on running while a second one joins. Before, the
+    partitions that moved were folded from offset 0 by the newcomer (no snapshot
+    to restore), their calls waiting meanwhile. Now the worker they are taken
+    from snapshots them first, and the newcomer restores them and judges nothing."""
+    w1 = await WorkerProcess(bootstrap, namespace, tmp_path / "w1", "w1").start()
+    w2 = WorkerProcess(bootstrap, namespace, tmp_path / "w2", "w2")
+    try:
+        thin = await open_client(processors="external", own_worker=True)
+        total = thin.runtime.layout.events
+        await owned_by([w1], total)
+        threads = [f"move-{n}" for n in range(40)]
+        for round_ in range(5):  # 200 records of history
+            await within(asyncio.gather(*(thin.messages.save_thread(t, [round_]) for t in threads)), 60)
+        ends = await within(thin.runtime.query.barrier(None))
+        await w2.start()
+        owned = await owned_by([w1, w2], total, timeout=60)
+        loaded = await within(asyncio.gather(*(thin.messages.load_thread(t) for t in threads)), 60)
+        assert loaded == [[4]] * 40
+        st = await ask_worker(w2.address, "stats")
+        restored = {int(p): info["position"] for p, info in st["restored"].items()}
+        assert restored == {p: ends[p] for p in owned["w2"]}, (restored, ends, owned)
         assert st["judged"] == 0, st
     finally:
         await w1.stop()

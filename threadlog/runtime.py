@@ -201,6 +201,7 @@ class Runtime:
                                     origin=self.origin, timeout=self.opts.request_timeout * 2)
             self.snapshotter = Snapshotter(self.judge, writer, self.snapshot_every, self.snapshot_interval_s)
             self.ownership_listeners.append(self.snapshotter.ownership_changed)
+            self.judge.before_giving_up = self.snapshotter.giving_up
             self.snapshotter.start()
         self.barrier = self.seen_offsets = ReadBarrier(self.ends, self.judge, timeout=self.opts.request_timeout,
                                                        replaced=self._replaced)
