@@ -308,7 +308,10 @@ class Judge(Follower):
         # Called on this thread with the partitions a rebalance takes from this judge
         # (not those lost), while their stores are open and nothing else is judged:
         # a worker snapshots them (processors/snapshotter.py `giving_up`).
-        self.before_giving_up: Callable[[set[int]], None] | None = None
+        self.before_giving_up: Callable[[set[int]], object] | None = None
+        # When the group's last assignment or revocation reached this judge (monotonic;
+        # readiness tells a description of the group asked for since from an older one).
+        self.rebalanced_at = 0.0
         if group is None:
             for p in range(partitions):
                 stores.open(p)
@@ -388,6 +391,7 @@ class Judge(Follower):
         # Read here, on the thread that polls: memberid() blocks while another polls.
         # Readiness finds this worker in the group's description by it.
         self.member_id = consumer.memberid()
+        self.rebalanced_at = time.monotonic()
         ready = []
         ends = _Ends(consumer, self.topic, [tp.partition for tp in tps])
         for tp in tps:
@@ -518,6 +522,7 @@ class Judge(Follower):
         if consumer is not self._consumer:
             return  # a retired consumer leaving the group (`_watch`): given up already
         gone = {tp.partition for tp in tps}
+        self.rebalanced_at = time.monotonic()
         # Those still restoring, or restored but not assigned yet, were never assigned to
         # the consumer (unassigning one fails the whole call).
         restoring = {p for p in gone if (self._restoring is not None and self._restoring.drop(p))

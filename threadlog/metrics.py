@@ -246,7 +246,8 @@ class Readiness:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task] = set()
         # The group's last description (`_unsettled`): when, and what.
-        self._described: tuple[float, Any] | None = None
+        self._described: tuple[float, Any] | None = None  # (when it was asked for, the description)
+        self._asked_at = 0.0
         self._describing: asyncio.Future | None = None
         self._describer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="readiness-describe")
         self.rt.ownership_listeners.append(self._owned_changed)
@@ -377,13 +378,14 @@ class Readiness:
             if self._describing is None or self._describing.done():
                 self._describing = asyncio.get_running_loop().run_in_executor(
                     self._describer, _describe_group, admin, group, self.timeout)
+                self._asked_at = now
             try:
                 desc = await asyncio.wait_for(asyncio.shield(self._describing), self.timeout + 1)
             except Exception as exc:
                 log.warning("readiness: group %s not described, this worker's share not checked: %s", group, exc)
                 return None
-            self._described = (time.monotonic(), desc)
-        desc = self._described[1]
+            self._described = (self._asked_at, desc)
+        asked_at, desc = self._described
         counts = {m.member_id: sum(tp.topic == judge.topic for tp in m.assignment.topic_partitions)
                   for m in desc.members}
         if member not in counts:
@@ -391,6 +393,16 @@ class Readiness:
         if counts[member] < max(counts.values()) - 1:
             return (f"group {group} has not given this worker its share yet (it owns {counts[member]}, "
                     f"another {max(counts.values())})")
+        # Given its share by the group, but the judge's assignment callback has not
+        # run yet (it runs in the judge's next poll): owning nothing and restoring
+        # nothing, it answered ready with `owned: []` (seen under load). Only from a
+        # description of a settled group asked for after the judge's last assignment,
+        # so a worker whose partitions were just taken is not held up by an older one.
+        taken = len(judge.owned) + len(getattr(judge, "restoring", ()))
+        if (desc.state.name == "STABLE" and asked_at > getattr(judge, "rebalanced_at", now)
+                and counts[member] > taken):
+            return (f"group {group} gave this worker {counts[member]} partitions; it has taken {taken} over "
+                    f"so far")
         return None
 
     def in_group(self) -> bool:

@@ -143,3 +143,47 @@ async def test_a_restored_partition_failing_to_be_served_says_why_the_worker_is_
     rt.judge.unserved = {}  # type: ignore[attr-defined]
     ready, detail = await readiness.check()
     assert ready is False and "unserved" not in detail and "restoring from their snapshots" in detail["reason"]
+
+
+async def test_a_share_the_group_gave_that_the_judge_has_not_taken_yet_is_not_ready(monkeypatch):
+    # Tried (seen under load in tests/test_ops.py): a joining worker whose group
+    # description already gave it two partitions, while its judge's assignment
+    # callback had not run yet (it runs in the judge's next poll), answered 200
+    # with `owned: []` -- owning nothing and restoring nothing.
+    from types import SimpleNamespace
+
+    from threadlog import metrics
+
+    def member(mid: str, n: int) -> SimpleNamespace:
+        tps = [SimpleNamespace(topic="ev") for _ in range(n)]
+        return SimpleNamespace(member_id=mid, assignment=SimpleNamespace(topic_partitions=tps))
+
+    described = SimpleNamespace(state=SimpleNamespace(name="STABLE"), members=[member("me", 2), member("o", 2)])
+    monkeypatch.setattr(metrics, "_describe_group", lambda admin, group, timeout: described)
+    monkeypatch.setattr(metrics, "DESCRIBE_EVERY_S", 0.0)  # described again at each check
+    rt = Runtime()
+    rt.shared_admin = object()  # type: ignore[attr-defined]
+    judge = rt.judge
+    judge.owned, judge.positions = set(), {}
+    judge.member_id, judge.topic, judge.rebalanced_at = "me", "ev", time.monotonic()  # type: ignore[attr-defined]
+    judge.restoring = []  # type: ignore[attr-defined]
+    readiness = Readiness(rt)
+    readiness.joined = True
+    ready, detail = await readiness.check()
+    assert ready is False and "gave this worker 2 partitions; it has taken 0" in detail["reason"], detail
+    judge.restoring = [2, 3]  # type: ignore[attr-defined]  # the callback ran: restoring them
+    judge.rebalanced_at = time.monotonic()  # type: ignore[attr-defined]
+    ready, detail = await readiness.check()
+    assert ready is False and "restoring from their snapshots" in detail["reason"], detail
+    judge.restoring, judge.owned, judge.positions = [], {2, 3}, {2: 0, 3: 0}  # type: ignore[attr-defined]
+    rt.barrier.ends = {2: 0, 3: 0}
+    readiness.targets = {2: 0, 3: 0}
+    ready, detail = await readiness.check()
+    assert ready is True, detail
+    # A description asked for before the judge's last (un)assignment proves nothing:
+    # a worker whose partitions were just taken is not held up by it.
+    judge.owned, judge.positions = {2}, {2: 0}
+    monkeypatch.setattr(metrics, "DESCRIBE_EVERY_S", 60.0)
+    judge.rebalanced_at = time.monotonic()  # type: ignore[attr-defined]
+    ready, detail = await readiness.check()
+    assert ready is True, detail
