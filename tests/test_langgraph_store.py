@@ -429,6 +429,39 @@ async def test_keep_latest_keeps_what_a_delta_channel_is_rebuilt_from(open_clien
     assert await listed("t-delta") == []
 
 
+@pytest.mark.parametrize("puts", [1, 2])
+async def test_keep_latest_keeps_the_chain_of_checkpoints_put_while_it_is_judged(open_client, monkeypatch, puts):
+    """Tried (a review): a checkpoint put between keep_latest's listing and its
+    judging, on the listed latest (another host's update_state). The judge kept
+    the newest -- the new one -- and the chain named, but took the listed latest,
+    through which the new one's walk goes: the channel read back empty. Now the
+    listed latest and every checkpoint put after it stay (one put, and two)."""
+    saver = AsyncThreadLogSaver(await open_client())
+    memory = InMemorySaver()
+    graph = StateGraph(Delta)
+    graph.add_node("n", lambda s: {"items": [len(s.get("items") or [])]})
+    graph.add_edge(START, "n")
+    graph.add_edge("n", END)
+    cfg = {"configurable": {"thread_id": "t-race"}}
+    for checkpointer in (saver, memory):
+        for i in range(3):
+            await within(graph.compile(checkpointer=checkpointer).ainvoke({"items": [f"in{i}"]}, cfg))
+    survey = saver._survey
+
+    async def racing(thread):
+        plan = await survey(thread)
+        for checkpointer in (saver, memory):  # meanwhile, another host updates the thread
+            for n in range(puts):
+                await within(graph.compile(checkpointer=checkpointer).aupdate_state(cfg, {"items": [f"upd{n}"]}))
+        return plan
+
+    monkeypatch.setattr(saver, "_survey", racing)
+    await within(saver.aprune(["t-race"], strategy="keep_latest"))
+    mine = (await within(graph.compile(checkpointer=saver).aget_state(cfg))).values
+    assert mine == (await within(graph.compile(checkpointer=memory).aget_state(cfg))).values
+    assert mine["items"][-puts:] == [f"upd{n}" for n in range(puts)]
+
+
 @pytest.mark.parametrize("strategy, calls, keep_ns", [("delete", [], ""), ("keep_latest", ["sub:task"], "sub:task")])
 async def test_a_prune_keeping_what_it_cannot_keep_is_refused_and_changes_nothing(
         open_client, strategy, calls, keep_ns):

@@ -278,7 +278,12 @@ def prune(ctx: Context, cmd: dict) -> Decision:
     kept = _kept(cmd, strategy, calls)
     doomed: set[tuple[str, str]] = set()
     for ns, ids in _checkpoints(ctx, thread).items():
-        keep = {max(ids)} | kept.get(ns, set()) if strategy == "keep_latest" and ns not in calls else set()
+        keep = {max(ids)} if strategy == "keep_latest" and ns not in calls else set()
+        named = kept.get(ns)
+        if keep and named:
+            # The newest named is the proposer's latest: it and every checkpoint put
+            # since (ids grow with time) stay, their walks going through it.
+            keep |= named | {cid for cid in ids if cid >= max(named)}
         doomed |= {(ns, cid) for cid in ids if cid not in keep}
     # Rules 4: keep_latest keeps the writes of a checkpoint newer than the latest:
     # with durability="async" a run's writes can be judged before its put, and a
@@ -315,7 +320,11 @@ def _kept(cmd: dict, strategy: str, calls: set[str]) -> dict[str, set[str]]:
     latest checkpoint would leave such a channel empty, silently. Which
     channels are delta channels and where their snapshots are is read from
     metadata and values only the proposer decodes, so it names that chain;
-    the judge keeps it as named (an id no longer there keeps nothing). That
+    the judge keeps it as named (an id no longer there keeps nothing), with
+    every checkpoint at or after the newest it names: the proposer names its
+    latest, and a checkpoint put between its listing and this judging walks
+    back through that one (a review: keeping only the newest at judging time
+    took the listed latest, and the channel read back empty). That
     trusts the proposer no more than keeping fewer checkpoints would: a
     `delete` prune removes them all. Before rules 11 the client refused to
     prune such a thread (the schema then had no `keep`: always empty).

@@ -118,6 +118,11 @@ def _version_key(version: Any) -> str:
 # Python: per delta channel not stored at that checkpoint, (updates, steps) since
 # its last snapshot; LangGraph.js marks its threads' first checkpoint.
 DELTA_COUNTERS = "counters_since_delta_snapshot"
+try:  # the stored form of a DeltaChannel's snapshot (LangGraph's, private: absent, no value is one)
+    from langgraph.checkpoint.serde.types import _DeltaSnapshot
+except ImportError:  # pragma: no cover - depends on the LangGraph version
+    class _DeltaSnapshot:  # type: ignore[no-redef]
+        pass
 JS_DELTA_MARK = "delta_writes_versioned"
 
 
@@ -656,13 +661,16 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         keeping only the latest would leave it empty, silently. Of each namespace
         that stays, the latest's parent chain is kept back to the nearest
         checkpoint storing a value of every such channel the latest does not
-        store (`_delta_chain`). A checkpoint put after this listing, on the
-        latest, is kept as the newest and its chain is the one kept here.
+        store (`_delta_chain`), and the latest itself: the judge keeps it and
+        every checkpoint newer than it, so checkpoints put after this listing
+        (on the latest, or on each other) keep their chains whole too.
         """
         tuples: dict[str, dict[str, CheckpointTuple]] = {}  # ns -> id -> tuple
-        js_delta = False
+        js_delta = delta = False
         async for tup in self.alist({"configurable": {"thread_id": thread}}):
             js_delta = js_delta or JS_DELTA_MARK in tup.metadata
+            delta = delta or js_delta or DELTA_COUNTERS in tup.metadata or any(
+                isinstance(v, _DeltaSnapshot) for v in tup.checkpoint["channel_values"].values())
             ns = tup.config["configurable"].get("checkpoint_ns", "")
             tuples.setdefault(ns, {})[tup.config["configurable"]["checkpoint_id"]] = tup
         roots = set(tuples.get("", ()))
@@ -675,7 +683,13 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
             if ":" in ns and root in roots and root != latest_root:
                 calls.append(ns)
                 continue
-            keep += [{"checkpointNs": ns, "checkpointId": cid} for cid in _delta_chain(latest, by_id, js_delta)]
+            if delta:
+                # The latest too, though the judge keeps its namespace's newest anyway:
+                # named, it and every checkpoint put after it are kept (`_kept`), so a
+                # checkpoint put between this listing and the judging, whose walk goes
+                # through this latest, finds its chain whole.
+                chain = [max(by_id), *_delta_chain(latest, by_id, js_delta)]
+                keep += [{"checkpointNs": ns, "checkpointId": cid} for cid in chain]
         return sorted(calls), sorted(keep, key=lambda r: (r["checkpointNs"], r["checkpointId"]))
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
