@@ -126,6 +126,16 @@ class Snapshotter:
             return []
         deadline = time.monotonic() + GIVE_UP_BUDGET_S
         done: list[int] = []
+        # What was given up before is forgotten first, as each round does: a
+        # partition given up, snapshotted by its next owner and given back here
+        # must not be written from its old position, nor leave that owner's
+        # snapshot untombstoned (a review).
+        if not self._one.acquire(timeout=GIVE_UP_BUDGET_S):
+            return done
+        try:
+            self._forget_given_up()
+        finally:
+            self._one.release()
         for p in sorted(partitions):
             left = deadline - time.monotonic()
             if left <= 0 or self._stop.is_set():
@@ -167,10 +177,13 @@ class Snapshotter:
     def _maybe(self, p: int, *, force: bool = False, timeout: float | None = None) -> bool:
         """Snapshot `p` if it is due (`force`: if anything was judged since the last);
         True if a snapshot was written."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         if not self._one.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
             return False
         try:
-            return self._snapshot_if_due(p, force, None if timeout is None else max(0.001, timeout))
+            # The write gets what the wait for the lock left of `timeout`, not all of it again.
+            left = None if deadline is None else max(0.001, deadline - time.monotonic())
+            return self._snapshot_if_due(p, force, left)
         finally:
             self._one.release()
 

@@ -209,6 +209,7 @@ class ProducerPump:
         self._closing = threading.Lock()
         self._closed = False
         self._stopped = threading.Event()  # the first stop's flush is over
+        self._stopper: threading.Thread | None = None  # the thread of the first stop
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -277,11 +278,15 @@ class ProducerPump:
         with self._closing:
             first = not self._closed
             self._closed = True
+            if first:
+                self._stopper = threading.current_thread()
         if not first:
             # Stopped already, or being stopped: returns once that flush is over, as
             # the first stop does (it returned at once, with records still on their
-            # way). Not on the polling thread, which that stop is joining.
-            if threading.current_thread() is not self._thread:
+            # way). Not on the polling thread, which that stop is joining, nor on the
+            # first stopper's (a delivery callback its flush runs): both would wait
+            # for themselves.
+            if threading.current_thread() not in (self._thread, self._stopper):
                 self._stopped.wait(flush_timeout + 5)
             return
         try:

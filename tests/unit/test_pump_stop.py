@@ -32,3 +32,23 @@ def test_a_second_stop_returns_only_once_the_first_ones_flush_is_over():
     pump.stop(flush_timeout=1.5)
     assert first_done.wait(1), "the second stop returned while the first still flushed"
     assert time.monotonic() - began < 8  # bounded: the first's flush, not for ever
+
+
+def test_a_stop_from_a_delivery_callback_run_by_the_first_stops_flush_returns_at_once():
+    # Tried (a review): the first stop's flush runs delivery callbacks on its own
+    # thread; one that stopped the pump again (a caller closing on a failed write)
+    # waited for that flush -- for itself -- flush_timeout + 5 s.
+    settings = {"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 1000, "log_level": 0}
+    pump = ProducerPump(Producer(settings), "stop-in-callback", settings)
+    nested: list[float] = []
+
+    def on_delivery(err, msg) -> None:
+        began = time.monotonic()
+        pump.stop(flush_timeout=5)
+        nested.append(time.monotonic() - began)
+
+    pump.produce("t", b"v", b"k", partition=0, on_delivery=on_delivery)
+    began = time.monotonic()
+    pump.stop(flush_timeout=5)  # the record times out after 1 s: its callback runs in this flush
+    assert nested and nested[0] < 1, nested
+    assert time.monotonic() - began < 4
