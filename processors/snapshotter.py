@@ -29,6 +29,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterable
 
 from threadlog.projections.snapshots import SnapshotWriter, summary
 
@@ -90,24 +91,7 @@ class Snapshotter:
         every owned partition judged past its last snapshot, within `budget_s` in
         all (one not finished by then is given up: the stop goes on). Returns the
         partitions snapshotted. Any thread; the periodic round waits meanwhile."""
-        deadline = time.monotonic() + budget_s
-        done: list[int] = []
-        if not self._one.acquire(timeout=budget_s):  # a periodic snapshot longer than the budget
-            return done
-        try:
-            self._forget_given_up()
-        finally:
-            self._one.release()
-        for p in sorted(self.judge.owned):
-            left = deadline - time.monotonic()
-            if left <= 0 or self._stop.is_set():
-                break
-            try:
-                if self._maybe(p, force=True, timeout=left):
-                    done.append(p)
-            except Exception:  # moved away, the broker down, out of time: the next owner judges more
-                log.warning("snapshot of partition %d on stop failed", p, exc_info=True)
-        return done
+        return self._snapshot_now(lambda: self.judge.owned, budget_s, "on stop")
 
     def giving_up(self, partitions: set[int]) -> list[int]:
         """On the judge's thread, as a rebalance takes `partitions` from this worker
@@ -124,29 +108,34 @@ class Snapshotter:
         rebalancing takes from this worker only what moves."""
         if self._stop.is_set():
             return []
-        deadline = time.monotonic() + GIVE_UP_BUDGET_S
+        done = self._snapshot_now(lambda: partitions, GIVE_UP_BUDGET_S, "before giving it up")
+        if done:
+            log.info("snapshotted partitions %s before giving them up", done)
+        return done
+
+    def _snapshot_now(self, which: Callable[[], Iterable[int]], budget_s: float, when: str) -> list[int]:
+        """Snapshot each partition of `which()` judged past its last snapshot, within
+        `budget_s` in all. What was given up before is forgotten first, as each
+        round does: a partition given up, snapshotted by its next owner and given
+        back here must not be written from its old position, nor leave that
+        owner's snapshot untombstoned (a review)."""
+        deadline = time.monotonic() + budget_s
         done: list[int] = []
-        # What was given up before is forgotten first, as each round does: a
-        # partition given up, snapshotted by its next owner and given back here
-        # must not be written from its old position, nor leave that owner's
-        # snapshot untombstoned (a review).
-        if not self._one.acquire(timeout=GIVE_UP_BUDGET_S):
+        if not self._one.acquire(timeout=budget_s):  # a periodic snapshot longer than the budget
             return done
         try:
             self._forget_given_up()
         finally:
             self._one.release()
-        for p in sorted(partitions):
+        for p in sorted(which()):
             left = deadline - time.monotonic()
             if left <= 0 or self._stop.is_set():
                 break
             try:
                 if self._maybe(p, force=True, timeout=left):
                     done.append(p)
-            except Exception:  # the broker down, out of time: the next owner judges more
-                log.warning("snapshot of partition %d before giving it up failed", p, exc_info=True)
-        if done:
-            log.info("snapshotted partitions %s before giving them up", done)
+            except Exception:  # moved away, the broker down, out of time: the next owner judges more
+                log.warning("snapshot of partition %d %s failed", p, when, exc_info=True)
         return done
 
     def halt(self) -> None:

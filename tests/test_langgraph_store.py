@@ -375,6 +375,15 @@ class Seeded(TypedDict):  # a snapshot every 4 steps: walks end at a seed, not a
     items: Annotated[list, DeltaChannel(_extend, snapshot_frequency=4)]
 
 
+def _counting(schema) -> StateGraph:
+    """One node appending the count of `items` so far: a graph whose state says what it read."""
+    graph = StateGraph(schema)
+    graph.add_node("n", lambda s: {"items": [len(s.get("items") or [])]})
+    graph.add_edge(START, "n")
+    graph.add_edge("n", END)
+    return graph
+
+
 async def test_keep_latest_keeps_what_a_delta_channel_is_rebuilt_from(open_client):
     """A DeltaChannel's value is its last snapshot plus the writes of every
     checkpoint since. Tried: 11 runs of a graph with one (a snapshot every 4
@@ -388,11 +397,7 @@ async def test_keep_latest_keeps_what_a_delta_channel_is_rebuilt_from(open_clien
     memory = InMemorySaver()
     graphs = {}
     for name, schema in (("t-seeded", Seeded), ("t-delta", Delta), ("t-plain", Plain)):
-        graph = StateGraph(schema)
-        graph.add_node("n", lambda s: {"items": [len(s.get("items") or [])]})
-        graph.add_edge(START, "n")
-        graph.add_edge("n", END)
-        graphs[name] = graph
+        graph = graphs[name] = _counting(schema)
         for checkpointer in (saver, memory):
             for i in range(11):
                 await within(graph.compile(checkpointer=checkpointer).ainvoke(
@@ -438,10 +443,7 @@ async def test_keep_latest_keeps_the_chain_of_checkpoints_put_while_it_is_judged
     listed latest and every checkpoint put after it stay (one put, and two)."""
     saver = AsyncThreadLogSaver(await open_client())
     memory = InMemorySaver()
-    graph = StateGraph(Delta)
-    graph.add_node("n", lambda s: {"items": [len(s.get("items") or [])]})
-    graph.add_edge(START, "n")
-    graph.add_edge("n", END)
+    graph = _counting(Delta)
     cfg = {"configurable": {"thread_id": "t-race"}}
     for checkpointer in (saver, memory):
         for i in range(3):
@@ -1134,10 +1136,7 @@ async def test_delta_channel_history_is_one_query_and_what_langgraphs_walk_reads
     thin = AsyncThreadLogSaver(await open_client(processors="external"))
     full = AsyncThreadLogSaver(await open_client())
     memory = InMemorySaver()
-    graph = StateGraph(Seeded)
-    graph.add_node("n", lambda s: {"items": [len(s.get("items") or [])]})
-    graph.add_edge(START, "n")
-    graph.add_edge("n", END)
+    graph = _counting(Seeded)
     cfg = {"configurable": {"thread_id": "t-delta-history"}}
     for saver in (thin, memory):
         compiled = graph.compile(checkpointer=saver)

@@ -344,65 +344,42 @@ async def test_a_partition_taken_over_is_restored_from_a_snapshot_not_replayed(b
               f"in {sum(i['seconds'] for i in restored.values()):.3f}s instead of judging {sum(history.values())}")
 
 
-async def test_a_worker_stopped_gracefully_snapshots_first_so_its_successor_judges_nothing_again(
-        bootstrap, namespace, tmp_path, open_client):
-    """Tried (a helper's rolling restarts, 2026-12-06): a young namespace (no
-    periodic snapshot yet: 50 000 records or 300 s) whose only worker is stopped
-    with SIGTERM. Its successor found no snapshot and judged the whole history
-    again -- seconds during which proposals of other partitions naming positions
-    past it waited too, and accepted writes answered OUTCOME_UNKNOWN. Now the
-    stopping worker snapshots its partitions first, while still serving them, and
-    the successor restores them and judges nothing."""
+@pytest.mark.parametrize("move", ["stop", "join"])
+async def test_partitions_moving_away_are_snapshotted_first_so_their_next_owner_judges_nothing_again(
+        bootstrap, namespace, tmp_path, open_client, move):
+    """A young namespace (no periodic snapshot yet: 50 000 records or 300 s) whose
+    partitions move from its only worker to a second one, which found no snapshot
+    and judged the whole history again, the partitions' calls waiting meanwhile.
+    `stop` (a helper's rolling restarts, 2026-12-06): the worker is stopped with
+    SIGTERM; proposals of other partitions naming positions past the moved ones
+    waited too, and accepted writes answered OUTCOME_UNKNOWN. Now it snapshots its
+    partitions first, while still serving them. `join`: the second worker joins
+    while the first runs on; now the first snapshots what the rebalance takes from
+    it. Either way the next owner restores them and judges nothing."""
     w1 = await WorkerProcess(bootstrap, namespace, tmp_path / "w1", "w1").start()
     w2 = WorkerProcess(bootstrap, namespace, tmp_path / "w2", "w2")
     try:
         thin = await open_client(processors="external", own_worker=True)
         total = thin.runtime.layout.events
         await owned_by([w1], total)
-        threads = [f"stop-{n}" for n in range(40)]
+        threads = [f"{move}-{n}" for n in range(40)]
         for round_ in range(5):  # 200 records of history
             await within(asyncio.gather(*(thin.messages.save_thread(t, [round_]) for t in threads)), 60)
         ends = await within(thin.runtime.query.barrier(None))
-        w1.signal(signal.SIGTERM)
-        assert await w1.wait_exit(60) == 0
-        assert f"worker stopping: snapshotted partitions {list(range(total))}" in w1.lines, w1.lines
-        await w2.start()
-        await owned_by([w2], total, timeout=60)
-        loaded = await within(asyncio.gather(*(thin.messages.load_thread(t) for t in threads)), 60)
-        assert loaded == [[4]] * 40
-        st = await ask_worker(w2.address, "stats")
-        restored = {int(p): info for p, info in st["restored"].items()}
-        assert {p: restored[p]["position"] for p in restored} == {p: ends[p] for p in range(total)}
-        assert st["judged"] == 0, st
-    finally:
-        await w1.stop()
-        await w2.stop()
-
-
-async def test_a_worker_snapshots_what_a_rebalance_takes_from_it_so_the_new_owner_judges_nothing_again(
-        bootstrap, namespace, tmp_path, open_client):
-    """Tried: a young namespace (no periodic snapshot yet: 50 000 records or 300 s)
-    whose only worker goes on running while a second one joins. Before, the
-    partitions that moved were folded from offset 0 by the newcomer (no snapshot
-    to restore), their calls waiting meanwhile. Now the worker they are taken
-    from snapshots them first, and the newcomer restores them and judges nothing."""
-    w1 = await WorkerProcess(bootstrap, namespace, tmp_path / "w1", "w1").start()
-    w2 = WorkerProcess(bootstrap, namespace, tmp_path / "w2", "w2")
-    try:
-        thin = await open_client(processors="external", own_worker=True)
-        total = thin.runtime.layout.events
-        await owned_by([w1], total)
-        threads = [f"move-{n}" for n in range(40)]
-        for round_ in range(5):  # 200 records of history
-            await within(asyncio.gather(*(thin.messages.save_thread(t, [round_]) for t in threads)), 60)
-        ends = await within(thin.runtime.query.barrier(None))
-        await w2.start()
-        owned = await owned_by([w1, w2], total, timeout=60)
+        if move == "stop":
+            w1.signal(signal.SIGTERM)
+            assert await w1.wait_exit(60) == 0
+            assert f"worker stopping: snapshotted partitions {list(range(total))}" in w1.lines, w1.lines
+            await w2.start()
+            moved = (await owned_by([w2], total, timeout=60))["w2"]
+        else:
+            await w2.start()
+            moved = (await owned_by([w1, w2], total, timeout=60))["w2"]
         loaded = await within(asyncio.gather(*(thin.messages.load_thread(t) for t in threads)), 60)
         assert loaded == [[4]] * 40
         st = await ask_worker(w2.address, "stats")
         restored = {int(p): info["position"] for p, info in st["restored"].items()}
-        assert restored == {p: ends[p] for p in owned["w2"]}, (restored, ends, owned)
+        assert restored == {p: ends[p] for p in moved}, (restored, ends, moved)
         assert st["judged"] == 0, st
     finally:
         await w1.stop()
