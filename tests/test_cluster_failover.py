@@ -261,9 +261,12 @@ async def test_kill9_of_the_busiest_leader_under_mixed_load(cluster: Cluster, tm
             killed = time.monotonic()
             # Run through the failover and then some: resuming is measured, not waited for.
             await asyncio.sleep(RESUME_BOUND + 15)
+            # Kafka's own failover, awaited (bounded), not threadlog's: in two runs of
+            # 2026-12-06 no leader had moved 30 s after the kill (every ISR still 3, the
+            # node not fenced yet by the controller), on the 2 shared cores.
+            await asyncio.to_thread(_until, "every leader moved off the killed node", lambda: all(
+                leader not in (victim, -1) for leader, _ in _leaders(bootstrap, topics).values()), 90)
             restarting = time.monotonic()
-            moved = await asyncio.to_thread(_leaders, bootstrap, topics)
-            assert all(leader not in (victim, -1) for leader, _ in moved.values()), moved
             assert broker.live_brokers(bootstrap) == set(range(1, NODES + 1)) - {victim}
 
             # The failover is measured: pause the load while the JVM restarts (on 2 shared cores a
