@@ -40,10 +40,10 @@ log = logging.getLogger("threadlog.snapshotter")
 EVERY_RECORDS = 50_000
 INTERVAL_S = 300.0
 CHECK_S = 1.0
-KEEP_WRITTEN = 100
+KEEP_WRITTEN = 100  # summaries of the last snapshots kept (`written`)
 # At most this long (seconds) of snapshots on the judge's thread as a rebalance
 # takes partitions away (`giving_up`): every partition's judging waits meanwhile.
-GIVE_UP_BUDGET_S = 5.0  # summaries of the last snapshots kept (`written`)
+GIVE_UP_BUDGET_S = 5.0
 
 
 class Snapshotter:
