@@ -141,14 +141,14 @@ def _delta_chain(latest: CheckpointTuple, by_id: Mapping[str, CheckpointTuple], 
         wanted |= set(latest.checkpoint["channel_versions"])
     wanted -= stored
     chain: list[str] = []
-    seen: set[str] = set()
+    seen = {latest.config["configurable"]["checkpoint_id"]}
     parent = latest.parent_config
     while wanted and parent is not None:
         cid = parent["configurable"]["checkpoint_id"]
         tup = by_id.get(cid)
         # Gone (pruned before: LangGraph's walk ends there too), or named twice
         # (parent ids are the writer's: a cycle would walk for ever).
-        if tup is None or tup is latest or cid in seen:
+        if tup is None or cid in seen:
             break
         seen.add(cid)
         chain.append(cid)
@@ -677,7 +677,8 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         latest_root = max(roots) if roots else None
         calls, keep = [], []
         for ns, by_id in tuples.items():
-            latest = by_id[max(by_id)]
+            latest_id = max(by_id)
+            latest = by_id[latest_id]
             parents = latest.metadata.get("parents")
             root = parents.get("") if isinstance(parents, dict) else None
             if ":" in ns and root in roots and root != latest_root:
@@ -688,7 +689,7 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
                 # named, it and every checkpoint put after it are kept (`_kept`), so a
                 # checkpoint put between this listing and the judging, whose walk goes
                 # through this latest, finds its chain whole.
-                chain = [max(by_id), *_delta_chain(latest, by_id, js_delta)]
+                chain = [latest_id, *_delta_chain(latest, by_id, js_delta)]
                 keep += [{"checkpointNs": ns, "checkpointId": cid} for cid in chain]
         return sorted(calls), sorted(keep, key=lambda r: (r["checkpointNs"], r["checkpointId"]))
 
