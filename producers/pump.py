@@ -221,12 +221,13 @@ class ProducerPump:
         producer = self.producer
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
-            if err is not None and err.code() == KafkaError._PURGE_QUEUE and producer in self._retiring:
-                # Purged by `_retire`, never sent: not written, and the call may
-                # be made again (librdkafka's own purges are for good).
-                err = KafkaError(KafkaError._TIMED_OUT_QUEUE, "never sent: its producer had stopped delivering "
-                                 "and was replaced")
             self._saw(err)
+            if err is not None and err.code() == KafkaError._PURGE_QUEUE and producer in self._retiring:
+                # Purged by `_retire` (librdkafka's own purges are for good). Not sent
+                # again -- but a record queued for a retry may have been written by
+                # its first send, and librdkafka does not say which: a timeout.
+                err = KafkaError(KafkaError._MSG_TIMED_OUT, "not sent again: its producer stopped delivering and "
+                                 "was replaced; an earlier send may have been written")
             if on_delivery is not None:
                 on_delivery(err, msg)
 
@@ -268,10 +269,12 @@ class ProducerPump:
         kill read a run's chunks out of order so ("chunks repeated or out of
         order": a chunk whose append had ended OUTCOME_UNKNOWN stood after the
         next chunk), and a save could be applied after a later save. A purged
-        record was never sent: its caller learns it was not written. Records
-        in flight stay: sent already, they are reported by the broker's answer
-        or timed out (OUTCOME_UNKNOWN) -- a request in flight to a broker that
-        later appends it is not ruled out, only far narrower.
+        record is reported timed out (OUTCOME_UNKNOWN), not "not written": one
+        queued again for a retry (its request to a broker that then died) may
+        have been written by that first send, and librdkafka does not tell it
+        apart from one never sent. Records in flight stay: they are reported
+        by the broker's answer or time out -- a request in flight to a broker
+        that appends it later is not ruled out, only far narrower.
         """
         self._retiring.append(old)  # a purge report is served while it is still there
         try:
