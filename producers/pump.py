@@ -265,10 +265,10 @@ class ProducerPump:
 
         Why purge: a producer stuck now may deliver again later (its broker
         back, its metadata mended), and then sent what it still held *after*
-        the records its replacement delivered meanwhile. A test of a broker
-        kill read a run's chunks out of order so ("chunks repeated or out of
-        order": a chunk whose append had ended OUTCOME_UNKNOWN stood after the
-        next chunk), and a save could be applied after a later save. A purged
+        the records its replacement delivered meanwhile: a run's chunk whose
+        append had ended OUTCOME_UNKNOWN stood after the next chunk (the likely
+        cause of a broker-kill test's one "chunks repeated or out of order"),
+        and a save could be applied after a later save. A purged
         record is reported timed out (OUTCOME_UNKNOWN), not "not written": one
         queued again for a retry (its request to a broker that then died) may
         have been written by that first send, and librdkafka does not tell it

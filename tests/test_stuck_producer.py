@@ -127,8 +127,8 @@ def test_records_a_replaced_producer_still_holds_are_never_sent_after_its_replac
     """Tried: a record queued in a stuck producer when the pump replaces it; a later record
     delivered through the replacement; then the old producer revives (its broker reachable
     again). Before, it sent the queued record then -- after the later one: a delivery chunk
-    read after a later chunk, a save applied after a later save (seen once in
-    tests/test_cluster_failover.py: "chunks repeated or out of order"). Now a record the old
+    read after a later chunk, a save applied after a later save (the likely cause
+    of one "chunks repeated or out of order" in tests/test_cluster_failover.py). Now a record the old
     producer has not sent is purged at the replacement and reported timed out (OUTCOME_UNKNOWN:
     one queued for a retry may have been written by its first send)."""
     from threadlog.producers.pump import delivery_failure
