@@ -218,8 +218,6 @@ class ProducerPump:
                 on_delivery: Callable[[KafkaError | None, Message], None] | None = None,
                 headers: list[tuple[str, str | bytes | None]] | None = None) -> None:
         """`Producer.produce` on the current producer, noting each record's outcome."""
-        producer = self.producer
-
         def delivered(err: KafkaError | None, msg: Message) -> None:
             self._saw(err)
             if err is not None and err.code() == KafkaError._PURGE_QUEUE and producer in self._retiring:
@@ -254,8 +252,13 @@ class ProducerPump:
         log.warning("%s: nothing delivered for %.0f s, every record timed out: replacing its producer "
                     "(librdkafka can leave a producer without partition leaders after a broker restart)",
                     self.name, now - since)
-        self._retire(self.producer)
-        self.producer = Producer(dict(self._settings))
+        new = Producer(dict(self._settings))
+        # Swapped under the lock `produce` holds while it produces: no record
+        # reaches the old producer after its purge (a review: swapped after the
+        # purge, a concurrent `produce` could still queue one there).
+        with self._closing:
+            old, self.producer = self.producer, new
+        self._retire(old)
         self._timed_out_since = None
         self._replaced_at = now
         self.replacements += 1
@@ -272,13 +275,24 @@ class ProducerPump:
         record is reported timed out (OUTCOME_UNKNOWN), not "not written": one
         queued again for a retry (its request to a broker that then died) may
         have been written by that first send, and librdkafka does not tell it
-        apart from one never sent. Records in flight stay: they are reported
-        by the broker's answer or time out -- a request in flight to a broker
-        that appends it later is not ruled out, only far narrower.
+        apart from one never sent. Records in flight are left to the broker's
+        answer; one whose request fails is queued again for a retry, and is
+        purged at the next poll (`_purge` runs on every retiring producer each
+        time the pump polls them) -- a request in flight to a broker that
+        appends it late is not ruled out, only far narrower.
         """
         self._retiring.append(old)  # a purge report is served while it is still there
+        self._purge(old)
+
+    def _purge(self, old: Producer) -> None:
         try:
-            old.purge(in_queue=True, in_flight=False, blocking=False)
+            # `blocking=True` asks for librdkafka's NON-blocking purge: confluent-kafka
+            # (2.16, Producer.c) inverts the flag -- checked with debug=queue, which
+            # logs "flags queue,non-blocking" for True. A blocking purge holds the GIL
+            # until every broker thread took it: one stuck in a slow DNS lookup during
+            # a broker restart would freeze the whole process. The purge is done by
+            # the broker threads; its reports come by poll.
+            old.purge(in_queue=True, in_flight=False, blocking=True)
         except KafkaException as exc:  # pragma: no cover - its reports still come by poll
             log.warning("%s: purging the replaced producer's queue failed: %s", self.name, exc)
 
@@ -298,6 +312,7 @@ class ProducerPump:
                 self._stop.wait(0.05)
             try:
                 for old in list(self._retiring):
+                    self._purge(old)
                     old.poll(0)
                     if len(old) == 0:
                         self._retiring.remove(old)

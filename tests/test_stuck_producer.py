@@ -133,7 +133,8 @@ def test_records_a_replaced_producer_still_holds_are_never_sent_after_its_replac
     one queued for a retry may have been written by its first send)."""
     from threadlog.producers.pump import delivery_failure
 
-    monkeypatch.setattr(stuck, "STUCK_S", 1.0)
+    # The queued record is sent within this of the first one's timeout: to the stuck producer.
+    monkeypatch.setattr(stuck, "STUCK_S", 2.5)
     ensure_topics(AdminClient({"bootstrap.servers": bootstrap}), Topics(namespace), partitions=1, timeout=30)
     topic = Topics(namespace).events
     settings = kafka_config.producer(bootstrap, "late-producer-test", None,
@@ -160,6 +161,7 @@ def test_records_a_replaced_producer_still_holds_are_never_sent_after_its_replac
         send("first")  # times out: the pump's clock of a stuck producer starts
         assert outcomes["first"].wait(20) and errors["first"].name() == "_MSG_TIMED_OUT", errors
         send("queued")  # still queued in the old producer when it is replaced
+        assert pump.producer is old, "replaced before the queued record was sent: the test proves nothing"
         deadline = time.monotonic() + 10
         while pump.replacements == 0:
             assert time.monotonic() < deadline, "the stuck producer was not replaced"
@@ -176,4 +178,9 @@ def test_records_a_replaced_producer_still_holds_are_never_sent_after_its_replac
         assert stored == ["later"]
     finally:
         pump.stop()
+        # Left `_retiring` once drained, so the pump's stop did not close it: a failed run
+        # must not leave it retrying its port for the rest of the session.
+        old.purge()
+        old.flush(0)
+        getattr(old, "close", lambda: None)()
         proxy.close()
