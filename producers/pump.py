@@ -191,7 +191,7 @@ class ProducerPump:
     `STUCK_S`, a new producer takes the next records. The old one is polled
     until its queue is empty, none of its records dropped unreported: those
     in flight are reported as before; those it has not sent are purged (see
-    `_retire`). During a real outage this replaces a producer every `STUCK_S`
+    `_purge`). During a real outage this replaces a producer every `STUCK_S`
     or so, which costs a connection attempt.
     """
 
@@ -221,7 +221,7 @@ class ProducerPump:
         def delivered(err: KafkaError | None, msg: Message) -> None:
             self._saw(err)
             if err is not None and err.code() == KafkaError._PURGE_QUEUE and producer in self._retiring:
-                # Purged by `_retire` (librdkafka's own purges are for good). Not sent
+                # Purged by `_purge` (librdkafka's own purges are for good). Not sent
                 # again -- but a record queued for a retry may have been written by
                 # its first send, and librdkafka does not say which: a timeout.
                 err = KafkaError(KafkaError._MSG_TIMED_OUT, "not sent again: its producer stopped delivering and "
@@ -258,13 +258,14 @@ class ProducerPump:
         # purge, a concurrent `produce` could still queue one there).
         with self._closing:
             old, self.producer = self.producer, new
-        self._retire(old)
+        self._retiring.append(old)  # a purge report is served while it is still there
+        self._purge(old)
         self._timed_out_since = None
         self._replaced_at = now
         self.replacements += 1
 
-    def _retire(self, old: Producer) -> None:
-        """Polled until its queue is empty; what it has not sent yet is purged.
+    def _purge(self, old: Producer) -> None:
+        """Purge what a replaced producer has not sent yet (it is polled until its queue is empty).
 
         Why purge: a producer stuck now may deliver again later (its broker
         back, its metadata mended), and then sent what it still held *after*
@@ -277,14 +278,10 @@ class ProducerPump:
         have been written by that first send, and librdkafka does not tell it
         apart from one never sent. Records in flight are left to the broker's
         answer; one whose request fails is queued again for a retry, and is
-        purged at the next poll (`_purge` runs on every retiring producer each
+        purged at the next poll (this runs on every retiring producer each
         time the pump polls them) -- a request in flight to a broker that
         appends it late is not ruled out, only far narrower.
         """
-        self._retiring.append(old)  # a purge report is served while it is still there
-        self._purge(old)
-
-    def _purge(self, old: Producer) -> None:
         try:
             # `blocking=True` asks for librdkafka's NON-blocking purge: confluent-kafka
             # (2.16, Producer.c) inverts the flag -- checked with debug=queue, which

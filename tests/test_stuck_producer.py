@@ -10,6 +10,7 @@ the real settings, as the pump makes it.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -71,8 +72,6 @@ class _LateProxy:
     and revives afterwards -- as one does whose broker came back late."""
 
     def __init__(self, target: str) -> None:
-        import socket
-
         host, port = target.rsplit(":", 1)
         self._target = (host, int(port))
         probe = socket.socket()
@@ -83,15 +82,11 @@ class _LateProxy:
         self._stop = threading.Event()
 
     def start(self) -> None:
-        import socket
-
         self._server = socket.create_server(("127.0.0.1", self.port))
         self._server.settimeout(0.2)
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
-        import socket
-
         assert self._server is not None
         while not self._stop.is_set():
             try:
