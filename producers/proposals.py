@@ -40,7 +40,7 @@ from threadlog.processors.handlers import reads_other_partitions, rules_for
 from threadlog.schemas import Codec
 
 from threadlog.kernel import kafka_config
-from threadlog.kernel.errors import OUTCOME_UNKNOWN, ThreadLogError, invalid_argument, unavailable
+from threadlog.kernel.errors import OUTCOME_UNKNOWN, UNAVAILABLE, ThreadLogError, invalid_argument, unavailable
 from threadlog.kernel.partitioning import partition_for
 from threadlog.kernel.topics import MAX_MESSAGE_BYTES, TopicLayout, Topics
 
@@ -216,19 +216,35 @@ class ProposalBus:
         twice it (a review)."""
         if not verdict.get("ok"):
             raise ThreadLogError(verdict.get("code") or "INVALID_ARGUMENT", verdict.get("message") or "refused")
-        if verdict.get("effects"):
-            try:
-                await self._emit(verdict["effects"], _left(deadline))
-            except Exception as exc:
-                # The proposal was accepted: failing to write what it derived (blob
-                # chunk tombstones) only delays reclamation -- a sweep finds those
-                # chunks -- and must not turn the verdict into an error.
-                log.warning("accepted, but its effects were not all written (%d): %s", len(verdict["effects"]),
-                            exc)
-        result = verdict.get("result")
-        for step in verdict.get("follow") or ():
-            result = await self.send(step["type"], step["key"], step["payload"], _left(deadline),
-                                     limit=MAX_FOLLOW_BYTES)
+        # Accepted, so it may have changed state (an artifact saved on its new thread
+        # before the copies elsewhere are released): until its steps are done, a
+        # blocking client closing under the call must not report "nothing written"
+        # (a review: it did, for a save that had applied).
+        with unsettled_write():
+            if verdict.get("effects"):
+                try:
+                    await self._emit(verdict["effects"], _left(deadline))
+                except Exception as exc:
+                    # The proposal was accepted: failing to write what it derived (blob
+                    # chunk tombstones) only delays reclamation -- a sweep finds those
+                    # chunks -- and must not turn the verdict into an error.
+                    log.warning("accepted, but its effects were not all written (%d): %s",
+                                len(verdict["effects"]), exc)
+            result = verdict.get("result")
+            for step in verdict.get("follow") or ():
+                try:
+                    result = await self.send(step["type"], step["key"], step["payload"], _left(deadline),
+                                             limit=MAX_FOLLOW_BYTES)
+                except ThreadLogError as exc:
+                    if exc.code != UNAVAILABLE:
+                        raise  # refused by its own rules (a fork's destination): as judged
+                    # The step was not written, but the step before it was accepted:
+                    # "nothing written" would be false (a review: an artifact move said
+                    # UNAVAILABLE with the artifact saved on its new thread, its old copy
+                    # kept). The call may be made again: it completes what is left.
+                    raise ThreadLogError(OUTCOME_UNKNOWN, f"accepted, but its next step ({step['type']}) was not "
+                                         f"written: {exc.message}; the call may have applied in part -- "
+                                         "make it again to complete it") from None
         return result
 
     async def propose(self, type_name: str, key: str, payload: bytes, *, timeout: float | None = None,

@@ -149,6 +149,39 @@ async def test_a_save_interrupted_between_its_steps_leaves_a_twin_the_next_save_
     assert await within(tl.artifacts.get("a1")) == third
 
 
+async def test_a_move_whose_copy_release_is_not_written_is_outcome_unknown_and_a_second_save_completes_it(
+        open_client):
+    """Step 1 of a move (the save on the new thread) accepted, step 2 (removing the
+    old copy) refused by this client's producer before it was written (its queue
+    full; a client closing does the same). Tried (a review): the save raised
+    UNAVAILABLE -- "nothing written" -- with the artifact already on its new
+    thread. Now OUTCOME_UNKNOWN, and the same save made again completes the move."""
+    tl = await open_client()
+    old_thread, new_thread = _threads(tl, False)
+    await within(tl.artifacts.save(_art(thread_id=old_thread)))
+    pump = tl.bus._pump
+    produce = pump.produce
+
+    def full_for_releases(topic, value, key, **kw):
+        if value is not None and b"ReleaseArtifactCopy" in value:
+            raise BufferError("Local: Queue full")  # what librdkafka raises at a full queue
+        return produce(topic, value, key, **kw)
+
+    moved = _art(thread_id=new_thread, name="moved.png")
+    pump.produce = full_for_releases
+    try:
+        with pytest.raises(ThreadLogError) as err:
+            await within(tl.artifacts.save(moved))
+    finally:
+        pump.produce = produce
+    assert err.value.code == "OUTCOME_UNKNOWN" and "ReleaseArtifactCopy" in err.value.message
+    assert await within(tl.artifacts.get("a1")) == moved  # step 1 applied: not "nothing written"
+    assert len(await within(tl.artifacts.list_for_thread(old_thread))) == 1  # the twin step 2 would remove
+    await within(tl.artifacts.save(moved))
+    assert await within(tl.artifacts.list_for_thread(old_thread)) == []
+    assert await within(tl.artifacts.list_for_thread(new_thread)) == [moved]
+
+
 async def test_a_copy_release_naming_older_rules_is_judged_as_judges_of_those_rules_did(open_client, bootstrap,
                                                                                        namespace):
     """`ReleaseArtifactCopy` is new in judging rules 5. A judge of rules 4 did not
