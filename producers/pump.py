@@ -36,11 +36,14 @@ def record_bytes(msg: Message) -> int:
 # Errors no retry of the same call fixes: a principal without the ACL the write
 # needs, or a producer librdkafka has failed for good (an idempotent producer
 # refused its producer id). Still UNAVAILABLE ("not written"), but not retryable.
-# threadlog never purges a producer's queue itself: librdkafka purges it when it
-# fails a producer for good, so a record purged before it was sent is one of
-# those too. (One purged in flight may have been written: see delivery_failure.)
+# librdkafka purges a producer's queue when it fails the producer for good, so
+# a record it purged before sending is one of those too. (One purged in flight
+# may have been written: see delivery_failure.) The purges threadlog makes
+# itself -- of a replaced producer, and at close -- are reported as timeouts
+# before they get here (`ProducerPump.produce`).
 _FOR_GOOD = frozenset({KafkaError._FATAL, KafkaError.TOPIC_AUTHORIZATION_FAILED,
                        KafkaError.CLUSTER_AUTHORIZATION_FAILED, KafkaError._PURGE_QUEUE})
+_PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 
 
 def for_good(err: KafkaError) -> bool:
@@ -226,6 +229,10 @@ class ProducerPump:
                 # its first send, and librdkafka does not say which: a timeout.
                 err = KafkaError(KafkaError._MSG_TIMED_OUT, "not sent again: its producer stopped delivering and "
                                  "was replaced; an earlier send may have been written")
+            elif err is not None and err.code() in _PURGED and self._closed:
+                # Purged by `stop` (see `_purge_left`): maybe written, as above.
+                err = KafkaError(KafkaError._MSG_TIMED_OUT, "not sent again: the client closed before the cluster "
+                                 "acknowledged it; an earlier send may have been written")
             if on_delivery is not None:
                 on_delivery(err, msg)
 
@@ -318,6 +325,33 @@ class ProducerPump:
                 log.exception("%s: serving or replacing a stuck producer failed", self.name)
                 self._stop.wait(0.05)
 
+    def _purge_left(self, serve_s: float = 2.0) -> None:
+        """After the last flush: purge what is still queued or in flight, and serve its reports.
+
+        Why: during an outage -- when clients tend to be closed -- records are
+        still queued when the flush gives up. Nothing polls after `stop`, so their
+        callers waited out their whole timeouts, and a producer with records left
+        is not closed: its handle and threads lived until a garbage collection (a
+        review). Purged, each is reported at once as maybe written
+        (OUTCOME_UNKNOWN: one in flight may still land), and the producer closes.
+        """
+        left = [p for p in [*self._retiring, self.producer] if len(p) > 0]
+        if not left:
+            return
+        for producer in left:
+            try:
+                # Non-blocking (the flag is inverted: see `_purge`).
+                producer.purge(in_queue=True, in_flight=True, blocking=True)
+            except KafkaException as exc:  # pragma: no cover - then it is left as it is
+                log.warning("%s: purging what was left at close failed: %s", self.name, exc)
+        deadline = time.monotonic() + serve_s
+        while any(len(p) > 0 for p in left) and time.monotonic() < deadline:
+            for producer in left:
+                try:
+                    producer.poll(0.02)
+                except KafkaException:  # pragma: no cover - a fatal error: its reports were served
+                    pass
+
     def stop(self, flush_timeout: float = 5.0) -> None:
         with self._closing:
             first = not self._closed
@@ -339,6 +373,8 @@ class ProducerPump:
             for old in self._retiring:
                 old.flush(0)
             self.producer.flush(flush_timeout)
+            if not self._thread.is_alive():
+                self._purge_left()
         finally:
             self._stopped.set()
         # Closed now, not when collected. Why (a soak helper, 2026-12-06): a closed

@@ -7,8 +7,10 @@ from __future__ import annotations
 import threading
 import time
 
-from confluent_kafka import Producer
-from threadlog.producers.pump import ProducerPump
+from confluent_kafka import KafkaError, Producer
+from threadlog.producers.pump import ProducerPump, delivery_failure
+
+from threadlog.kernel.errors import OUTCOME_UNKNOWN
 
 
 def test_a_second_stop_returns_only_once_the_first_ones_flush_is_over():
@@ -52,3 +54,25 @@ def test_a_stop_from_a_delivery_callback_run_by_the_first_stops_flush_returns_at
     pump.stop(flush_timeout=5)  # the record times out after 1 s: its callback runs in this flush
     assert nested and nested[0] < 1, nested
     assert time.monotonic() - began < 4
+
+
+def test_a_stop_that_leaves_records_reports_each_at_once_as_maybe_written_and_closes_the_producer():
+    # Tried (a review): during an outage -- when clients tend to be closed -- the
+    # flush gave up with a record still queued. Nothing polled after stop, so its
+    # caller waited out its whole timeout (here 30 s), and the producer was never
+    # closed: its handle and threads lived until a garbage collection.
+    settings = {"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 30_000, "log_level": 0}
+    pump = ProducerPump(Producer(settings), "stop-leaves", settings)
+    reports: list = []
+    pump.produce("t", b"v", b"k", partition=0, on_delivery=lambda err, msg: reports.append(err))
+    pump.stop(flush_timeout=1)
+    assert len(reports) == 1 and reports[0].code() == KafkaError._MSG_TIMED_OUT, reports
+    assert delivery_failure(reports[0], "a record").code == OUTCOME_UNKNOWN  # it may have been sent
+    deadline = time.monotonic() + 10
+    while True:  # closed on a thread of its own: then it refuses to poll
+        try:
+            pump.producer.poll(0)
+        except RuntimeError:
+            break
+        assert time.monotonic() < deadline, "the producer was not closed"
+        time.sleep(0.05)
