@@ -23,7 +23,14 @@ from threadlog.projections.folds import runs as runs_state
 from worker_support import WorkerProcess, ask_worker
 
 from threadlog import remote
-from threadlog.kernel.errors import INVALID_ARGUMENT, NOT_OWNER, STALE_HEAD, UNAVAILABLE, ThreadLogError
+from threadlog.kernel.errors import (
+    INVALID_ARGUMENT,
+    NOT_OWNER,
+    OUTCOME_UNKNOWN,
+    STALE_HEAD,
+    UNAVAILABLE,
+    ThreadLogError,
+)
 from threadlog.kernel.partitioning import partition_for
 
 
@@ -804,3 +811,30 @@ async def test_a_scan_whose_first_pages_pass_one_answer_is_not_refused(open_clie
     assert await within(thin.session.scan(prefix, None), 300) == expected
     assert asked[0] == list(range(parts)) and sorted(asked[1:1 + parts]) == [[p] for p in range(parts)], asked
     assert await asyncio.wait_for(asyncio.to_thread(lambda: list(thin.state.scan(prefix))), 300) == expected
+
+
+async def test_closing_a_thin_client_answers_a_proposal_whose_verdict_is_being_asked_for_at_once(
+        bootstrap, namespace, tmp_path, open_client):
+    """A proposal acknowledged while its worker is frozen gets no pushed verdict,
+    so after the grace its verdict is asked for, on a request the frozen worker
+    never answers. Tried (a review): closing the client then left the caller
+    waiting out its own timeout (here 30 s) for OUTCOME_UNKNOWN. Now close answers
+    it at once: OUTCOME_UNKNOWN (the proposal is durable and may still apply)."""
+    worker = await WorkerProcess(bootstrap, namespace, tmp_path / "w", "w").start()
+    try:
+        thin = await open_client(processors="external", own_worker=True, request_timeout_ms=30_000)
+        await within(thin.messages.save_thread("t", ["before"]))
+        verdicts = thin.session.bus.verdicts
+        worker.signal(signal.SIGSTOP)
+        try:
+            pending = asyncio.ensure_future(thin.messages.save_thread("t", ["frozen"]))
+            await until(lambda: bool(verdicts._asking) or pending.done(), 20, "the verdict asked for")
+            assert not pending.done()
+            await within(thin.close(), 20)
+            with pytest.raises(ThreadLogError) as err:
+                await within(pending, 10)  # not the 30 s of its own timeout
+            assert err.value.code == OUTCOME_UNKNOWN, err.value
+        finally:
+            worker.signal(signal.SIGCONT)
+    finally:
+        await worker.stop()

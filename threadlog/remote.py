@@ -447,6 +447,8 @@ class QueryClient:
         if todo == []:
             return results  # nothing to ask (was: waited for an owner of nothing until the deadline)
         while True:
+            if self.closed:  # closed during the call: its connections were failed, none is opened again
+                raise unavailable("this ThreadLog was closed during the call")
             version = self.members.version
             plan, missing = self._plan(todo)
             if plan:
@@ -1057,12 +1059,24 @@ class RemoteVerdicts:
             self._pending.discard((partition, offset, callback))
 
     def close(self) -> None:
-        """Drop the push connections (on the client's loop, before it stops)."""
+        """Drop the push connections and answer every caller still waiting (on the
+        client's loop, before it stops).
+
+        Why answer here: a verdict being asked for (not pushed within the grace)
+        waits on a request the closing client cancels; its caller heard
+        OUTCOME_UNKNOWN only at its own deadline, up to a request timeout after
+        `close` (a review)."""
         for stream in self._streams.values():
             if stream.writer is not None:
                 stream.writer.close()
             if stream.task is not None:
                 stream.task.cancel()
+        left = {**self._asking, **{pos: cb for pos, (cb, _) in self._waiting.items()}}
+        for p, items in self._queued.items():
+            left.update({(p, o): cb for o, cb in items})
+        self._asking, self._waiting, self._queued = {}, {}, {}
+        for (p, o), callback in left.items():
+            self._answer(p, o, callback, _unknown(p, o, "this client is closed"))
 
     # -- on the client's loop --------------------------------------------------------------
     def _queue(self, partition: int, offset: int, callback: Callable[[dict], None]) -> None:
