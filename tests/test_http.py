@@ -7,11 +7,16 @@ import random
 
 import httpx
 import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 from delivery_support import chunk
 from http_support import read_stream, serving
 from support import until, within
 
+from threadlog.delivery.joins import is_known
 from threadlog.http import Limits, create_app
+from threadlog.http.sse import stream_run
+from threadlog.kernel.partitioning import partition_for
 
 FINISHED = {"type": "RUN_FINISHED", "runId": "r", "threadId": "t"}
 
@@ -280,6 +285,58 @@ async def test_head_on_a_stream_route_holds_no_stream_slot_and_no_reader(tl):
             assert app.state.streams.open == 0
         _, events = await read_stream(client, f"{base}/runs/r-head/stream", limit=1)
         assert [e.id for e in events] == [first]
+
+
+async def test_a_now_join_of_an_unknown_run_ends_run_not_found_after_retention_trimmed_its_partition(
+        open_client, client, bootstrap):
+    """Tried (a review): once retention had moved a `deliveries` partition's start past
+    0, a now-join of a mistyped run id there waited for good: asking whether the run
+    exists scanned the partition from offset 0, which is gone (UNAVAILABLE), and the
+    join took that as "do not know yet". A run the index holds no state for has no
+    record: RUN_NOT_FOUND, as on an untouched partition."""
+    tl = await open_client(first_chunk_wait_ms=300)
+    parts = tl.runtime.layout.deliveries
+    p = partition_for("r-kept", parts)
+    typo = next(f"r-typo-{i}" for i in range(10_000) if partition_for(f"r-typo-{i}", parts) == p)
+    await within(tl.delivery("r-kept").append([chunk(0), FINISHED]))
+    await within(tl.delivery("r-kept").close())
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topic = tl.runtime.topics.deliveries
+    [ask] = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest()}).values()
+    end = ask.result(30).offset
+    assert end >= 2  # the run's records and its close
+    for f in admin.delete_records([TopicPartition(topic, p, end)]).values():
+        f.result(30)  # what retention does to old records
+    assert await within(is_known(tl, typo)) is False
+    async with serving(tl) as base:
+        _, events = await read_stream(client, f"{base}/api/chat?runId={typo}&offset=now", seconds=15)
+    assert [(e.id, e.data["type"], e.data.get("code")) for e in events] == [(None, "RUN_ERROR", "RUN_NOT_FOUND")]
+
+
+async def test_a_now_join_of_a_finished_run_is_cut_not_called_incomplete_when_its_log_cannot_be_read(open_client):
+    """A now-join of a closed log re-reads it to tell whether it ended on a terminal
+    chunk. Tried (a review): with every pooled read consumer taken (a burst of joins)
+    that read fails UNAVAILABLE, and the stream ended RUN_ERROR RUN_INCOMPLETE for a
+    run that had finished. A passing failure cuts the stream (the client resumes),
+    as a join after an offset already did."""
+    tl = await open_client(request_timeout_ms=2_000)
+    log = tl.delivery("r-done")
+    await within(log.append([chunk(0), FINISHED]))
+    await within(log.close())
+
+    async def join() -> list[bytes]:
+        return [e async for e in stream_run(tl.delivery("r-done"), "now", None, None, lambda: is_known(tl, "r-done"))]
+
+    assert await within(join()) == []  # the pool free: nothing comes next, and it finished
+    pool = tl._delivery.pool
+    held = [await within(pool.take(5)) for _ in range(pool.max_open)]
+    try:
+        events = await within(join(), 20)
+    finally:
+        for consumer in held:
+            pool.give(consumer)
+    assert len(events) == 1 and events[0].startswith(b": UNAVAILABLE"), events
+    assert b"RUN_INCOMPLETE" not in events[0]
 
 
 async def test_a_now_join_of_a_closed_log_errs_only_if_it_did_not_finish(tl, client):

@@ -411,7 +411,14 @@ class DeliveryLog:
         p = self.partition
         reading = await svc.runs.reading(self.run_id, p)
         if after == "-1":
-            start = (reading.state or {}).get("seen", 0)
+            if reading.state is None:
+                # The index holds state for every run it folded a record of (a claim
+                # too), up to `reading.at`: none, so no record. Not a scan of the
+                # partition from 0 -- which raised UNAVAILABLE once retention had
+                # moved its start, and a "now" join of a mistyped run id waited for
+                # good instead of RUN_NOT_FOUND (a review).
+                return []
+            start = reading.state.get("seen", 0)
         else:
             start, _ = parse_offset(self.run_id, p, after)
         out: list[dict] = []

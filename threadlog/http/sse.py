@@ -202,7 +202,10 @@ async def stream_run(log: DeliveryLog, after: str, cursor: StreamCursor | None =
             try:
                 async for _, chunk in log.read("-1", follow=False):
                     last = chunk
-            except ThreadLogError:
+            except ThreadLogError as exc:
+                if _passing(exc):  # as below: a passing failure is no RUN_INCOMPLETE (a review saw one)
+                    yield _cut(exc.code)
+                    return
                 last = None
         elif cursor.yielded == 0 and after != "-1":
             try:
