@@ -61,7 +61,7 @@ from threadlog.kernel.errors import (
 from threadlog.kernel.kafka_config import Consumed, Props
 from threadlog.kernel.partitioning import partition_for
 from threadlog.kernel.topics import reply_of
-from threadlog.kernel.validation import dumps, int_digits_problem
+from threadlog.kernel.validation import dumps, judging_problem
 
 from .ahead import Ahead
 from .handlers import GLOBAL_READS, HANDLERS, Context, Decision, newer_schemas, reads_other_partitions
@@ -1175,7 +1175,7 @@ def judge_record(view: View, rec: Record, *, codec: Codec, partitions: int, prog
     offset need" (None: not known yet); by default from `view` itself, which
     then holds every partition's state (one store, as in unit tests).
     """
-    problem = int_digits_problem()
+    problem = judging_problem()
     if problem is not None:
         # Not a verdict: another setting would reach another one. The judge stops
         # here (its batch fails and is retried) until the setting is back.
@@ -1312,6 +1312,13 @@ def _decide(view: View, rec: Record, codec: Codec, partitions: int, progress: di
         raise
     except ThreadLogError as exc:
         verdict = refusal(exc.code, exc.message)
+    except (MemoryError, OSError):
+        # The machine, not the proposal: a judge with more memory (or a disk that
+        # answers) accepts it. Stored as a refusal, that was a verdict no other
+        # judge reaches (a review: a 40 MB LangGraph copy refused "could not judge
+        # ... MemoryError()" under a memory limit). Not a verdict: the batch fails
+        # and is judged again, as for `judging_problem`.
+        raise
     except Exception as exc:  # a rule's bug refuses the proposal; it never stops the judge
         if not quiet:
             log.exception("judging %s at %s[%d]@%d failed", ptype, topic, p, offset)

@@ -27,7 +27,7 @@ from threadlog.schemas import default_codec
 from threadlog.kernel import kafka_config
 from threadlog.kernel.errors import STORE_IN_USE, ThreadLogError, invalid_argument, unavailable
 from threadlog.kernel.topics import Topics, require_topics
-from threadlog.kernel.validation import int_digits_problem
+from threadlog.kernel.validation import judging_problem
 
 from .handlers import load_all as load_handlers
 from .judge import Judge
@@ -61,7 +61,7 @@ def rebuild(
     # inside the store (a review).
     given = Path(os.path.abspath(store_path))
     store_path = given.resolve()
-    problem = int_digits_problem()  # before anything is dropped (threadlog/kernel/validation.py)
+    problem = judging_problem()  # before anything is dropped (threadlog/kernel/validation.py)
     if problem is not None:
         raise invalid_argument(problem)
     # Every refusal before the slot is held: holding it creates `<store>.lock` (and

@@ -352,3 +352,26 @@ def test_a_process_that_would_judge_needs_the_default_int_digits_limit(bootstrap
     assert lines[0].startswith("embedded INVALID_ARGUMENT this Python's int_max_str_digits is 0"), out
     assert lines[1] in ("external opened", "external UNAVAILABLE") or lines[1].startswith("external UNAVAILABLE"), out
     assert lines[2].startswith("judge_record this Python's int_max_str_digits is 0"), out
+
+
+# fastavro falls back to pure-Python modules when its C extension does not import.
+WITHOUT_FASTAVRO_C = """
+import sys
+for m in ("_read", "_write", "_schema", "_validation", "_logical_readers", "_logical_writers"):
+    sys.modules["fastavro." + m] = None  # an ImportError, as on a host without the extension
+"""
+
+
+def test_a_process_that_would_judge_needs_fastavros_compiled_reader(bootstrap, namespace, tmp_path):
+    """fastavro's compiled reader and its pure-Python fallback read an over-long
+    varint (ten bytes, bits above 2**64) as different numbers. Tried (a review): a
+    heartbeat whose epoch 1 was written so was accepted by a judge with the
+    compiled reader, and refused RUN_CLAIM_LOST by one without it (epoch 2**63 + 1).
+    A process without it opens no judging client (INVALID_ARGUMENT, saying what to
+    install) and judge_record judges nothing; a thin client opens."""
+    out = subprocess.run([sys.executable, "-c", WITHOUT_FASTAVRO_C + SCRIPT, bootstrap, namespace,
+                          str(tmp_path / "s-")], capture_output=True, text=True, timeout=120)
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("embedded INVALID_ARGUMENT fastavro decodes with fastavro._read_py"), out
+    assert lines[1] in ("external opened", "external UNAVAILABLE") or lines[1].startswith("external UNAVAILABLE"), out
+    assert lines[2].startswith("judge_record fastavro decodes with fastavro._read_py"), out

@@ -430,3 +430,36 @@ def test_an_abandon_naming_a_million_chunks_is_judged_into_a_small_verdict(store
     stored = dict(all_verdicts(stores[0], p))
     assert [stored[r.offset]["effects"] for r in log.records] == [[effect], [effect]]
     assert sum(len(v) for k, v in stores[0].scan(b"")) < 64 * 1024  # not megabytes
+
+
+@pytest.mark.parametrize("error", [MemoryError, OSError])
+def test_a_rule_that_runs_out_of_memory_is_no_verdict_and_changes_nothing(stores, monkeypatch, error):
+    """Tried (a review): a LangGraph copy judged under a memory limit was refused
+    INVALID_ARGUMENT "could not judge ... MemoryError()" -- stored and published,
+    where a judge with more memory accepts it. The machine's failures (memory, I/O)
+    are not verdicts: judge_record raises, its batch is judged again, and nothing
+    is written meanwhile; a rule's own bug is still a refusal."""
+    from threadlog.processors import handlers
+
+    log = Log()
+    rec = log.propose("threadlog.cmd.SaveTranscript", "t1", {"threadId": "t1", "messages": '["hi"]'}, rules=4)
+    real = handlers.HANDLERS["threadlog.cmd.SaveTranscript"]
+
+    def failing(ctx, cmd):
+        raise error("the machine")
+
+    monkeypatch.setitem(handlers.HANDLERS, "threadlog.cmd.SaveTranscript", failing)
+    view = View(stores[0])
+    with pytest.raises(error):
+        judge_record(view, rec, codec=codec, partitions=PARTITIONS, progress=dict.fromkeys(range(PARTITIONS), 0))
+    assert view.buffer == {}
+
+    def buggy(ctx, cmd):
+        raise KeyError("a rule's bug")
+
+    monkeypatch.setitem(handlers.HANDLERS, "threadlog.cmd.SaveTranscript", buggy)
+    [verdict] = judge_all(stores[0], [rec])
+    assert verdict["code"] == "INVALID_ARGUMENT" and "could not judge" in verdict["message"]
+    monkeypatch.setitem(handlers.HANDLERS, "threadlog.cmd.SaveTranscript", real)
+    [verdict] = judge_all(stores[1], [rec])
+    assert verdict["ok"], verdict

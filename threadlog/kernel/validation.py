@@ -123,6 +123,36 @@ def require_json_depth(text: str | bytes, label: str = "value") -> None:
         raise ValueError(deep)
 
 
+def judging_problem() -> str | None:
+    """Why this process would reach other verdicts than other judges (None: it would
+    not): `int_digits_problem`, then `avro_reader_problem`."""
+    return int_digits_problem() or avro_reader_problem()
+
+
+_AVRO_READER: list[str | None] = []  # the answer, once: a loaded extension does not change
+
+
+def avro_reader_problem() -> str | None:
+    """Why this process would decode proposals otherwise than the rules say (None: it would not).
+
+    fastavro decodes with its compiled reader, or -- when that extension does not
+    import (no wheel for the platform, PyPy, a source build without Cython) --
+    with a pure-Python one, and the two read an over-long varint (ten bytes, bits
+    above 2**64) as different numbers. Tried (a review): one heartbeat's epoch
+    decoded as 1 by the one and 2**63 + 1 by the other -- accepted by one judge,
+    RUN_CLAIM_LOST by the other: two verdicts for one record. The rules were
+    written for the compiled reader, so a process that judges must have it."""
+    if not _AVRO_READER:
+        from fastavro import read
+
+        name = getattr(getattr(read, "_read", None), "__name__", None)
+        _AVRO_READER.append(None if name == "fastavro._read" else (
+            f"fastavro decodes with {name or 'an unknown reader'}, not its compiled reader (fastavro._read), "
+            "which did not load: threadlog's judging rules need it -- install a fastavro wheel built with its "
+            "C extension for this platform (a thin client, which judges nothing, does not)"))
+    return _AVRO_READER[0]
+
+
 _MAX_DIGITS = 4300  # sys.get_int_max_str_digits()'s default
 _DIGITS_LIMIT = 10**_MAX_DIGITS
 
