@@ -147,6 +147,13 @@ def _close(consumer: Consumer) -> None:
 # the pool is bounded (ConsumerPool), and 16 stalled browsers held every
 # consumer, so every other catch-up read failed UNAVAILABLE.
 PARK_AFTER_S = 1.0
+# A catch-up batch holds the run's records up to this many bytes of values (and
+# at least one). Why: a reader yields a batch record by record, and one whose
+# client stopped reading keeps its batch -- as many records as librdkafka had
+# fetched, 16 MiB and more -- for as long as it is stalled (a review: ~72 MiB of
+# RSS per stalled SSE reader of large chunks, where a live reader's queue is
+# bounded at 16 MiB).
+MAX_BATCH_BYTES = 4 * 2**20
 
 
 class Fetcher:
@@ -203,6 +210,7 @@ class Fetcher:
         deadline = time.monotonic() + self.svc.timeout
         position = self.position
         mine: list = []
+        size = 0
         while position < stop_at and not mine:
             if self.svc.closing.is_set():
                 raise unavailable("this ThreadLog is closed")
@@ -232,6 +240,12 @@ class Fetcher:
                     break
                 if msg.key() == self.key:
                     mine.append(msg)
+                    size += len(msg.value() or b"")
+                    if size >= MAX_BATCH_BYTES:
+                        # The rest of this drain is read again, from `position`, by the
+                        # next batch: the consumer is this fetch's alone until it returns.
+                        consumer.seek(TopicPartition(self.svc.topic, self.partition, position))
+                        break
             if position > before:
                 deadline = time.monotonic() + self.svc.timeout
         return mine, position
