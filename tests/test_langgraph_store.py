@@ -112,7 +112,9 @@ async def test_copy_then_prune_then_delete_reclaim_every_key(open_client):
     assert blobs == [("a", '"2"'), ("b", '"1"')]
     latest = await within(saver.aget_tuple(generate_config("src")))
     assert latest.checkpoint["channel_values"] == v2
-    assert latest.parent_config is not None  # the parent id is kept, though pruned
+    # Its parent was pruned: no parent, as LangGraph's Postgres saver says after a prune
+    # (before, parent_config named the pruned checkpoint, which read back as empty state).
+    assert latest.parent_config is None
     assert await within(saver.aget_tuple(first)) is None
     # Every chunk left belongs to a value still stored: a, version 2 and the write.
     assert len(list(store.scan(key(state.CHUNK, "src")))) == 4 + 3
@@ -419,7 +421,11 @@ async def test_keep_latest_keeps_what_a_delta_channel_is_rebuilt_from(open_clien
     assert len(after["t-plain"]) == 1
     # Snapshots every 4 updates: the chain back to the last one stays, older checkpoints go.
     assert 1 < len(after["t-seeded"]) < len(before["t-seeded"]), (len(after["t-seeded"]), len(before["t-seeded"]))
-    assert after["t-seeded"] == before["t-seeded"][:len(after["t-seeded"])]  # the newest, unchanged
+    kept, n = after["t-seeded"], len(after["t-seeded"])
+    assert kept[:-1] == before["t-seeded"][:n - 1]  # the newest, unchanged ...
+    # ... and the oldest kept, whose parent went: no parent, as LangGraph's Postgres saver says.
+    assert kept[-1].parent_config is None and before["t-seeded"][n - 1].parent_config is not None
+    assert kept[-1]._replace(parent_config=before["t-seeded"][n - 1].parent_config) == before["t-seeded"][n - 1]
     assert after["t-delta"] == before["t-delta"]  # no snapshot yet: the whole chain is what it is rebuilt from
     assert await within(saver.aget_delta_channel_history(
         config={"configurable": {"thread_id": "t-seeded"}}, channels=["items"])) == history

@@ -249,7 +249,15 @@ def read_tuple(store: StateReader, thread: str, ns: str, checkpoint_id: str | No
         now = dict(store.scan(write_prefix(thread, ns, cid)))
         if any(now.get(k) != v for k, v in writes):
             continue
-        return {"id": cid, "rec": rec_raw, "blobs": blobs, "writes": [[k, v] for k, v in writes], "chunks": chunks}
+        # Whether its parent is still stored: a keep_latest prune keeps a checkpoint
+        # whose parent it deletes, and LangGraph's Postgres saver then says it has
+        # no parent (PRUNE_PARENTS_SQL) -- not a parent_config naming a checkpoint
+        # that reads back as empty state (a review). Read here, not folded: the
+        # judged state of older logs stays what it was.
+        parent = rec["parent"]
+        gone = parent is not None and store.get(ckpt_key(thread, ns, parent)) is None
+        return {"id": cid, "rec": rec_raw, "blobs": blobs, "writes": [[k, v] for k, v in writes], "chunks": chunks,
+                "parentGone": gone}
     raise unavailable(f"the latest checkpoint of thread {thread!r} kept changing while being read")
 
 

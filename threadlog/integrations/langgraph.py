@@ -414,7 +414,8 @@ class AsyncThreadLogSaver(BaseCheckpointSaver[str]):
         metadata = next(decoded)
         values = {ch: next(decoded) for ch, _, _ in present}
         pending = [(task_id, channel, next(decoded)) for _, task_id, _, channel, _, _ in found]
-        parent = rec["parent"]
+        # A parent a prune deleted is no parent (an owner of an earlier version does not say).
+        parent = None if got.get("parentGone") else rec["parent"]
         return CheckpointTuple(
             config=config or _config(thread, ns, checkpoint_id),
             checkpoint={**checkpoint, "channel_values": values},
