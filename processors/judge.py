@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import OFFSET_END, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
 from threadlog.projections.fold import EventMeta, apply_event, current_seq
 from threadlog.projections.follower import Follower
 from threadlog.projections.global_ids import CHECKPOINT
@@ -182,17 +182,31 @@ class _Ends:
         self._topic = topic
         self._partitions = partitions
         self._ends: dict[int, int] | None = None
+        self._starts: dict[int, int] | None = None
+        self._down = False  # a request was not answered: none is asked again (an outage)
+
+    def start_of(self, p: int) -> int | None:
+        """Where `p`'s log starts now (records before it deleted); None: not answered."""
+        if self._starts is None:
+            self._starts = self._ask(OFFSET_BEGINNING, "start")
+        return self._starts.get(p)
 
     def of(self, p: int) -> int | None:
         if self._ends is None:
-            self._ends = {}
-            try:
-                got = self._consumer.offsets_for_times(
-                    [TopicPartition(self._topic, q, OFFSET_END) for q in self._partitions], FAR_BEHIND_ASK_S)
-                self._ends = {tp.partition: tp.offset for tp in got if tp.error is None and tp.offset >= 0}
-            except Exception as exc:  # an outage: every kept store is resumed, never worse than before
-                log.info("end offsets of %s not answered (%s)", self._partitions, exc)
+            self._ends = self._ask(OFFSET_END, "end")
         return self._ends.get(p)
+
+    def _ask(self, which: int, name: str) -> dict[int, int]:
+        if self._down:
+            return {}
+        try:
+            got = self._consumer.offsets_for_times(
+                [TopicPartition(self._topic, q, which) for q in self._partitions], FAR_BEHIND_ASK_S)
+            return {tp.partition: tp.offset for tp in got if tp.error is None and tp.offset >= 0}
+        except Exception as exc:  # an outage: every kept store is resumed, never worse than before
+            self._down = True
+            log.info("%s offsets of %s not answered (%s)", name, self._partitions, exc)
+            return {}
 
 
 def verdict_key(partition: int, offset: int) -> bytes:
@@ -497,6 +511,15 @@ class Judge(Follower):
             log.exception("partition %d: local state unusable; starting it again from a snapshot or offset 0", p)
             return 0  # `Restores` drops the directory
         position = store.offset(self.topic, p)
+        start = ends.start_of(p) if position > 0 else None
+        if start is not None and position < start:
+            # The records from its position on were deleted: never judged onto, and a
+            # snapshot standing for the deleted head is restored instead (a review: a
+            # worker back with such a store owned the partition and could not judge it).
+            log.warning("partition %d: local store at %d, but the log now starts at %d: restoring instead",
+                        p, position, start)
+            store.close()
+            return 0
         if position > 0 and not self._far_behind(ends, p, position):
             self.stores.adopt(p, store)
             return None  # resumes where an earlier ownership stopped

@@ -289,6 +289,32 @@ def _read(consumer: Consumer, topic: str, partition: int, start: int, stop: int,
         consumer.unassign()
 
 
+_MANIFEST_INTS = ("chunks", "bytes", "keys", "firstOffset", "partition")
+
+
+def _well_formed(m: Any) -> bool:
+    """Is `m` a manifest every later step can read without raising?
+
+    Why checked here, once: a manifest is read by every restore and every
+    writer's discovery, and anyone who may write the snapshots topic can put
+    one there. Tried (a review): `"chunks": 1e400` (an OverflowError) or a
+    manifest nested 200 000 levels deep (a RecursionError) escaped, so every
+    later snapshot write of the partition failed for good and restores fell
+    back to judging from offset 0 instead of taking the older snapshot."""
+    if not isinstance(m, dict) or m.get("format") != FORMAT or not isinstance(m.get("snapshotId"), str):
+        return False
+    if type(m.get("chunks")) is not int or m["chunks"] < 0:
+        return False
+    if any(k in m and type(m[k]) is not int for k in _MANIFEST_INTS):
+        return False
+    if m.get("position") is not None and type(m["position"]) is not int:
+        return False
+    positions = m.get("positions", [])
+    return isinstance(positions, list) and all(
+        isinstance(e, list) and len(e) == 3 and isinstance(e[0], str) and type(e[1]) is int and type(e[2]) is int
+        for e in positions)
+
+
 def _take(seg: _Segment, msg: kafka_config.Consumed, keep: Callable[[str], bool]) -> None:
     k, v = msg.key() or b"", msg.value()
     seg.records += 1
@@ -298,9 +324,9 @@ def _take(seg: _Segment, msg: kafka_config.Consumed, keep: Callable[[str], bool]
             return
         try:
             m = json.loads(v)
-            if m["format"] != FORMAT or not isinstance(m["snapshotId"], str) or int(m["chunks"]) < 0:
-                raise ValueError(m["format"])
-        except (ValueError, KeyError, TypeError):
+            if not _well_formed(m):
+                raise ValueError("not a manifest")
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
             log.warning("malformed snapshot manifest at %s[%s]@%s ignored", msg.topic(), msg.partition(),
                         msg.offset())
             return
@@ -722,7 +748,7 @@ def _from_origin(consumer: Consumer, origin: Origin | None, partition: int,
     """
     if origin is None:
         return lambda _m: True
-    end: list[int] = []
+    end: list[tuple[int, int]] = []  # the log's (start, end), asked once
 
     def usable(m: dict[str, Any]) -> bool:
         position = m.get("position")
@@ -736,10 +762,17 @@ def _from_origin(consumer: Consumer, origin: Origin | None, partition: int,
                         m.get("snapshotId"), partition, origin.topic, partition, origin.topic_id)
             return False
         if not end:
-            end.append(_watermarks(consumer, origin.topic, partition, time.monotonic() + timeout, cancel)[1])
-        if position > end[0]:
+            end.append(_watermarks(consumer, origin.topic, partition, time.monotonic() + timeout, cancel))
+        start, stop = end[0]
+        if position > stop:
             log.warning("snapshot %s stands at %s[%d]@%d, past the log's end %d: not restored",
-                        m.get("snapshotId"), origin.topic, partition, position, end[0])
+                        m.get("snapshotId"), origin.topic, partition, position, stop)
+            return False
+        if position < start:
+            # The records from there to the start are deleted: no judge could go on
+            # from it (a review: a new owner restored such a snapshot and was stuck).
+            log.warning("snapshot %s stands at %s[%d]@%d, before the log's start %d: not restored",
+                        m.get("snapshotId"), origin.topic, partition, position, start)
             return False
         return True
 

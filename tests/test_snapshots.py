@@ -490,3 +490,55 @@ def test_only_a_snapshot_of_the_log_being_judged_is_restored(bootstrap, topics, 
     # Without an origin (tools reading a snapshot as it is) the latest complete one is taken.
     assert restore(bootstrap, topics.snapshots, 1, Store(tmp_path / "r6"), "test-restore",
                    timeout=TIMEOUT) is not None
+
+
+@pytest.mark.parametrize("bad", [
+    b'{"format": FORMAT, "snapshotId": "s-bad", "chunks": 1e400}',  # no int holds it: OverflowError
+    b"[" * 200_000,  # too deep to parse: RecursionError
+    b'{"format": FORMAT, "snapshotId": "s-bad", "chunks": 0, "keys": "many"}',
+    b'{"format": FORMAT, "snapshotId": "s-bad", "chunks": 0, "positions": [["t", 0, 1e400]]}',
+])
+def test_a_malformed_manifest_is_passed_over_by_restores_and_writers(bootstrap, topics, writer, tmp_path, bad):
+    """Anyone who may write `<ns>.snapshots` can put any bytes there. Tried (a
+    review): a manifest whose `chunks` is 1e400, or one nested 200 000 levels
+    deep, escaped the manifest check -- every later snapshot write of the
+    partition failed for good, and a restore raised instead of taking the
+    complete snapshot before it. Now such a manifest is ignored."""
+    from threadlog.projections.snapshots import FORMAT
+
+    src = Store(tmp_path / "src")
+    fill(src, 100, seed=3, events=topics.events, partition=1, position=50)
+    first = writer.write(1, src)
+    produce_raw(bootstrap, topics.snapshots, 1, [(MANIFEST_KEY, bad.replace(b"FORMAT", str(FORMAT).encode()))])
+    dst, got = do_restore(bootstrap, topics, 1, tmp_path / "dst")
+    assert got is not None and got.snapshot_id == first.snapshot_id
+    assert everything(dst) == everything(src)
+    fresh = SnapshotWriter(bootstrap, topics.snapshots, "test-snapshots-2", origin=Origin(topics.events))
+    try:
+        again = fresh.write(1, src)  # discovers the partition, the malformed manifest included
+    finally:
+        fresh.close()
+    assert again.position == 50 and again.tombstoned > 0  # the first snapshot's chunks superseded
+
+
+def test_a_snapshot_standing_before_the_logs_start_is_not_restored(bootstrap, topics, writer, tmp_path):
+    """A judge goes on from a restored snapshot's position; records deleted from
+    the log between it and the log's start (delete_records, retention) could
+    never be judged. Tried (a review): such a snapshot was restored, and its new
+    owner was stuck. Now only a snapshot at or after the start is taken."""
+    produce_raw(bootstrap, topics.events, 1, [(b"k", b"x")] * 10)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.delete_records([TopicPartition(topics.events, 1, 5)]).values():
+        f.result(TIMEOUT)
+    src = Store(tmp_path / "src")
+    fill(src, 50, seed=6, events=topics.events, partition=1, position=3)
+    writer.write(1, src)
+    origin = Origin(topics.events)
+    assert restore(bootstrap, topics.snapshots, 1, Store(tmp_path / "a"), "test-restore", timeout=TIMEOUT,
+                   origin=origin) is None
+    later = Store(tmp_path / "later")
+    fill(later, 50, seed=7, events=topics.events, partition=1, position=7)
+    writer.write(1, later)
+    got = restore(bootstrap, topics.snapshots, 1, Store(tmp_path / "b"), "test-restore", timeout=TIMEOUT,
+                  origin=origin)
+    assert got is not None and got.position == 7

@@ -7,7 +7,7 @@ stand-in for the consumer that answers (or refuses) the end-offsets request."""
 from __future__ import annotations
 
 import pytest
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 from threadlog.processors.judge import Judge
 from threadlog.projections.partition_stores import PartitionStores
 from threadlog.schemas import default_codec
@@ -18,12 +18,13 @@ N = 6
 
 
 class Consumer:
-    """The judge's consumer, but the end-offsets requests are counted and
-    answered `ends` (or refused, None) here."""
+    """The judge's consumer, but the start- and end-offsets requests are counted
+    and answered `starts` and `ends` (or refused, None) here."""
 
-    def __init__(self, real, ends: dict[int, int] | None) -> None:
+    def __init__(self, real, ends: dict[int, int] | None, starts: dict[int, int] | None = None) -> None:
         self.real = real
         self.ends = ends
+        self.starts = starts or {}
         self.asked = 0
 
     def __getattr__(self, name: str):
@@ -33,7 +34,8 @@ class Consumer:
         self.asked += 1
         if self.ends is None:
             raise KafkaException("timed out")
-        return [TopicPartition(tp.topic, tp.partition, self.ends[tp.partition]) for tp in tps]
+        answers = self.starts if tps[0].offset == OFFSET_BEGINNING else self.ends
+        return [TopicPartition(tp.topic, tp.partition, answers.get(tp.partition, 0)) for tp in tps]
 
 
 @pytest.fixture
@@ -68,6 +70,18 @@ def test_only_kept_stores_far_behind_their_end_go_to_a_restore(judge):
     far, near = KEPT + 100, KEPT + 99  # resume_gap 100
     consumer = judge._consumer = Consumer(judge._consumer, {p: far if p % 2 else near for p in range(N)})
     judge._assigned(consumer, [TopicPartition(TOPIC, p) for p in range(N)])
-    assert consumer.asked == 1
+    assert consumer.asked == 2  # the starts, the ends: each once
     assert judge.owned == {0, 2, 4}  # resumed and served at once
     assert judge._restoring.partitions == [1, 3, 5] and judge.stores.partitions == [0, 2, 4]
+
+
+def test_kept_stores_whose_position_the_log_no_longer_holds_go_to_a_restore(judge):
+    """Tried (a review): a worker back with a store kept at 101 of a partition whose
+    records before 150 were deleted (a snapshot at 201 standing for them) resumed
+    that store -- owned, announced, and never able to judge the partition again.
+    Now such a store is not resumed: a restore takes the partition."""
+    consumer = judge._consumer = Consumer(judge._consumer, dict.fromkeys(range(N), KEPT + 10),
+                                          starts={p: KEPT + 1 if p < 3 else KEPT for p in range(N)})
+    judge._assigned(consumer, [TopicPartition(TOPIC, p) for p in range(N)])
+    assert judge.owned == {3, 4, 5}  # at the log's start, or past it: resumed
+    assert judge._restoring.partitions == [0, 1, 2] and judge.stores.partitions == [3, 4, 5]
