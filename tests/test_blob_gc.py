@@ -658,7 +658,7 @@ async def test_a_sweep_whose_last_step_fails_still_reports_what_it_deleted(tl, m
     key = file_key("9")
     await within(tl.blobs.put(key, b"x"))
 
-    def unreadable(_tl):
+    def unreadable(_tl, _current):
         raise blob_gc_module.unavailable("injected: the blobs topic could not be read")
 
     monkeypatch.setattr(blob_gc_module, "_scan_chunks", unreadable)
@@ -787,9 +787,9 @@ def test_the_blocking_clients_gc_is_not_cut_at_the_calls_limit(bootstrap, namesp
     real_scan = blob_gc_module._scan_chunks
     delay = 2.0 * 4 + 5.0 + 1.0  # past the limit of one call at a 2 s request timeout
 
-    def slow_scan(session):
+    def slow_scan(session, current):
         time.sleep(delay)  # the step's duration is what is tested, not a wait for an event
-        return real_scan(session)
+        return real_scan(session, current)
 
     monkeypatch.setattr(blob_gc_module, "_scan_chunks", slow_scan)
     client = threadlog.connect(bootstrap, namespace=namespace, state_dir=str(tmp_path / "sync"),
@@ -801,3 +801,21 @@ def test_the_blocking_clients_gc_is_not_cut_at_the_calls_limit(bootstrap, namesp
         assert report.deleted_keys == [key] and report.abandoned_error is None
     finally:
         client.close()
+
+
+async def test_the_abandoned_chunk_scan_keeps_no_entry_for_a_current_version(tl):
+    """The scan for abandoned chunks reads every chunk record of `<ns>.blobs`.
+    Tried (a review): it kept an entry for each live chunk, those of every current
+    version included -- which are never abandoned -- so its memory grew with all
+    the data stored. Now only chunks of other versions are kept."""
+    k = file_key("8")
+    await within(tl.blobs.put(k, os.urandom(2 * CHUNK_SIZE + 1)))
+    orphan = new_version()
+    writer = ChunkWriter(tl.blobs._chunk_sink(), k, orphan)
+    await writer.write(os.urandom(CHUNK_SIZE + 3))
+    await writer.finish()  # never committed
+    everything = await within(asyncio.to_thread(blob_gc_module._scan_chunks, tl.session, {}))
+    [current] = [v for _, v in everything if v != orphan]  # the committed put's
+    assert set(everything) == {(k, orphan), (k, current)} and everything[(k, current)]["count"] == 3
+    found = await within(asyncio.to_thread(blob_gc_module._scan_chunks, tl.session, {k: current}))
+    assert set(found) == {(k, orphan)} and found[(k, orphan)]["count"] == 2
