@@ -50,7 +50,6 @@ from common import (
     closed_loop,
     delete_namespace,
     delete_topic,
-    raw_produce_closed_loop,
     report,
     temp_topic,
 )
@@ -62,6 +61,7 @@ from peers import (
     postgres_cas_row,
     postgres_cluster,
     print_cpu,
+    raw_row,
     sized,
     threadlog_rows,
     with_broker,
@@ -253,12 +253,7 @@ async def amain(args: argparse.Namespace, bootstrap: str, pg) -> None:
     payload = json.dumps(shape.checkpoint("thread-0/0", "thread-0", None, 0), separators=(",", ":")).encode()
     topic = temp_topic(bootstrap, args.partitions, prefix="bench-floor-raw")
     try:
-        async def raw(n: int) -> Result:
-            return await raw_produce_closed_loop(bootstrap, topic, payload, n, shape.callers, args.partitions,
-                                                 linger_ms=PROPOSALS_LINGER_MS)
-
-        base = await sized(raw, args.seconds, shape, processes=lambda: with_broker(client_only()))
-        base.name = f"raw Kafka produce, {shape.callers} awaiting writers"
+        base = await raw_row(bootstrap, topic, payload, shape, args.seconds, args.partitions)
     finally:
         delete_topic(bootstrap, topic)
     rows = [base]

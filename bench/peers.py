@@ -394,6 +394,19 @@ async def sqlite_saver_row(shape: Shape, seconds: float) -> Result:
                                                      n // shape.callers, lg.put), seconds, shape)
 
 
+async def raw_row(bootstrap: str, topic: str, payload: bytes, shape: Shape, seconds: float, partitions: int
+                  ) -> Result:
+    """Raw Kafka, `shape.callers` writers each awaiting its ack with the proposal producer's
+    settings: the baseline every rate is a ratio of."""
+    async def raw(n: int) -> Result:
+        return await raw_produce_closed_loop(bootstrap, topic, payload, n, shape.callers, partitions,
+                                             linger_ms=PROPOSALS_LINGER_MS)
+
+    base = await sized(raw, seconds, shape, processes=lambda: with_broker(client_only()))
+    base.name = f"raw Kafka produce, {shape.callers} awaiting writers"
+    return base
+
+
 # -- the report ----------------------------------------------------------------------------------
 def print_vs_threadlog(write: Result | None, read: Result | None, writes: list[Result], reads: list[Result]) -> None:
     pairs = [(write, peer) for peer in writes] + [(read, peer) for peer in reads]
@@ -416,12 +429,7 @@ async def amain(args: Any, bootstrap: str, pg: PgCluster | None) -> None:
     peer_reads: list[Result] = []
     topic = temp_topic(bootstrap, args.partitions, prefix=ns)
     try:
-        async def raw(n: int) -> Result:
-            return await raw_produce_closed_loop(bootstrap, topic, payload, n, shape.callers, args.partitions,
-                                                 linger_ms=PROPOSALS_LINGER_MS)
-
-        base = await sized(raw, args.seconds, shape, processes=lambda: with_broker(client_only()))
-        base.name = f"raw Kafka produce, {shape.callers} awaiting writers"
+        base = await raw_row(bootstrap, topic, payload, shape, args.seconds, args.partitions)
         rows.append(base)
         if not args.skip_threadlog:
             tl_rows = await threadlog_rows(bootstrap, ns, shape, args.seconds, args.partitions, not args.skip_reads,
