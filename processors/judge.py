@@ -109,9 +109,7 @@ Others = Callable[[int, str, str, int], "list[str] | None"]
 # 11: a keep_latest LangGraphPrune (v3, `keep`) also keeps the checkpoints its
 #    proposer names: the ancestors a DeltaChannel's value is rebuilt from
 #    (processors/handlers/langgraph.py `_kept`). Every prune names 11.
-# 12: a run claim's mirror names an epoch a delivery partition can grant (at most
-#    CLAIM_FLOOR_MAX + 1, processors/handlers/runs.py `claim`). Every claim names 12.
-RULES = 12
+RULES = 11
 # The first rules that raise a partition's floor. Logs written before it were
 # judged by the rules each proposal named: a floor from older versions would
 # make their rebuild reach other verdicts than their clients were told.

@@ -9,7 +9,6 @@ from __future__ import annotations
 from threadlog.projections import global_ids as gid
 from threadlog.projections.folds import runs as state
 
-from threadlog.kernel.delivery_records import CLAIM_FLOOR_MAX
 from threadlog.kernel.errors import RUN_CLAIM_LOST, RUN_NOT_FOUND, RUN_TERMINAL, ThreadLogError, invalid_argument
 from threadlog.kernel.records import RUN_PATCH, decode_run, is_terminal, new_run, patch_from_command
 from threadlog.kernel.validation import dumps, require_id
@@ -50,7 +49,7 @@ def update(ctx: Context, cmd: dict) -> Decision:
                                                          "patch": dumps(patch)})])
 
 
-@handles("threadlog.cmd.ClaimRun", rules=12)
+@handles("threadlog.cmd.ClaimRun", rules=6)
 def claim(ctx: Context, cmd: dict) -> Decision:
     """Mirror a claim into the run record.
 
@@ -65,13 +64,6 @@ def claim(ctx: Context, cmd: dict) -> Decision:
     epoch = cmd.get("epoch")
     if not isinstance(epoch, int) or epoch < 1:
         raise invalid_argument("a claim mirrors an epoch granted by the run's delivery partition (epoch >= 1)")
-    if ctx.rules >= 12 and epoch > CLAIM_FLOOR_MAX + 1:
-        # No delivery partition grants more (it drops claims whose floor is above
-        # CLAIM_FLOOR_MAX). Tried (a review): one forged mirror of 2**62 raised the
-        # run's greatest epoch for good -- every real grant stayed below it, and the
-        # real driver's heartbeats were refused RUN_CLAIM_LOST from then on.
-        raise invalid_argument(f"a claim mirrors an epoch its delivery partition granted: at most "
-                               f"{CLAIM_FLOOR_MAX + 1}, not {epoch}")
     record = _load(ctx, thread_id, run_id)
     if record is None:
         raise ThreadLogError(RUN_NOT_FOUND, f"run {run_id!r} does not exist")
