@@ -53,7 +53,7 @@ from common import (
     report,
     temp_topic,
 )
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 from peers import (
     PG_BIN,
     Shape,
@@ -164,11 +164,12 @@ class FloorWriter:
     async def _seen(self) -> None:
         """One ListOffsets round for every partition, shared by the callers that ask meanwhile."""
         if self._seen_round is None:
-            tps = [TopicPartition(self.topic, p) for p in range(self.partitions)]
+            # One ListOffsets request for every partition, as threadlog's `LatestOffsets`
+            # (projections/barrier.py) asks it.
+            tps = [TopicPartition(self.topic, p, OFFSET_END) for p in range(self.partitions)]
 
             def ask() -> None:
-                for tp in tps:
-                    self.ends.get_watermark_offsets(tp, timeout=5, cached=False)
+                self.ends.offsets_for_times(tps, 5)
 
             self._seen_round = asyncio.ensure_future(asyncio.to_thread(ask))
             self._seen_round.add_done_callback(lambda _: setattr(self, "_seen_round", None))
