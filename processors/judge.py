@@ -316,6 +316,7 @@ class Judge(Follower):
                            if restore is not None and group is not None else None)
         # Restored and served by the stores, not assigned yet: `_own` failed (tried again).
         self._to_own: set[int] = set()
+        self._before_start: set[int] = set()  # kept stores `_resumable` found before the log's start
         self._own_retry_at = 0.0
         self._own_failing: str | None = None  # why the last take-over of restored partitions failed
         self.on_ownership = on_ownership
@@ -416,7 +417,8 @@ class Judge(Follower):
                 ready.append(tp)
             else:
                 assert self._restoring is not None
-                self._restoring.start(tp.partition, floor)
+                self._restoring.start(tp.partition, floor, eager=tp.partition in self._before_start)
+            self._before_start.discard(tp.partition)
         self._own(consumer, ready)  # even none: the assignment callback must assign
 
     def _restored(self, consumer: Consumer) -> None:
@@ -511,13 +513,16 @@ class Judge(Follower):
         position = store.offset(self.topic, p)
         start = ends.start_of(p) if position > 0 else None
         if start is not None and position < start:
-            # The records from its position on were deleted: never judged onto, and a
-            # snapshot standing for the deleted head is restored instead (a review: a
-            # worker back with such a store owned the partition and could not judge it).
-            log.warning("partition %d: local store at %d, but the log now starts at %d: restoring instead",
-                        p, position, start)
+            # The records from its position on were deleted: not resumed, and a
+            # snapshot standing for the deleted head is restored in its place (a
+            # review: a worker back with such a store owned the partition and could
+            # not judge it). Kept if none is (`Restores.start`, eager): it holds
+            # the only copy of that head's state.
+            log.warning("partition %d: local store at %d, but the log now starts at %d: restoring a snapshot "
+                        "over it", p, position, start)
             store.close()
-            return 0
+            self._before_start.add(p)
+            return position
         if position > 0 and not self._far_behind(ends, p, position):
             self.stores.adopt(p, store)
             return None  # resumes where an earlier ownership stopped

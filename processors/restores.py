@@ -91,6 +91,7 @@ class Restores:
         self.peek = peek  # None: a kept local store is always resumed
         self.resume_gap = resume_gap
         self._jobs: dict[int, _Job] = {}
+        self._eager: set[int] = set()  # partitions whose kept store is before the log's start (`start`)
         self._closed = threading.Event()
         self._pool = _DaemonPool(PARALLEL, "restore")
 
@@ -119,10 +120,16 @@ class Restores:
         floor)? Asked only with a `peek` (`Judge._far_behind`)."""
         return end - position >= self.resume_gap
 
-    def start(self, partition: int, floor: int = 0) -> None:
+    def start(self, partition: int, floor: int = 0, eager: bool = False) -> None:
         """Restore `partition` (assigned here) unless a restore of it still runs;
         `floor`: the position of its closed local store, kept unless a snapshot
-        is `resume_gap` ahead of it."""
+        is `resume_gap` ahead of it -- or, `eager`, any snapshot past it (the
+        store's position is before the log's start: resumed, it could not be
+        judged on; still kept if nothing replaces it)."""
+        if eager:
+            self._eager.add(partition)
+        else:
+            self._eager.discard(partition)
         job = self._jobs.get(partition)
         if job is not None:
             # Given back before its restore ended: that one goes on, or, if the
@@ -225,7 +232,7 @@ class Restores:
                     return None
                 log.warning("partition %d: the position of its latest snapshot is unknown (%s): resuming its "
                             "local store at %d", p, exc, floor)
-        if at is None or at - floor < self.resume_gap:
+        if p not in self._eager and (at is None or at - floor < self.resume_gap):
             return self._kept(p, floor, cancel)
         store = None
         try:

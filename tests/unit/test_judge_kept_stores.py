@@ -79,9 +79,13 @@ def test_kept_stores_whose_position_the_log_no_longer_holds_go_to_a_restore(judg
     """Tried (a review): a worker back with a store kept at 101 of a partition whose
     records before 150 were deleted (a snapshot at 201 standing for them) resumed
     that store -- owned, announced, and never able to judge the partition again.
-    Now such a store is not resumed: a restore takes the partition."""
+    Now such a store is not resumed: a restore of any snapshot past it takes the
+    partition, the store kept if none does (it holds the only copy of that state)."""
     consumer = judge._consumer = Consumer(judge._consumer, dict.fromkeys(range(N), KEPT + 10),
                                           starts={p: KEPT + 1 if p < 3 else KEPT for p in range(N)})
     judge._assigned(consumer, [TopicPartition(TOPIC, p) for p in range(N)])
     assert judge.owned == {3, 4, 5}  # at the log's start, or past it: resumed
     assert judge._restoring.partitions == [0, 1, 2] and judge.stores.partitions == [3, 4, 5]
+    # Restored over, whatever the gap to a snapshot; kept if no snapshot replaces it
+    # (this judge's restore finds none: each is resumed as it was, never emptied).
+    assert judge._restoring._eager == {0, 1, 2}
