@@ -26,7 +26,7 @@ def test_gc_prints_a_failed_abandoned_step_and_exits_1(bootstrap, namespace, tmp
     ensure_topics(AdminClient({"bootstrap.servers": bootstrap}), Topics(namespace), partitions=1, timeout=30)
     monkeypatch.delenv("THREADLOG_KAFKA_CONFIG", raising=False)
 
-    def unreadable(_tl):
+    def unreadable(_tl, _current):
         raise unavailable("injected: the blobs topic could not be read")
 
     monkeypatch.setattr(blob_gc, "_scan_chunks", unreadable)
