@@ -10,7 +10,7 @@ import time
 from concurrent.futures import Future as CFuture
 from typing import TYPE_CHECKING
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from ..kernel import kafka_config
 from ..kernel.errors import unavailable
@@ -244,7 +244,11 @@ class Fetcher:
                     if size >= MAX_BATCH_BYTES:
                         # The rest of this drain is read again, from `position`, by the
                         # next batch: the consumer is this fetch's alone until it returns.
-                        consumer.seek(TopicPartition(self.svc.topic, self.partition, position))
+                        try:
+                            consumer.seek(TopicPartition(self.svc.topic, self.partition, position))
+                        except KafkaException as exc:  # the batch so far stands; the next asks again
+                            raise unavailable(f"{self.svc.topic}[{self.partition}]: could not read on from "
+                                              f"{position}: {exc}") from None
                         break
             if position > before:
                 deadline = time.monotonic() + self.svc.timeout
