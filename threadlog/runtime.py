@@ -37,7 +37,7 @@ from .kernel import kafka_config
 from .kernel.errors import ThreadLogError, invalid_argument
 from .kernel.partitioning import owner_partition, partition_for
 from .kernel.topics import INCARNATION_HEADER, TopicLayout, Topics, ensure_topics, require_topics
-from .kernel.validation import judging_problem
+from .kernel.validation import avro_reader_problem, judging_problem
 from .processors.handlers import load_all as load_handlers
 from .processors.judge import Judge
 from .processors.lookups import Lookups
@@ -110,8 +110,10 @@ class Runtime:
 
     def start(self) -> None:
         t0 = time.monotonic()
-        problem = None if self.thin else judging_problem()
-        if problem is not None:  # this process would judge: see threadlog/kernel/validation.py
+        # A thin client judges no proposal, but its delivery readers fold their run's
+        # records (`run_index.RunFold`): it decodes as judges do.
+        problem = avro_reader_problem() if self.thin else judging_problem()
+        if problem is not None:  # see threadlog/kernel/validation.py
             raise invalid_argument(problem)
         kafka = self.opts.kafka
         if kafka:

@@ -141,15 +141,17 @@ def avro_reader_problem() -> str | None:
     above 2**64) as different numbers. Tried (a review): one heartbeat's epoch
     decoded as 1 by the one and 2**63 + 1 by the other -- accepted by one judge,
     RUN_CLAIM_LOST by the other: two verdicts for one record. The rules were
-    written for the compiled reader, so a process that judges must have it."""
+    written for the compiled reader, so a process that judges must have it --
+    a thin client too, whose delivery readers fold their run's records."""
     if not _AVRO_READER:
         from fastavro import read
 
         name = getattr(getattr(read, "_read", None), "__name__", None)
         _AVRO_READER.append(None if name == "fastavro._read" else (
             f"fastavro decodes with {name or 'an unknown reader'}, not its compiled reader (fastavro._read), "
-            "which did not load: threadlog's judging rules need it -- install a fastavro wheel built with its "
-            "C extension for this platform (a thin client, which judges nothing, does not)"))
+            "which did not load: threadlog's judging rules need it (and a thin client's delivery readers, "
+            "which judge their run's records) -- install a fastavro wheel built with its C extension for this "
+            "platform"))
     return _AVRO_READER[0]
 
 
