@@ -316,7 +316,6 @@ class Judge(Follower):
                            if restore is not None and group is not None else None)
         # Restored and served by the stores, not assigned yet: `_own` failed (tried again).
         self._to_own: set[int] = set()
-        self._before_start: set[int] = set()  # kept stores `_resumable` found before the log's start
         self._own_retry_at = 0.0
         self._own_failing: str | None = None  # why the last take-over of restored partitions failed
         self.on_ownership = on_ownership
@@ -412,13 +411,13 @@ class Judge(Follower):
         for tp in tps:
             # Given back mid-restore, its store is still being filled: not opened here.
             mid_restore = self._restoring is not None and tp.partition in self._restoring
-            floor = 0 if mid_restore else self._resumable(tp.partition, ends)
-            if floor is None:
+            restore = (0, False) if mid_restore else self._resumable(tp.partition, ends)
+            if restore is None:
                 ready.append(tp)
             else:
                 assert self._restoring is not None
-                self._restoring.start(tp.partition, floor, eager=tp.partition in self._before_start)
-            self._before_start.discard(tp.partition)
+                floor, eager = restore
+                self._restoring.start(tp.partition, floor, eager=eager)
         self._own(consumer, ready)  # even none: the assignment callback must assign
 
     def _restored(self, consumer: Consumer) -> None:
@@ -484,10 +483,11 @@ class Judge(Follower):
         log.info("%s now owns %s of %s", self.group, sorted(self.owned), self.topic)
         self._ownership_changed()
 
-    def _resumable(self, p: int, ends: _Ends) -> int | None:
+    def _resumable(self, p: int, ends: _Ends) -> tuple[int, bool] | None:
         """Judge `p` from its local store now (None: opened and served); or the
         position of the local store that a restore must beat first (`Restores`;
-        0: none worth keeping)."""
+        0: none worth keeping) and whether any snapshot past it beats it (the
+        store is before the log's start: `Restores.start`, eager)."""
         if self._restoring is None:
             try:
                 self.stores.open(p)
@@ -501,7 +501,7 @@ class Judge(Follower):
         if p in self.stores.partitions:
             return None  # served already: resumed as it is
         if not self.stores.has_local(p):
-            return 0
+            return 0, False
         try:
             # Opened unserved, and served (`adopt`) only if resumed: no read can
             # hold it open -- and its RocksDB lock -- once a restore may take its
@@ -509,9 +509,10 @@ class Judge(Follower):
             store = self.stores.local(p)
         except Exception:  # a corrupt directory: start it again (never raised: see above)
             log.exception("partition %d: local state unusable; starting it again from a snapshot or offset 0", p)
-            return 0  # `Restores` drops the directory
+            return 0, False  # `Restores` drops the directory
         position = store.offset(self.topic, p)
-        start = ends.start_of(p) if position > 0 else None
+        # Asked only where a snapshot could take its place (`peek`: snapshots are kept).
+        start = ends.start_of(p) if position > 0 and self._restoring.peek is not None else None
         if start is not None and position < start:
             # The records from its position on were deleted: not resumed, and a
             # snapshot standing for the deleted head is restored in its place (a
@@ -521,15 +522,14 @@ class Judge(Follower):
             log.warning("partition %d: local store at %d, but the log now starts at %d: restoring a snapshot "
                         "over it", p, position, start)
             store.close()
-            self._before_start.add(p)
-            return position
+            return position, True
         if position > 0 and not self._far_behind(ends, p, position):
             self.stores.adopt(p, store)
             return None  # resumes where an earlier ownership stopped
         # Empty, or keys without a position (a restore that did not finish): never
         # fold onto that, restore again. Or far behind: a snapshot may be nearer.
         store.close()
-        return position
+        return position, False
 
     def _far_behind(self, ends: _Ends, p: int, position: int) -> bool:
         """Is `p`'s local store far behind the partition's end, so a snapshot may

@@ -271,8 +271,9 @@ class ProducerPump:
         self._replaced_at = now
         self.replacements += 1
 
-    def _purge(self, old: Producer) -> None:
-        """Purge what a replaced producer has not sent yet (it is polled until its queue is empty).
+    def _purge(self, old: Producer, in_flight: bool = False) -> None:
+        """Purge what a replaced producer has not sent yet (it is polled until its queue is empty);
+        `in_flight` too at close (`_purge_left`).
 
         Why purge: a producer stuck now may deliver again later (its broker
         back, its metadata mended), and then sent what it still held *after*
@@ -296,9 +297,9 @@ class ProducerPump:
             # until every broker thread took it: one stuck in a slow DNS lookup during
             # a broker restart would freeze the whole process. The purge is done by
             # the broker threads; its reports come by poll.
-            old.purge(in_queue=True, in_flight=False, blocking=True)
+            old.purge(in_queue=True, in_flight=in_flight, blocking=True)
         except KafkaException as exc:  # pragma: no cover - its reports still come by poll
-            log.warning("%s: purging the replaced producer's queue failed: %s", self.name, exc)
+            log.warning("%s: purging a producer's queue failed: %s", self.name, exc)
 
     def _run(self) -> None:
         # Never dies: poll raises librdkafka's fatal errors (an idempotent producer
@@ -339,11 +340,7 @@ class ProducerPump:
         if not left:
             return
         for producer in left:
-            try:
-                # Non-blocking (the flag is inverted: see `_purge`).
-                producer.purge(in_queue=True, in_flight=True, blocking=True)
-            except KafkaException as exc:  # pragma: no cover - then it is left as it is
-                log.warning("%s: purging what was left at close failed: %s", self.name, exc)
+            self._purge(producer, in_flight=True)
         deadline = time.monotonic() + serve_s
         while any(len(p) > 0 for p in left) and time.monotonic() < deadline:
             for producer in left:

@@ -289,7 +289,7 @@ def _read(consumer: Consumer, topic: str, partition: int, start: int, stop: int,
         consumer.unassign()
 
 
-_MANIFEST_INTS = ("chunks", "bytes", "keys", "firstOffset", "partition")
+_MANIFEST_INTS = ("bytes", "keys", "firstOffset", "partition")  # optional; `chunks` is required
 
 
 def _well_formed(m: Any) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -129,9 +130,7 @@ def judging_problem() -> str | None:
     return int_digits_problem() or avro_reader_problem()
 
 
-_AVRO_READER: list[str | None] = []  # the answer, once: a loaded extension does not change
-
-
+@functools.cache  # a loaded extension does not change
 def avro_reader_problem() -> str | None:
     """Why this process would decode proposals otherwise than the rules say (None: it would not).
 
@@ -143,16 +142,15 @@ def avro_reader_problem() -> str | None:
     RUN_CLAIM_LOST by the other: two verdicts for one record. The rules were
     written for the compiled reader, so a process that judges must have it --
     a thin client too, whose delivery readers fold their run's records."""
-    if not _AVRO_READER:
-        from fastavro import read
+    from fastavro import read
 
-        name = getattr(getattr(read, "_read", None), "__name__", None)
-        _AVRO_READER.append(None if name == "fastavro._read" else (
-            f"fastavro decodes with {name or 'an unknown reader'}, not its compiled reader (fastavro._read), "
+    name = getattr(getattr(read, "_read", None), "__name__", None)
+    if name == "fastavro._read":
+        return None
+    return (f"fastavro decodes with {name or 'an unknown reader'}, not its compiled reader (fastavro._read), "
             "which did not load: threadlog's judging rules need it (and a thin client's delivery readers, "
             "which judge their run's records) -- install a fastavro wheel built with its C extension for this "
-            "platform"))
-    return _AVRO_READER[0]
+            "platform")
 
 
 _MAX_DIGITS = 4300  # sys.get_int_max_str_digits()'s default
